@@ -1,0 +1,21 @@
+# Every dependency of the design is found here, once, so a missing package fails the configure step
+# with a clear message instead of a compile error deep inside a target.
+find_package(Threads REQUIRED)
+find_package(CAF REQUIRED COMPONENTS core io)
+find_package(Torch REQUIRED)
+find_package(CapnProto REQUIRED)
+find_package(Boost 1.74 REQUIRED)
+if(OOBLECK_BUILD_TESTS)
+  find_package(doctest REQUIRED)
+endif()
+
+if(OOBLECK_WITH_CUDA)
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
+  add_library(oobleck::nccl UNKNOWN IMPORTED)
+  set_target_properties(oobleck::nccl PROPERTIES
+    IMPORTED_LOCATION "${NCCL_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
+endif()

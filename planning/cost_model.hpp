@@ -1,0 +1,69 @@
+#pragma once
+// The cost and memory model of DESIGN §4 as pure functions over a profile.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "planning/profile.hpp"
+
+namespace oobleck::planning {
+
+/// How memory is accounted: state bytes = param_bytes * state_factor (fp32 weights, grads and two
+/// Adam moments by default).
+struct memory_model {
+  double device_memory_bytes = 0;
+  double state_factor = 4.0;
+};
+
+/// Prefix sums over a profile, so a stage's latency and memory are O(1). Every component that
+/// compares stage latencies (generator, cost model, tests) reads them from here, so equal stages
+/// compare equal bit for bit.
+class layer_costs {
+ public:
+  layer_costs(const profile& p, memory_model memory);
+
+  int num_layers() const { return num_layers_; }
+  int gpus_per_node() const { return gpus_per_node_; }
+  const memory_model& memory() const { return memory_; }
+
+  /// w = sum over layers [u, v) of forward + backward at width d.
+  double stage_ms(int u, int v, int d) const;
+
+  /// Whether stage [u, v) on d GPUs fits when `in_flight` = S - k microbatches are retained:
+  /// state/d + in_flight * activations/d <= device memory.
+  bool stage_fits(int u, int v, int d, int in_flight) const;
+
+  std::int64_t param_bytes(int u, int v) const { return param_prefix_[v] - param_prefix_[u]; }
+
+  /// Prefix sums of forward + backward at width d: stage_ms(u, v, d) == pre[v] - pre[u].
+  const std::vector<double>& time_prefix(int d) const { return time_prefix_[width_index(d)]; }
+
+ private:
+  int num_layers_;
+  int gpus_per_node_;
+  memory_model memory_;
+  std::vector<std::vector<double>> time_prefix_;  // [width index][v]
+  std::vector<std::int64_t> param_prefix_;
+  std::vector<double> state_prefix_;
+  std::vector<double> act_prefix_;
+};
+
+/// Index of the pipeline's bottleneck: the last stage with maximal latency (k*).
+int bottleneck_stage(std::span<const double> stage_ms);
+
+/// T(Nb) = sum w + (Nb - S + k* - 1) * w* + sum_{k >= k*} w.
+double iteration_time(std::span<const double> stage_ms, int num_microbatches);
+
+/// T with Nb = 4S, the value templates are ranked by.
+double ranking_time(std::span<const double> stage_ms);
+
+/// T(Nb) is linear in Nb: intercept + Nb * slope (slope = w*).
+struct linear_time {
+  double intercept = 0;
+  double slope = 0;
+  double at(int num_microbatches) const { return intercept + slope * num_microbatches; }
+};
+linear_time iteration_time_line(std::span<const double> stage_ms);
+
+}  // namespace oobleck::planning

@@ -1,0 +1,73 @@
+#pragma once
+// Pipeline templates (paper §4.1) and their exact generator.
+
+#include <optional>
+#include <vector>
+
+#include "planning/cost_model.hpp"
+
+namespace oobleck::planning {
+
+/// One stage: layers [first_layer, end_layer) on `gpus` GPUs of node `node` (0-based within the
+/// pipeline), taking `ms` per microbatch forward + backward.
+struct stage_spec {
+  int node = 0;
+  int gpus = 0;
+  int first_layer = 0;
+  int end_layer = 0;
+  double ms = 0;
+};
+
+/// How n nodes run the whole model: stages in order, contiguous layers, each inside one node.
+struct pipeline_template {
+  int nodes = 0;
+  std::vector<stage_spec> stages;
+  double iteration_ms = 0;  ///< T with Nb = 4S, the ranking value
+
+  std::vector<double> stage_ms() const;
+  /// T(Nb) of this template.
+  linear_time time_line() const;
+  double time_ms(int num_microbatches) const { return time_line().at(num_microbatches); }
+  /// Layers [u, v) held by pipeline node i (union of its stages; empty range if none).
+  std::pair<int, int> node_layers(int node) const;
+};
+
+/// Counters of the last generate() call, for benchmarks and tests of the pruning.
+struct generator_stats {
+  int candidate_caps = 0;   ///< distinct stage latencies that could be a bottleneck
+  int caps_evaluated = 0;   ///< full DP runs over a bottleneck value
+  int feasibility_runs = 0; ///< DP runs for feasibility and the bisection of the smallest cap
+};
+
+/// Exact template generation (DESIGN §4): for each node count, the memory-feasible layout of
+/// minimal T(4S). Not the paper's divide-and-conquer memo, which keeps one result per sub-problem
+/// although T depends on the bottleneck stage and its suffix.
+///
+/// Method: T = sum_{k<k*} w + (3S + k* + 1) w* + 2 sum_{k>k*} w is additive once the bottleneck
+/// value c = w* is fixed. For each candidate c (a stage latency), a backward DP over (first layer,
+/// GPUs remaining, stages remaining) with three phases (after / at / before the bottleneck, stages
+/// after it strictly below c, before it at most c) gives the exact minimum; the 4S*c term is charged
+/// at the front. Counting GPUs from the back makes one DP serve every node count. Candidates are
+/// visited in increasing c and pruned with T >= W_min(n) + 3S*c; transitions are sliding-window
+/// minima because both the cap and the memory limit bound v monotonically in u.
+class template_generator {
+ public:
+  explicit template_generator(const layer_costs& costs) : costs_(costs) {}
+
+  /// Minimal-T template for n nodes; nullopt when no layout fits in memory.
+  std::optional<pipeline_template> generate(int nodes);
+
+  /// Templates for every node count in [lo, hi] from shared DP runs; result[i] is for lo + i.
+  std::vector<std::optional<pipeline_template>> generate(int lo, int hi);
+
+  /// feasible[n] for n in [0, hi]: some layout of n nodes fits in memory.
+  std::vector<bool> feasible_node_counts(int hi);
+
+  const generator_stats& stats() const { return stats_; }
+
+ private:
+  const layer_costs& costs_;
+  generator_stats stats_;
+};
+
+}  // namespace oobleck::planning
