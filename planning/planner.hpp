@@ -1,0 +1,64 @@
+#pragma once
+// The whole planning step of a job: node specification, templates, initial instantiation.
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "planning/cost_model.hpp"
+#include "planning/instantiation.hpp"
+#include "planning/node_spec.hpp"
+#include "planning/pipeline_template.hpp"
+#include "planning/profile.hpp"
+
+namespace oobleck::planning {
+
+struct job_config {
+  int nodes = 0;            ///< N
+  int fault_tolerance = 0;  ///< f
+  int global_batch = 0;     ///< B
+  int microbatch = 0;       ///< b
+  double state_factor = 4.0;
+  std::optional<std::int64_t> device_memory_bytes;  ///< overrides the profile's
+};
+
+/// The templates of a job, one per feasible node count in [n0, n_max], ascending.
+struct template_set {
+  std::vector<pipeline_template> templates;
+  const pipeline_template* find(int nodes) const;
+  std::vector<template_option> options() const;
+  std::vector<int> sizes() const;
+};
+
+/// A running pipeline: its nodes (stable ids, in stage order) and the template it instantiates.
+struct pipeline_instance {
+  std::vector<int> nodes;
+  int template_nodes = 0;
+  int microbatches = 0;
+  double time_ms = 0;
+};
+
+struct job_plan {
+  node_specification spec;
+  template_set templates;
+  int num_microbatches = 0;
+  std::vector<pipeline_instance> pipelines;
+  std::vector<int> idle_nodes;  ///< alive but unused: the count has no exact cover
+  double step_ms = 0;
+};
+
+/// Memory model of a job: the profile's device memory unless the job overrides it.
+memory_model job_memory(const profile& p, const job_config& job);
+
+/// Plans a job end to end; throws planning_error with one line for the user on impossible input.
+job_plan plan_job(const profile& p, const job_config& job);
+
+/// Places instantiated pipelines on node ids in order; ids left over become idle.
+std::vector<pipeline_instance> place_pipelines(const instantiation& inst, const std::vector<int>& node_ids);
+
+/// Best instantiation of `nodes` nodes, or of the largest coverable count below it (the rest idle).
+/// Throws planning_error (with the nearest distributable global batch where that is the cause).
+instantiation instantiate_or_shrink(const template_set& templates, int nodes, int min_pipelines, int num_microbatches,
+                                    int microbatch_size, int* used_nodes);
+
+}  // namespace oobleck::planning

@@ -1,0 +1,277 @@
+#include "planning/reconfiguration.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "planning/batch_distribution.hpp"
+#include "planning/node_spec.hpp"
+
+namespace oobleck::planning {
+
+namespace {
+
+using node_list = std::vector<int>;
+
+struct draft {
+  node_list nodes;  // in stage order
+};
+
+int smallest_size(const template_set& t) { return t.templates.front().nodes; }
+int largest_size(const template_set& t) { return t.templates.back().nodes; }
+
+/// Layers [u, v) each node holds in a configuration.
+std::map<int, std::pair<int, int>> holdings(const template_set& templates, const std::vector<pipeline_instance>& ps) {
+  std::map<int, std::pair<int, int>> out;
+  for (const auto& p : ps) {
+    const auto* t = templates.find(p.template_nodes);
+    for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) out[p.nodes[i]] = t->node_layers(i);
+  }
+  return out;
+}
+
+/// Rules (1)-(4). Returns the drafts; `rules` says which applied.
+std::vector<draft> apply_rules(const template_set& templates, std::vector<node_list> groups, node_list pool,
+                               std::vector<reconfiguration_rule>& rules, bool lost_any) {
+  const int n0 = smallest_size(templates);
+  const int n_max = largest_size(templates);
+  auto has = [&](int n) { return templates.find(n) != nullptr; };
+  std::vector<draft> kept;
+  std::vector<node_list> needy;
+  // (1) simple: keep every group that still has a template; trim to the largest size that has one.
+  for (auto& g : groups) {
+    int size = static_cast<int>(g.size());
+    while (size >= n0 && !has(size)) --size;
+    if (size >= n0) {
+      pool.insert(pool.end(), g.begin() + size, g.end());
+      g.resize(size);
+      kept.push_back({std::move(g)});
+    } else {
+      needy.push_back(std::move(g));
+    }
+  }
+  if (lost_any && !kept.empty()) rules.push_back(reconfiguration_rule::simple);
+  // (2) borrow: fill needy pipelines up to n0 from free nodes, then from pipelines that can spare.
+  std::sort(needy.begin(), needy.end(), [](const node_list& a, const node_list& b) { return a.size() > b.size(); });
+  std::vector<node_list> still_needy;
+  for (auto& g : needy) {
+    while (static_cast<int>(g.size()) < n0 && !pool.empty()) {
+      g.push_back(pool.front());
+      pool.erase(pool.begin());
+    }
+    while (static_cast<int>(g.size()) < n0) {
+      // Largest donor that stays on a template after giving one node.
+      draft* donor = nullptr;
+      for (auto& k : kept) {
+        const int s = static_cast<int>(k.nodes.size());
+        if (s > n0 && has(s - 1) && (!donor || s > static_cast<int>(donor->nodes.size()))) donor = &k;
+      }
+      if (!donor) break;
+      g.push_back(donor->nodes.back());
+      donor->nodes.pop_back();
+    }
+    if (static_cast<int>(g.size()) >= n0 && has(static_cast<int>(g.size()))) {
+      rules.push_back(reconfiguration_rule::borrow);
+      kept.push_back({std::move(g)});
+    } else {
+      still_needy.push_back(std::move(g));
+    }
+  }
+  // (3) merge: what could not borrow pools its nodes, grouped by old pipeline.
+  if (!still_needy.empty()) {
+    rules.push_back(reconfiguration_rule::merge);
+    node_list merged;
+    for (auto& g : still_needy) merged.insert(merged.end(), g.begin(), g.end());
+    pool.insert(pool.begin(), merged.begin(), merged.end());
+  }
+  // (4) free nodes (joined, idle, merged) form new pipelines, then enlarge the smallest ones.
+  const bool had_free = !pool.empty();
+  while (static_cast<int>(pool.size()) >= n0) {
+    int size = std::min(static_cast<int>(pool.size()), n_max);
+    // Leave either nothing or enough for another pipeline; leftovers below n0 enlarge others.
+    while (size > n0 && !has(size)) --size;
+    if (!has(size)) break;
+    kept.push_back({node_list(pool.begin(), pool.begin() + size)});
+    pool.erase(pool.begin(), pool.begin() + size);
+  }
+  while (!pool.empty()) {
+    draft* target = nullptr;
+    for (auto& k : kept) {
+      const int s = static_cast<int>(k.nodes.size());
+      if (has(s + 1) && (!target || s < static_cast<int>(target->nodes.size()))) target = &k;
+    }
+    if (!target) break;
+    target->nodes.push_back(pool.front());
+    pool.erase(pool.begin());
+  }
+  if (had_free && (rules.empty() || rules.back() != reconfiguration_rule::merge))
+    rules.push_back(reconfiguration_rule::join);
+  if (!pool.empty()) kept.clear();  // unused nodes: let the re-plan decide
+  return kept;
+}
+
+/// Re-instantiates the whole cluster, keeping each old pipeline's survivors together.
+std::vector<draft> replan(const reconfiguration_context& ctx, std::vector<node_list> groups, node_list pool,
+                          int alive) {
+  int used = 0;
+  const auto inst = instantiate_or_shrink(ctx.templates, alive, ctx.fault_tolerance + 1, ctx.num_microbatches,
+                                          ctx.microbatch_size, &used);
+  std::sort(groups.begin(), groups.end(), [](const node_list& a, const node_list& b) { return a.size() > b.size(); });
+  std::vector<draft> out;
+  std::size_t next_group = 0;
+  for (int size : inst.template_nodes) {
+    draft d;
+    if (next_group < groups.size()) {
+      auto& g = groups[next_group++];
+      const std::size_t take = std::min<std::size_t>(size, g.size());
+      d.nodes.assign(g.begin(), g.begin() + take);
+      pool.insert(pool.end(), g.begin() + take, g.end());
+    }
+    out.push_back(std::move(d));
+  }
+  for (; next_group < groups.size(); ++next_group) pool.insert(pool.end(), groups[next_group].begin(), groups[next_group].end());
+  for (std::size_t i = 0; i < out.size(); ++i)
+    while (static_cast<int>(out[i].nodes.size()) < inst.template_nodes[i]) {
+      out[i].nodes.push_back(pool.front());
+      pool.erase(pool.begin());
+    }
+  return out;
+}
+
+std::vector<layer_copy> plan_copies(const reconfiguration_context& ctx, const std::vector<pipeline_instance>& before,
+                                    const std::vector<pipeline_instance>& after, const std::set<int>& lost) {
+  const auto old_hold = holdings(ctx.templates, before);
+  const int L = ctx.costs.num_layers();
+  std::vector<std::vector<int>> holders(L);
+  for (const auto& [node, range] : old_hold)
+    if (!lost.count(node))
+      for (int l = range.first; l < range.second; ++l) holders[l].push_back(node);
+  std::map<int, std::int64_t> sent;  // bytes each source sends, to spread the load
+  std::vector<layer_copy> copies;
+  for (const auto& [node, range] : holdings(ctx.templates, after)) {
+    auto it = old_hold.find(node);
+    for (int l = range.first; l < range.second; ++l) {
+      if (it != old_hold.end() && l >= it->second.first && l < it->second.second) continue;
+      int source = -1;
+      for (int h : holders[l])
+        if (source < 0 || sent[h] < sent[source]) source = h;
+      const auto bytes = layer_copy_bytes(ctx.costs, l);
+      sent[source] += bytes;
+      copies.push_back({l, source, node, bytes});
+    }
+  }
+  return copies;
+}
+
+}  // namespace
+
+std::int64_t layer_copy_bytes(const layer_costs& costs, int layer) {
+  // state_factor counts weights, gradients and optimizer moments; gradients are not copied.
+  const double factor = std::max(1.0, costs.memory().state_factor - 1.0);
+  return static_cast<std::int64_t>(std::llround(static_cast<double>(costs.param_bytes(layer, layer + 1)) * factor));
+}
+
+const char* to_string(reconfiguration_action a) {
+  return a == reconfiguration_action::continue_training ? "continue" : "checkpoint_and_stop";
+}
+
+const char* to_string(reconfiguration_rule r) {
+  switch (r) {
+    case reconfiguration_rule::unchanged: return "unchanged";
+    case reconfiguration_rule::simple: return "simple";
+    case reconfiguration_rule::borrow: return "borrow";
+    case reconfiguration_rule::merge: return "merge";
+    case reconfiguration_rule::join: return "join";
+    case reconfiguration_rule::replan: return "replan";
+  }
+  return "?";
+}
+
+reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_state& current,
+                            std::span<const int> lost_ids, std::span<const int> joined) {
+  reconfiguration out;
+  const std::set<int> lost(lost_ids.begin(), lost_ids.end());
+  std::vector<node_list> groups;
+  int alive = 0;
+  for (const auto& p : current.pipelines) {
+    node_list g;
+    for (int n : p.nodes)
+      if (!lost.count(n)) g.push_back(n);
+    alive += static_cast<int>(g.size());
+    if (!g.empty()) groups.push_back(std::move(g));
+  }
+  node_list pool;
+  for (int n : current.idle_nodes)
+    if (!lost.count(n)) pool.push_back(n);
+  pool.insert(pool.end(), joined.begin(), joined.end());
+  alive += static_cast<int>(pool.size());
+
+  auto stop = [&](std::string why) {
+    out.action = reconfiguration_action::checkpoint_and_stop;
+    out.reason = std::move(why);
+    return out;
+  };
+  // (5) A layer none of whose holders survived cannot be recovered from a replica.
+  const auto old_hold = holdings(ctx.templates, current.pipelines);
+  for (int l = 0; l < ctx.costs.num_layers(); ++l) {
+    bool held = false;
+    for (const auto& [node, range] : old_hold)
+      if (!lost.count(node) && l >= range.first && l < range.second) held = true;
+    if (!held) return stop("layer " + std::to_string(l) + " has no surviving copy");
+  }
+  const int n0 = smallest_size(ctx.templates);
+  const int need = (ctx.fault_tolerance + 1) * n0;
+  if (alive < need)
+    return stop(std::to_string(alive) + " nodes remain, fewer than (f + 1) * n0 = " + std::to_string(need));
+
+  const bool changed = !lost.empty() || !joined.empty();
+  std::vector<draft> drafts;
+  if (!changed && pool.empty()) {
+    out.rules.push_back(reconfiguration_rule::unchanged);
+    for (const auto& g : groups) drafts.push_back({g});
+  } else {
+    drafts = apply_rules(ctx.templates, groups, pool, out.rules, !lost.empty());
+  }
+  // The rules must use every node the templates can cover, with >= f + 1 pipelines, no more
+  // pipelines than microbatches; otherwise re-plan globally.
+  int used = 0;
+  for (const auto& d : drafts) used += static_cast<int>(d.nodes.size());
+  const auto coverable = covered_node_counts(ctx.templates.sizes(), ctx.fault_tolerance + 1, alive, alive);
+  const int count = static_cast<int>(drafts.size());
+  if (drafts.empty() || count < ctx.fault_tolerance + 1 || count > ctx.num_microbatches ||
+      (used < alive && !coverable.empty())) {
+    out.rules.assign(1, reconfiguration_rule::replan);
+    drafts = replan(ctx, groups, pool, alive);
+  }
+
+  std::vector<linear_time> lines;
+  std::set<int> in_use;
+  for (const auto& d : drafts) {
+    pipeline_instance p;
+    p.nodes = d.nodes;
+    p.template_nodes = static_cast<int>(d.nodes.size());
+    lines.push_back(ctx.templates.find(p.template_nodes)->time_line());
+    in_use.insert(d.nodes.begin(), d.nodes.end());
+    out.pipelines.push_back(std::move(p));
+  }
+  const auto batch = distribute_batch(lines, ctx.num_microbatches, ctx.microbatch_size);
+  for (std::size_t i = 0; i < out.pipelines.size(); ++i) {
+    out.pipelines[i].microbatches = batch.microbatches[i];
+    out.pipelines[i].time_ms = batch.time_ms[i];
+  }
+  out.step_ms = batch.step_ms;
+  for (const auto& g : groups)
+    for (int n : g)
+      if (!in_use.count(n)) out.idle_nodes.push_back(n);
+  for (int n : pool)
+    if (!in_use.count(n)) out.idle_nodes.push_back(n);
+  std::sort(out.idle_nodes.begin(), out.idle_nodes.end());
+  out.copies = plan_copies(ctx, current.pipelines, out.pipelines, lost);
+  std::string applied;
+  for (auto r : out.rules) applied += (applied.empty() ? "" : "+") + std::string(to_string(r));
+  out.reason = applied;
+  return out;
+}
+
+}  // namespace oobleck::planning

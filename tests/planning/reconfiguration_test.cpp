@@ -1,0 +1,241 @@
+#include "planning/reconfiguration.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+
+#include "planning/node_spec.hpp"
+#include "support/brute_force.hpp"
+
+using namespace oobleck::planning;
+
+namespace {
+
+// 8 equal layers of 100 parameter bytes; with state factor 4 and 2000 bytes a node holds at most
+// 5 layers, so n0 = 2 (M = 1).
+profile eight_layers() {
+  profile p;
+  p.model = "eight";
+  p.microbatch_size = 1;
+  p.gpus_per_node = 1;
+  p.device_memory_bytes = 2000;
+  for (int l = 0; l < 8; ++l) p.layers.push_back({"l" + std::to_string(l), {1.0}, {2.0}, 100, 0});
+  return p;
+}
+
+struct fixture {
+  profile prof;
+  job_config job;
+  job_plan plan;
+  layer_costs costs;
+  fixture(profile p, job_config j)
+      : prof(std::move(p)), job(j), plan(plan_job(prof, job)), costs(prof, job_memory(prof, job)) {}
+  reconfiguration_context ctx() const {
+    return {plan.templates, costs, job.fault_tolerance, plan.num_microbatches, job.microbatch};
+  }
+};
+
+std::map<int, std::pair<int, int>> holdings_of(const template_set& t, const std::vector<pipeline_instance>& ps) {
+  std::map<int, std::pair<int, int>> out;
+  for (const auto& p : ps)
+    for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) out[p.nodes[i]] = t.find(p.template_nodes)->node_layers(i);
+  return out;
+}
+
+std::vector<int> sizes_of(const reconfiguration& r) {
+  std::vector<int> s;
+  for (const auto& p : r.pipelines) s.push_back(static_cast<int>(p.nodes.size()));
+  std::sort(s.begin(), s.end());
+  return s;
+}
+
+bool holds(const std::map<int, std::pair<int, int>>& h, int node, int layer) {
+  auto it = h.find(node);
+  return it != h.end() && layer >= it->second.first && layer < it->second.second;
+}
+
+}  // namespace
+
+TEST_CASE("simple: a pipeline that keeps >= n0 nodes is re-instantiated from its remaining size") {
+  fixture f(eight_layers(), {.nodes = 7, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
+  REQUIRE(f.plan.spec.n0 == 2);
+  cluster_state state{{{{0, 1, 2, 3}, 4}, {{4, 5, 6}, 3}}, {}};
+  const std::vector<int> lost{2};
+  const auto r = reconfigure(f.ctx(), state, lost, {});
+  REQUIRE(r.action == reconfiguration_action::continue_training);
+  CHECK(sizes_of(r) == std::vector<int>{3, 3});
+  CHECK(r.rules == std::vector<reconfiguration_rule>{reconfiguration_rule::simple});
+  // Survivors keep their pipeline and order.
+  CHECK(r.pipelines[0].nodes == std::vector<int>{0, 1, 3});
+}
+
+TEST_CASE("borrow: a pipeline below n0 takes a node from one that can spare it") {
+  fixture f(eight_layers(), {.nodes = 6, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
+  cluster_state state{{{{0, 1, 2, 3}, 4}, {{4, 5}, 2}}, {}};
+  const std::vector<int> lost{5};
+  const auto r = reconfigure(f.ctx(), state, lost, {});
+  REQUIRE(r.action == reconfiguration_action::continue_training);
+  CHECK(sizes_of(r) == std::vector<int>{2, 3});
+  CHECK(std::find(r.rules.begin(), r.rules.end(), reconfiguration_rule::borrow) != r.rules.end());
+  // Node 3 was lent to node 4's pipeline and needs the layers it did not hold.
+  bool copied_to_3 = false;
+  for (const auto& c : r.copies) copied_to_3 = copied_to_3 || c.to_node == 3;
+  CHECK(copied_to_3);
+}
+
+TEST_CASE("merge: pipelines that cannot borrow pool their nodes") {
+  fixture f(eight_layers(), {.nodes = 6, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
+  cluster_state state{{{{0, 1}, 2}, {{2, 3}, 2}, {{4, 5}, 2}}, {}};
+  const std::vector<int> lost{1, 3};
+  const auto r = reconfigure(f.ctx(), state, lost, {});
+  REQUIRE(r.action == reconfiguration_action::continue_training);
+  CHECK(sizes_of(r) == std::vector<int>{2, 2});
+  CHECK(std::find(r.rules.begin(), r.rules.end(), reconfiguration_rule::merge) != r.rules.end());
+  CHECK(r.idle_nodes.empty());
+}
+
+TEST_CASE("join: new nodes are put to work") {
+  // Planned for 6 nodes (templates of 2..4), running on 4 after earlier losses; 3 nodes join.
+  fixture f(eight_layers(), {.nodes = 6, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
+  cluster_state state{{{{0, 1}, 2}, {{2, 3}, 2}}, {}};
+  const std::vector<int> joined{6, 7, 8};
+  const auto r = reconfigure(f.ctx(), state, {}, joined);
+  REQUIRE(r.action == reconfiguration_action::continue_training);
+  int used = 0;
+  for (const auto& p : r.pipelines) used += static_cast<int>(p.nodes.size());
+  CHECK(used == 7);
+  CHECK(r.idle_nodes.empty());
+  CHECK(r.rules == std::vector<reconfiguration_rule>{reconfiguration_rule::join});
+  // The running pipelines keep their nodes; joined nodes only receive copies.
+  for (const auto& c : r.copies) CHECK(c.to_node >= 6);
+}
+
+TEST_CASE("nodes the templates cannot cover stay idle, and are used once they can be") {
+  // N = 4, f = 1: the only template has 2 nodes, so 7 nodes leave one idle.
+  fixture f(eight_layers(), {.nodes = 4, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
+  cluster_state state{{{{0, 1}, 2}, {{2, 3}, 2}}, {}};
+  const auto r = reconfigure(f.ctx(), state, {}, std::vector<int>{4, 5, 6});
+  REQUIRE(r.action == reconfiguration_action::continue_training);
+  CHECK(sizes_of(r) == std::vector<int>{2, 2, 2});
+  CHECK(r.idle_nodes.size() == 1);
+  const auto again = reconfigure(f.ctx(), {r.pipelines, r.idle_nodes}, {}, std::vector<int>{7});
+  CHECK(sizes_of(again) == std::vector<int>{2, 2, 2, 2});
+  CHECK(again.idle_nodes.empty());
+}
+
+TEST_CASE("stop when fewer than (f + 1) n0 nodes remain, or a layer lost every holder") {
+  fixture f(eight_layers(), {.nodes = 4, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
+  cluster_state state{{{{0, 1}, 2}, {{2, 3}, 2}}, {}};
+  const std::vector<int> one{0};
+  auto r = reconfigure(f.ctx(), state, one, {});
+  CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
+  CHECK(r.reason.find("fewer than (f + 1) * n0 = 4") != std::string::npos);
+  // Nodes 0 and 2 hold the same first layers in both pipelines: losing both loses layer 0.
+  const std::vector<int> both{0, 2};
+  r = reconfigure(f.ctx(), state, both, std::vector<int>{7, 8});
+  CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
+  CHECK(r.reason.find("no surviving copy") != std::string::npos);
+}
+
+TEST_CASE("reconfiguration properties over random failure and join sequences") {
+  std::mt19937 rng(424242);
+  int events = 0, stops = 0, replans = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    const int L = 6 + static_cast<int>(rng() % 10);
+    const int M = 1 << (rng() % 2);
+    auto prof = oobleck::testing::random_profile(rng, L, M);
+    std::int64_t total = 0;
+    for (const auto& l : prof.layers) total += l.param_bytes * 4 + l.activation_bytes * 3;
+    prof.device_memory_bytes = total / (1 + static_cast<int>(rng() % 3)) / M + 200;  // n0 from 1 to ~3
+    const int N = 6 + static_cast<int>(rng() % 11);
+    const int f_tol = static_cast<int>(rng() % 3);
+    job_config job{.nodes = N, .fault_tolerance = f_tol, .global_batch = 64, .microbatch = 1};
+    std::optional<fixture> fx;
+    try {
+      fx.emplace(prof, job);
+    } catch (const planning_error&) {
+      continue;  // f too large for this profile: refusal is tested elsewhere
+    }
+    const auto& templates = fx->plan.templates;
+    const int n0 = fx->plan.spec.n0;
+    cluster_state state{fx->plan.pipelines, fx->plan.idle_nodes};
+    std::set<int> alive;
+    for (int i = 0; i < N; ++i) alive.insert(i);
+    int next_id = N;
+    for (int step = 0; step < 12; ++step) {
+      std::vector<int> lost, joined;
+      if (rng() % 3 == 0) {
+        for (int k = 1 + static_cast<int>(rng() % 3); k > 0; --k) joined.push_back(next_id++);
+      } else {
+        std::vector<int> pool(alive.begin(), alive.end());
+        std::shuffle(pool.begin(), pool.end(), rng);
+        // Mostly <= f failures at once, sometimes more, so layer loss can happen too.
+        const int k = 1 + static_cast<int>(rng() % (f_tol + (rng() % 4 == 0 ? 3 : 1)));
+        lost.assign(pool.begin(), pool.begin() + std::min<int>(k, static_cast<int>(pool.size())));
+      }
+      const auto before = holdings_of(templates, state.pipelines);
+      std::set<int> after_alive = alive;
+      for (int n : lost) after_alive.erase(n);
+      for (int n : joined) after_alive.insert(n);
+      bool layer_lost = false;
+      for (int l = 0; l < L; ++l) {
+        bool held = false;
+        for (const auto& [node, range] : before) held = held || (after_alive.count(node) && holds(before, node, l));
+        layer_lost = layer_lost || !held;
+      }
+      const bool expect_stop = layer_lost || static_cast<int>(after_alive.size()) < (f_tol + 1) * n0;
+      const auto r = reconfigure(fx->ctx(), state, lost, joined);
+      ++events;
+      CAPTURE(trial);
+      CAPTURE(step);
+      REQUIRE((r.action == reconfiguration_action::checkpoint_and_stop) == expect_stop);
+      if (static_cast<int>(lost.size()) <= f_tol && r.action == reconfiguration_action::checkpoint_and_stop)
+        CHECK(!layer_lost);  // <= f failures never lose the last copy of a layer
+      if (expect_stop) {
+        ++stops;
+        break;
+      }
+      if (r.rules.front() == reconfiguration_rule::replan) ++replans;
+      // >= f + 1 pipelines, each on a template, nodes alive and used once.
+      CHECK(static_cast<int>(r.pipelines.size()) >= f_tol + 1);
+      std::set<int> used;
+      int microbatches = 0;
+      for (const auto& p : r.pipelines) {
+        REQUIRE(templates.find(static_cast<int>(p.nodes.size())) != nullptr);
+        CHECK(p.template_nodes == static_cast<int>(p.nodes.size()));
+        CHECK(p.microbatches >= 1);
+        microbatches += p.microbatches;
+        for (int n : p.nodes) {
+          CHECK(after_alive.count(n) == 1);
+          CHECK(used.insert(n).second);
+        }
+      }
+      CHECK(microbatches == fx->plan.num_microbatches);
+      for (int n : r.idle_nodes) CHECK(used.count(n) == 0);
+      CHECK(used.size() + r.idle_nodes.size() == after_alive.size());
+      // Every surviving node is used whenever the templates cover the count.
+      const int a = static_cast<int>(after_alive.size());
+      if (!covered_node_counts(templates.sizes(), f_tol + 1, a, a).empty()) CHECK(r.idle_nodes.empty());
+      // Copies come from surviving holders; afterwards every node holds what its stages need.
+      std::map<int, std::set<int>> have;
+      for (const auto& [node, range] : before)
+        for (int l = range.first; l < range.second; ++l) have[node].insert(l);
+      for (const auto& c : r.copies) {
+        CHECK(after_alive.count(c.from_node) == 1);
+        CHECK(holds(before, c.from_node, c.layer));
+        CHECK(c.bytes == layer_copy_bytes(fx->costs, c.layer));
+        have[c.to_node].insert(c.layer);
+      }
+      for (const auto& [node, range] : holdings_of(templates, r.pipelines))
+        for (int l = range.first; l < range.second; ++l) CHECK(have[node].count(l) == 1);
+      alive = after_alive;
+      state = {r.pipelines, r.idle_nodes};
+    }
+  }
+  CHECK(events > 300);
+  CHECK(stops > 30);
+  MESSAGE("events " << events << ", stops " << stops << ", global re-plans " << replans);
+}
