@@ -20,8 +20,11 @@ layout_dp::layout_dp(const layer_costs& costs, int max_nodes)
   // Only (g, r) pairs some layout can reach get a row: r in [ceil(g/M), min(g, L)].
   row_.assign(static_cast<std::size_t>(max_gpus_ + 1) * (max_r_ + 1), -1);
   row_[0] = rows_++;
-  for (int g = 1; g <= max_gpus_; ++g)
+  rows_through_.assign(max_gpus_ + 1, rows_);
+  for (int g = 1; g <= max_gpus_; ++g) {
     for (int r = min_stages(g); r <= std::min(max_stages_for(g), max_r_); ++r) row_[g * (max_r_ + 1) + r] = rows_++;
+    rows_through_[g] = rows_;
+  }
   const std::size_t cells = static_cast<std::size_t>(rows_) * (num_layers_ + 1);
   for (table* t : {&after_, &at_, &before_}) {
     t->value.assign(cells, kInf);
@@ -29,9 +32,40 @@ layout_dp::layout_dp(const layer_costs& costs, int max_nodes)
     t->width_tag.assign(cells, 0);
   }
   window_.resize(num_layers_ + 2);
+  const int L = num_layers_;
+  memory_hi_.assign(widths_.size() * (max_r_ + 1) * L, 0);
+  for (std::size_t i = 0; i < widths_.size(); ++i)
+    for (int r = 1; r <= max_r_; ++r) {
+      int hi = L;
+      for (int u = L - 1; u >= 0; --u) {
+        hi = std::max(hi, u);
+        while (hi > u && !costs_.stage_fits(u, hi, widths_[i], r)) --hi;
+        memory_hi_[(i * (max_r_ + 1) + r) * L + u] = static_cast<std::uint16_t>(hi);
+      }
+    }
+  cap_at_most_.assign(widths_.size() * L, 0);
+  cap_below_.assign(widths_.size() * L, 0);
 }
 
-void layout_dp::reset(table& t) { std::fill(t.value.begin(), t.value.end(), kInf); }
+void layout_dp::set_cap(double cap) {
+  if (cap == cap_) return;
+  cap_ = cap;
+  const int L = num_layers_;
+  for (std::size_t i = 0; i < widths_.size(); ++i) {
+    const auto& pre = costs_.time_prefix(widths_[i]);
+    int at_most = L, below = L;
+    for (int u = L - 1; u >= 0; --u) {
+      while (at_most > u && !(pre[at_most] - pre[u] <= cap)) --at_most;
+      while (below > u && !(pre[below] - pre[u] < cap)) --below;
+      cap_at_most_[i * L + u] = static_cast<std::uint16_t>(at_most);
+      cap_below_[i * L + u] = static_cast<std::uint16_t>(below);
+    }
+  }
+}
+
+void layout_dp::reset(table& t, int g_limit) {
+  std::fill(t.value.begin(), t.value.begin() + at(rows_through_[g_limit], 0), kInf);
+}
 
 // out[u] = min(out[u], min_{v in window(u)} coef * w(u, v, d) + next[v] + add) for the stage [u, v)
 // on d GPUs with r stages remaining. window(u) = [u + 1, hi(u)], where hi(u) is the largest v whose
@@ -49,15 +83,12 @@ void layout_dp::relax(int g, int r, int d, double coef, double add, rule how, do
   std::uint8_t* out_tag = &out.width_tag[at(out_row, 0)];
   const auto tag = static_cast<std::uint8_t>(width_index(d));
   const int last_v = num_layers_ - (r - 1);
-  auto passes = [&](int u, int v) {
-    const double w = pre[v] - pre[u];
-    if (how == rule::below ? !(w < cap) : !(w <= cap)) return false;
-    return costs_.stage_fits(u, v, d, r);
-  };
-  int hi = last_v;
+  const int L = num_layers_;
+  const std::uint16_t* memory_hi = &memory_hi_[(tag * (max_r_ + 1) + r) * L];
+  const std::uint16_t* cap_hi = &(how == rule::below ? cap_below_ : cap_at_most_)[tag * L];
   int front = num_layers_ + 1, back = num_layers_ + 1;  // deque window_[front, back), newest at front
   for (int u = last_v - 1; u >= 0; --u) {
-    while (hi > u && !passes(u, hi)) --hi;
+    const int hi = std::min<int>({memory_hi[u], cap_hi[u], last_v});
     if (how == rule::equal) {
       for (int v = hi; v > u && pre[v] - pre[u] == cap; --v) {
         const double candidate = next_value[v] + add;
@@ -86,13 +117,21 @@ void layout_dp::relax(int g, int r, int d, double coef, double add, rule how, do
   }
 }
 
-void layout_dp::run_sum(double cap) {
-  reset(before_);
+void layout_dp::run_sum(double cap, int node_limit) {
+  set_cap(cap);
+  const int g_limit = std::min(max_gpus_, node_limit * gpus_per_node_);
+  reset(before_, g_limit);
   before_.value[at(row(0, 0), num_layers_)] = 0;
-  for (int g = 1; g <= max_gpus_; ++g)
+  for (int g = 1; g <= g_limit; ++g)
     for (int r = min_stages(g); r <= std::min(max_stages_for(g), max_r_); ++r)
       for (int d : widths_)
         if (d <= node_room(g)) relax(g, r, d, 1.0, 0.0, rule::at_most, cap, before_, before_);
+}
+
+double layout_dp::front_sum(int nodes, int stages) const {
+  const int g = nodes * gpus_per_node_;
+  const int row_index = row(g, stages);
+  return row_index < 0 ? kInf : before_.value[at(row_index, 0)];
 }
 
 double layout_dp::front_sum(int nodes) const {
@@ -103,12 +142,14 @@ double layout_dp::front_sum(int nodes) const {
   return best;
 }
 
-void layout_dp::run_full(double cap, int r_limit) {
-  reset(after_);
-  reset(at_);
-  reset(before_);
+void layout_dp::run_full(double cap, int r_limit, int node_limit) {
+  set_cap(cap);
+  const int g_limit = std::min(max_gpus_, node_limit * gpus_per_node_);
+  reset(after_, g_limit);
+  reset(at_, g_limit);
+  reset(before_, g_limit);
   after_.value[at(row(0, 0), num_layers_)] = 0;
-  for (int g = 1; g <= max_gpus_; ++g) {
+  for (int g = 1; g <= g_limit; ++g) {
     const int r_hi = std::min({max_stages_for(g), max_r_, r_limit});
     for (int r = min_stages(g); r <= r_hi; ++r) {
       const int room = node_room(g);

@@ -19,13 +19,17 @@ class layout_dp {
 
   int max_stages() const { return max_r_; }
 
-  /// min sum of w over layouts whose stages are all <= cap (cap = inf: feasibility and W_min).
-  void run_sum(double cap);
+  /// min sum of w over layouts whose stages are all <= cap (cap = inf: feasibility and W_min),
+  /// for up to node_limit nodes.
+  void run_sum(double cap, int node_limit);
   /// Minimal sum after run_sum for n nodes; inf when infeasible.
   double front_sum(int nodes) const;
+  /// Minimal sum after run_sum for n nodes in exactly `stages` stages; inf when infeasible.
+  double front_sum(int nodes, int stages) const;
 
-  /// The three-phase DP for bottleneck value `cap`, states with r > r_limit skipped.
-  void run_full(double cap, int r_limit);
+  /// The three-phase DP for bottleneck value `cap`, states with r > r_limit or more than
+  /// `node_limit` nodes' GPUs skipped.
+  void run_full(double cap, int r_limit, int node_limit);
   /// Minimal T over layouts of n nodes with bottleneck exactly cap, after run_full(cap, r_limit).
   double front_full(int nodes, double cap, int r_limit, int* stages = nullptr) const;
   /// The layout behind front_full.
@@ -47,7 +51,10 @@ class layout_dp {
   std::size_t at(int row_index, int u) const {
     return static_cast<std::size_t>(row_index) * (num_layers_ + 1) + u;
   }
-  void reset(table& t);
+  /// Sets the rows of the first g_limit GPUs to inf (rows are stored in order of g).
+  void reset(table& t, int g_limit);
+  /// Recomputes cap_at_most_ / cap_below_ for a new bottleneck value.
+  void set_cap(double cap);
   void relax(int g, int r, int d, double coef, double add, rule how, double cap, const table& next,
              table& out);
 
@@ -58,6 +65,7 @@ class layout_dp {
   int max_r_;
   std::vector<int> widths_;
   std::vector<int> row_;
+  std::vector<int> rows_through_;  // [g]: rows of all g' <= g
   int rows_ = 0;
   table after_, at_, before_;
   struct window_entry {
@@ -65,6 +73,12 @@ class layout_dp {
     double value;
   };
   std::vector<window_entry> window_;
+  // Largest v such that stage [u, v) on width index i passes a bound (u when none does); each is
+  // non-increasing as u decreases, which is what makes the window slide one way.
+  std::vector<std::uint16_t> memory_hi_;    // [i][r][u]: fits with r stages from here on
+  std::vector<std::uint16_t> cap_at_most_;  // [i][u]: w <= cap
+  std::vector<std::uint16_t> cap_below_;    // [i][u]: w < cap
+  double cap_ = -1;
 };
 
 }  // namespace oobleck::planning::detail

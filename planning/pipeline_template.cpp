@@ -42,11 +42,27 @@ std::vector<bool> template_generator::feasible_node_counts(int hi) {
   std::vector<bool> feasible(hi + 1, false);
   if (hi < 1) return feasible;
   detail::layout_dp dp(costs_, hi);
-  dp.run_sum(kInf);
+  dp.run_sum(kInf, hi);
   ++stats_.feasibility_runs;
   for (int n = 1; n <= hi; ++n) feasible[n] = std::isfinite(dp.front_sum(n));
   return feasible;
 }
+
+namespace {
+
+/// Every stage latency that can occur in a feasible layout: the possible bottleneck values.
+std::vector<double> candidate_caps(const layer_costs& costs) {
+  std::vector<double> caps;
+  const int L = costs.num_layers();
+  for (int d : stage_widths(costs.gpus_per_node()))
+    for (int u = 0; u < L; ++u)
+      for (int v = u + 1; v <= L && costs.stage_fits(u, v, d, 1); ++v) caps.push_back(costs.stage_ms(u, v, d));
+  std::sort(caps.begin(), caps.end());
+  caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
+  return caps;
+}
+
+}  // namespace
 
 std::vector<std::optional<pipeline_template>> template_generator::generate(int lo, int hi) {
   stats_ = {};
@@ -55,60 +71,95 @@ std::vector<std::optional<pipeline_template>> template_generator::generate(int l
   const int count = hi - lo + 1;
   std::vector<std::optional<pipeline_template>> result(count);
   detail::layout_dp dp(costs_, hi);
-  const int L = costs_.num_layers();
 
-  // W_min(n): the least total work of any feasible layout; also tells which n are feasible.
-  dp.run_sum(kInf);
+  // W_min(n, S): the least total work of any feasible layout of n nodes in S stages.
+  dp.run_sum(kInf, hi);
   ++stats_.feasibility_runs;
-  std::vector<double> min_work(count);
+  const int max_s = dp.max_stages();
+  std::vector<std::vector<double>> min_work(count, std::vector<double>(max_s + 1, kInf));
   std::vector<bool> feasible(count);
-  bool any = false;
   for (int i = 0; i < count; ++i) {
-    min_work[i] = dp.front_sum(lo + i);
-    feasible[i] = std::isfinite(min_work[i]);
-    any = any || feasible[i];
+    for (int s = 1; s <= max_s; ++s) min_work[i][s] = dp.front_sum(lo + i, s);
+    feasible[i] = std::isfinite(dp.front_sum(lo + i));
   }
-  if (!any) return result;
+  if (std::none_of(feasible.begin(), feasible.end(), [](bool f) { return f; })) return result;
 
-  // Every stage latency that can occur in a feasible layout is a possible bottleneck value.
-  std::vector<double> caps;
-  for (int d : stage_widths(costs_.gpus_per_node()))
-    for (int u = 0; u < L; ++u)
-      for (int v = u + 1; v <= L && costs_.stage_fits(u, v, d, 1); ++v) caps.push_back(costs_.stage_ms(u, v, d));
-  std::sort(caps.begin(), caps.end());
-  caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
+  const std::vector<double> caps = candidate_caps(costs_);
   stats_.candidate_caps = static_cast<int>(caps.size());
 
-  // Smallest cap under which some requested n has a layout (feasibility is monotone in the cap).
-  auto some_feasible = [&](double cap) {
-    dp.run_sum(cap);
+  // The smallest feasible cap of each n (feasibility is monotone in the cap). A layout of S stages
+  // has a stage >= W_min(n, S) / S, so the search gallops up from that floor, or from the answer
+  // for n + 1 (more nodes rarely need a larger bottleneck) once the cap just below that answer is
+  // known to be infeasible for n; then it bisects.
+  auto feasible_at = [&](int i, std::size_t c) {
+    dp.run_sum(caps[c], lo + i);
     ++stats_.feasibility_runs;
-    for (int i = 0; i < count; ++i)
-      if (feasible[i] && std::isfinite(dp.front_sum(lo + i))) return true;
-    return false;
+    return std::isfinite(dp.front_sum(lo + i));
   };
-  std::size_t first = 0, last = caps.size() - 1;
-  while (first < last) {
-    const std::size_t mid = (first + last) / 2;
-    if (some_feasible(caps[mid])) last = mid;
-    else first = mid + 1;
+  std::vector<std::size_t> first_cap(count, caps.size());
+  std::size_t hint = 0;
+  for (int i = count - 1; i >= 0; --i) {
+    if (!feasible[i]) continue;
+    double floor_cap = kInf;
+    for (int s = 1; s <= max_s; ++s) floor_cap = std::min(floor_cap, min_work[i][s] / s);
+    std::size_t low = std::lower_bound(caps.begin(), caps.end(), floor_cap * (1 - 1e-12)) - caps.begin();
+    if (hint > low && !feasible_at(i, hint - 1)) low = hint;
+    std::size_t high = caps.size() - 1;  // the largest cap admits every feasible layout
+    for (std::size_t step = 1; low < high; step *= 2) {
+      const std::size_t probe = std::min(low + step - 1, high);
+      if (feasible_at(i, probe)) {
+        high = probe;
+        break;
+      }
+      low = probe + 1;
+    }
+    while (low < high) {
+      const std::size_t mid = (low + high) / 2;
+      if (feasible_at(i, mid)) high = mid;
+      else low = mid + 1;
+    }
+    first_cap[i] = hint = high;
   }
 
   std::vector<double> best(count, kInf), best_cap(count, kInf);
-  for (std::size_t c = first; c < caps.size(); ++c) {
+  for (std::size_t c = *std::min_element(first_cap.begin(), first_cap.end()); c < caps.size(); ++c) {
     const double cap = caps[c];
-    // Any layout of n nodes with bottleneck `cap` has T >= W_min(n) + 3 S cap with S >= n.
-    int r_limit = 0;
-    for (int i = 0; i < count; ++i) {
-      if (!feasible[i] || min_work[i] + 3.0 * (lo + i) * cap >= best[i]) continue;
-      const double s_hi = std::isfinite(best[i]) ? std::floor((best[i] - min_work[i]) / (3.0 * cap)) : kInf;
-      r_limit = std::max(r_limit, static_cast<int>(std::min<double>(s_hi, dp.max_stages())));
-    }
-    if (r_limit == 0) break;
-    dp.run_full(cap, r_limit);
-    ++stats_.caps_evaluated;
+    // Stage count S of n nodes can still give a better T at this cap only inside the window
+    // W_min(n, S) / S <= cap (every stage is <= cap) and 2 W_min(n, S) + (3S - 1) cap < best(n).
+    // The second bound: with P the work before the bottleneck and Q after it,
+    // T = P + (3S + k* + 1) cap + 2Q and P <= k* cap, so T >= 2 (P + cap + Q) + (3S - 1) cap.
+    // Once no window is open and no n is still below its first feasible cap, the search is over.
+    int r_limit = 0, node_limit = 0;
+    bool ahead = false;
+    std::vector<bool> active(count, false);
     for (int i = 0; i < count; ++i) {
       if (!feasible[i]) continue;
+      if (c < first_cap[i]) {
+        ahead = true;
+        continue;
+      }
+      for (int s = max_s; s >= 1; --s) {
+        const double w = min_work[i][s];
+        if (!std::isfinite(w)) continue;
+        const double floor_s = w / s * (1 - 1e-12);
+        if (cap < floor_s) {
+          ahead = ahead || 2.0 * w + (3.0 * s - 1.0) * floor_s < best[i];
+        } else if (2.0 * w + (3.0 * s - 1.0) * cap < best[i]) {
+          r_limit = std::max(r_limit, s);
+          node_limit = lo + i;
+          active[i] = true;
+        }
+      }
+    }
+    if (r_limit == 0) {
+      if (ahead) continue;
+      break;
+    }
+    // Large node counts settle first; the DP stops at the GPUs of the largest still active.
+    dp.run_full(cap, r_limit, node_limit);
+    ++stats_.caps_evaluated;
+    for (int i = 0; i < count; ++i) {
+      if (!active[i]) continue;
       const double t = dp.front_full(lo + i, cap, r_limit);
       if (t < best[i]) {
         best[i] = t;
@@ -122,7 +173,7 @@ std::vector<std::optional<pipeline_template>> template_generator::generate(int l
   for (int i = 0; i < count; ++i)
     if (std::isfinite(best[i])) by_cap[best_cap[i]].push_back(i);
   for (const auto& [cap, members] : by_cap) {
-    dp.run_full(cap, dp.max_stages());
+    dp.run_full(cap, dp.max_stages(), lo + members.back());
     for (int i : members) {
       int stages = 0;
       dp.front_full(lo + i, cap, dp.max_stages(), &stages);

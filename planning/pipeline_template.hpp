@@ -48,8 +48,8 @@ struct generator_stats {
 /// GPUs remaining, stages remaining) with three phases (after / at / before the bottleneck, stages
 /// after it strictly below c, before it at most c) gives the exact minimum; the 4S*c term is charged
 /// at the front. Counting GPUs from the back makes one DP serve every node count. Candidates are
-/// visited in increasing c and pruned with T >= W_min(n) + 3S*c; transitions are sliding-window
-/// minima because both the cap and the memory limit bound v monotonically in u.
+/// visited in increasing c and pruned with T >= 2 W_min(n, S) + (3S - 1) c; transitions are
+/// sliding-window minima because both the cap and the memory limit bound v monotonically in u.
 class template_generator {
  public:
   explicit template_generator(const layer_costs& costs) : costs_(costs) {}

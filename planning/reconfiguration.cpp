@@ -32,18 +32,21 @@ std::map<int, std::pair<int, int>> holdings(const template_set& templates, const
 }
 
 /// Rules (1)-(4). Returns the drafts; `rules` says which applied.
-std::vector<draft> apply_rules(const template_set& templates, std::vector<node_list> groups, node_list pool,
-                               std::vector<reconfiguration_rule>& rules, bool lost_any) {
+std::vector<draft> apply_rules(const template_set& templates, std::vector<node_list> groups,
+                               const std::vector<bool>& shrank, node_list pool, std::vector<reconfiguration_rule>& rules) {
   const int n0 = smallest_size(templates);
   const int n_max = largest_size(templates);
   auto has = [&](int n) { return templates.find(n) != nullptr; };
   std::vector<draft> kept;
   std::vector<node_list> needy;
   // (1) simple: keep every group that still has a template; trim to the largest size that has one.
-  for (auto& g : groups) {
+  bool simple = false;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    auto& g = groups[i];
     int size = static_cast<int>(g.size());
     while (size >= n0 && !has(size)) --size;
     if (size >= n0) {
+      simple = simple || shrank[i];
       pool.insert(pool.end(), g.begin() + size, g.end());
       g.resize(size);
       kept.push_back({std::move(g)});
@@ -51,7 +54,7 @@ std::vector<draft> apply_rules(const template_set& templates, std::vector<node_l
       needy.push_back(std::move(g));
     }
   }
-  if (lost_any && !kept.empty()) rules.push_back(reconfiguration_rule::simple);
+  if (simple) rules.push_back(reconfiguration_rule::simple);
   // (2) borrow: fill needy pipelines up to n0 from free nodes, then from pipelines that can spare.
   std::sort(needy.begin(), needy.end(), [](const node_list& a, const node_list& b) { return a.size() > b.size(); });
   std::vector<node_list> still_needy;
@@ -107,6 +110,7 @@ std::vector<draft> apply_rules(const template_set& templates, std::vector<node_l
   }
   if (had_free && (rules.empty() || rules.back() != reconfiguration_rule::merge))
     rules.push_back(reconfiguration_rule::join);
+  if (rules.empty()) rules.push_back(reconfiguration_rule::unchanged);  // e.g. only idle nodes were lost
   if (!pool.empty()) kept.clear();  // unused nodes: let the re-plan decide
   return kept;
 }
@@ -193,13 +197,16 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
   reconfiguration out;
   const std::set<int> lost(lost_ids.begin(), lost_ids.end());
   std::vector<node_list> groups;
+  std::vector<bool> shrank;
   int alive = 0;
   for (const auto& p : current.pipelines) {
     node_list g;
     for (int n : p.nodes)
       if (!lost.count(n)) g.push_back(n);
     alive += static_cast<int>(g.size());
-    if (!g.empty()) groups.push_back(std::move(g));
+    if (g.empty()) continue;
+    shrank.push_back(g.size() < p.nodes.size());
+    groups.push_back(std::move(g));
   }
   node_list pool;
   for (int n : current.idle_nodes)
@@ -231,7 +238,7 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
     out.rules.push_back(reconfiguration_rule::unchanged);
     for (const auto& g : groups) drafts.push_back({g});
   } else {
-    drafts = apply_rules(ctx.templates, groups, pool, out.rules, !lost.empty());
+    drafts = apply_rules(ctx.templates, groups, shrank, pool, out.rules);
   }
   // The rules must use every node the templates can cover, with >= f + 1 pipelines, no more
   // pipelines than microbatches; otherwise re-plan globally.

@@ -198,6 +198,7 @@ TEST_CASE("reconfiguration properties over random failure and join sequences") {
         ++stops;
         break;
       }
+      REQUIRE(!r.rules.empty());
       if (r.rules.front() == reconfiguration_rule::replan) ++replans;
       // >= f + 1 pipelines, each on a template, nodes alive and used once.
       CHECK(static_cast<int>(r.pipelines.size()) >= f_tol + 1);

@@ -1,0 +1,150 @@
+#include "apps/plan_report.hpp"
+
+#include <iomanip>
+#include <sstream>
+
+namespace oobleck::apps {
+
+using planning::json::array;
+using planning::json::object;
+using planning::json::value;
+
+namespace {
+
+value ints(const std::vector<int>& xs) {
+  array a;
+  for (int x : xs) a.emplace_back(x);
+  return a;
+}
+
+double samples_per_s(int global_batch, double step_ms) { return step_ms > 0 ? global_batch * 1000.0 / step_ms : 0; }
+
+std::string node_list(const std::vector<int>& nodes) {
+  std::ostringstream os;
+  for (std::size_t i = 0; i < nodes.size(); ++i) os << (i ? "," : "") << nodes[i];
+  return os.str();
+}
+
+// "6..16" for runs, "6, 9, 12" otherwise.
+std::string ranges(const std::vector<int>& xs) {
+  std::ostringstream os;
+  for (std::size_t i = 0; i < xs.size();) {
+    std::size_t j = i;
+    while (j + 1 < xs.size() && xs[j + 1] == xs[j] + 1) ++j;
+    os << (i ? ", " : "") << xs[i];
+    if (j > i) os << (j == i + 1 ? ", " : "..") << xs[j];
+    i = j + 1;
+  }
+  return xs.empty() ? "none" : os.str();
+}
+
+void print_pipelines(std::ostream& out, const std::vector<planning::pipeline_instance>& ps) {
+  for (std::size_t i = 0; i < ps.size(); ++i)
+    out << "    pipeline " << i << ": template " << ps[i].template_nodes << " nodes [" << node_list(ps[i].nodes)
+        << "], " << ps[i].microbatches << " microbatches, " << ps[i].time_ms << " ms\n";
+}
+
+}  // namespace
+
+value template_to_json(const planning::pipeline_template& t) {
+  array stages;
+  for (const auto& s : t.stages)
+    stages.emplace_back(object{{"node", s.node}, {"gpus", s.gpus}, {"layers", array{s.first_layer, s.end_layer}},
+                               {"ms", s.ms}});
+  return object{{"nodes", t.nodes}, {"iteration_ms", t.iteration_ms}, {"stages", std::move(stages)}};
+}
+
+value pipelines_to_json(const std::vector<planning::pipeline_instance>& ps) {
+  array out;
+  for (const auto& p : ps)
+    out.emplace_back(object{{"nodes", ints(p.nodes)},
+                            {"template_nodes", p.template_nodes},
+                            {"microbatches", p.microbatches},
+                            {"time_ms", p.time_ms}});
+  return out;
+}
+
+value plan_to_json(const planning::job_plan& plan, const std::vector<plan_event>& events, int global_batch) {
+  array templates;
+  for (const auto& t : plan.templates.templates) templates.push_back(template_to_json(t));
+  array evs;
+  for (const auto& e : events) {
+    const auto& r = e.result;
+    object o{{"lost", ints(e.lost)}, {"joined", ints(e.joined)}, {"action", to_string(r.action)}};
+    if (r.action == planning::reconfiguration_action::checkpoint_and_stop) {
+      o.emplace_back("reason", r.reason);
+      o.emplace_back("pipelines", array{});
+      o.emplace_back("step_ms", nullptr);
+      o.emplace_back("copies", array{});
+    } else {
+      array rules;
+      for (auto rule : r.rules) rules.emplace_back(to_string(rule));
+      array copies;
+      for (const auto& c : r.copies)
+        copies.emplace_back(object{{"layer", c.layer}, {"from_node", c.from_node}, {"to_node", c.to_node}, {"bytes", c.bytes}});
+      o.emplace_back("rules", std::move(rules));
+      o.emplace_back("pipelines", pipelines_to_json(r.pipelines));
+      o.emplace_back("idle_nodes", ints(r.idle_nodes));
+      o.emplace_back("step_ms", r.step_ms);
+      o.emplace_back("samples_per_s", samples_per_s(global_batch, r.step_ms));
+      o.emplace_back("copies", std::move(copies));
+    }
+    evs.emplace_back(std::move(o));
+  }
+  return object{{"n0", plan.spec.n0},
+                {"n_max", plan.spec.n_max},
+                {"covered_node_counts", ints(plan.spec.covered_node_counts)},
+                {"templates", std::move(templates)},
+                {"instantiation", object{{"pipelines", pipelines_to_json(plan.pipelines)},
+                                         {"idle_nodes", ints(plan.idle_nodes)},
+                                         {"step_ms", plan.step_ms},
+                                         {"samples_per_s", samples_per_s(global_batch, plan.step_ms)}}},
+                {"events", std::move(evs)}};
+}
+
+void print_template(std::ostream& out, const planning::pipeline_template& t) {
+  out << "  " << t.nodes << (t.nodes == 1 ? " node" : " nodes") << ": " << t.stages.size()
+      << " stages, T(4S) = " << t.iteration_ms << " ms, bottleneck " << planning::bottleneck_stage(t.stage_ms()) << "\n";
+  for (std::size_t k = 0; k < t.stages.size(); ++k) {
+    const auto& s = t.stages[k];
+    out << "      stage " << k << ": node " << s.node << ", " << s.gpus << " GPU" << (s.gpus > 1 ? "s" : " ")
+        << ", layers [" << s.first_layer << ", " << s.end_layer << "), " << s.ms << " ms\n";
+  }
+}
+
+void print_plan(std::ostream& out, const planning::profile& prof, const planning::job_config& job,
+                const planning::job_plan& plan, const std::vector<plan_event>& events) {
+  out << std::setprecision(6);
+  out << "model " << prof.model << ": " << prof.num_layers() << " layers, " << prof.gpus_per_node
+      << " GPUs per node, microbatch " << prof.microbatch_size << "\n";
+  out << "job: " << job.nodes << " nodes, f = " << job.fault_tolerance << ", global batch " << job.global_batch
+      << " = " << plan.num_microbatches << " microbatches\n";
+  out << "node specification: n0 = " << plan.spec.n0 << ", n_max = " << plan.spec.n_max
+      << "; node counts covered by >= " << job.fault_tolerance + 1 << " pipelines: "
+      << ranges(plan.spec.covered_node_counts) << "\n";
+  out << "templates (" << plan.templates.templates.size() << "):\n";
+  for (const auto& t : plan.templates.templates) print_template(out, t);
+  out << "instantiation: " << plan.pipelines.size() << " pipelines, step " << plan.step_ms << " ms, "
+      << samples_per_s(job.global_batch, plan.step_ms) << " samples/s predicted\n";
+  print_pipelines(out, plan.pipelines);
+  if (!plan.idle_nodes.empty()) out << "    idle nodes: " << node_list(plan.idle_nodes) << "\n";
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const auto& e = events[i];
+    out << "event " << i + 1 << ":";
+    if (!e.lost.empty()) out << " lost [" << node_list(e.lost) << "]";
+    if (!e.joined.empty()) out << " joined [" << node_list(e.joined) << "]";
+    if (e.result.action == planning::reconfiguration_action::checkpoint_and_stop) {
+      out << " -> checkpoint and stop: " << e.result.reason << "\n";
+      continue;
+    }
+    std::int64_t bytes = 0;
+    for (const auto& c : e.result.copies) bytes += c.bytes;
+    out << " -> continue (" << e.result.reason << "), " << e.result.pipelines.size() << " pipelines, step "
+        << e.result.step_ms << " ms, " << samples_per_s(job.global_batch, e.result.step_ms) << " samples/s, "
+        << e.result.copies.size() << " layer copies (" << bytes << " bytes)\n";
+    print_pipelines(out, e.result.pipelines);
+    if (!e.result.idle_nodes.empty()) out << "    idle nodes: " << node_list(e.result.idle_nodes) << "\n";
+  }
+}
+
+}  // namespace oobleck::apps

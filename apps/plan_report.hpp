@@ -1,0 +1,29 @@
+#pragma once
+// How oobleck-plan shows a plan: the JSON object of the planner issue, and a readable report.
+
+#include <ostream>
+#include <vector>
+
+#include "planning/json.hpp"
+#include "planning/planner.hpp"
+#include "planning/reconfiguration.hpp"
+
+namespace oobleck::apps {
+
+/// One --fail / --join event and what the policy decided.
+struct plan_event {
+  std::vector<int> lost;
+  std::vector<int> joined;
+  planning::reconfiguration result;
+};
+
+planning::json::value template_to_json(const planning::pipeline_template& t);
+planning::json::value pipelines_to_json(const std::vector<planning::pipeline_instance>& ps);
+planning::json::value plan_to_json(const planning::job_plan& plan, const std::vector<plan_event>& events,
+                                   int global_batch);
+
+void print_template(std::ostream& out, const planning::pipeline_template& t);
+void print_plan(std::ostream& out, const planning::profile& prof, const planning::job_config& job,
+                const planning::job_plan& plan, const std::vector<plan_event>& events);
+
+}  // namespace oobleck::apps

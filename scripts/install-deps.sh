@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the project builds against, when any is missing (DESIGN §2, §8).
+# libopenblas0 matters: without it LibTorch falls back to the reference BLAS (~15x slower).
+set -euo pipefail
+
+packages=(
+  g++ cmake ninja-build
+  libcaf-dev            # CAF 0.17.6: actors, remote actors, heartbeats
+  libtorch-dev          # LibTorch 1.13.1 (CPU)
+  libgloo-dev           # headers of c10d's gloo, the transport benchmark's baseline
+  libcapnp-dev capnproto
+  libboost-dev          # Boost.Asio 1.74
+  doctest-dev
+  libopenblas0
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
