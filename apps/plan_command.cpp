@@ -1,6 +1,7 @@
 #include "apps/plan_command.hpp"
 
 #include <chrono>
+#include <new>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -80,6 +81,9 @@ plan_options parse(cli_args& a) {
 }
 
 int template_only(const plan_options& o, const planning::profile& prof, std::ostream& out) {
+  if (*o.template_nodes > prof.num_layers())
+    throw planning_error("a pipeline of " + std::to_string(*o.template_nodes) + " nodes needs at least as many stages, "
+                         "but the model has " + std::to_string(prof.num_layers()) + " layers");
   const planning::layer_costs costs(prof, planning::job_memory(prof, o.job));
   planning::template_generator gen(costs);
   const auto start = std::chrono::steady_clock::now();
@@ -148,6 +152,10 @@ int run_plan_command(const std::vector<std::string>& args, std::ostream& out, st
     return 0;
   } catch (const planning_error& e) {
     err << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    err << "error: the planning problem is too large for this machine's memory (fewer nodes, layers or GPUs "
+           "per node)\n";
     return 2;
   }
 }

@@ -111,6 +111,7 @@ TEST_CASE("bad input: one error line and exit code 2") {
       {{"--nodes", "8"}, "--profile is required"},
       {{"--profile", "/nonexistent.json", "--template-nodes", "1"}, "cannot read profile"},
       {{"--profile", kProfile, "--template-nodes", "1", "--device-memory", "1000"}, "no layout of 1 nodes fits"},
+      {{"--profile", kProfile, "--template-nodes", "25"}, "the model has 24 layers"},
   };
   for (const auto& [args, expected] : cases) {
     const auto r = plan(args);
