@@ -1,0 +1,125 @@
+#include "runtime/gpt_model.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+
+namespace oobleck::runtime {
+
+namespace {
+
+constexpr double kInitStd = 0.02;
+
+/// Generator for layer l: split-independent and thread-safe (no global RNG).
+at::Generator layer_generator(const gpt_config& c, int layer) {
+  return at::detail::createCPUGenerator(c.seed * 1000003ULL + static_cast<std::uint64_t>(layer) * 7919ULL + 17);
+}
+
+torch::Tensor normal(torch::IntArrayRef shape, at::Generator& gen, double std = kInitStd) {
+  auto t = torch::empty(shape, torch::kFloat32);
+  t.normal_(0.0, std, gen);
+  return t;
+}
+
+class embedding_layer : public model_layer {
+ public:
+  embedding_layer(const gpt_config& c, at::Generator gen) {
+    token_ = register_parameter("token", normal({c.vocab, c.d_model}, gen));
+    position_ = register_parameter("position", normal({c.seq_len, c.d_model}, gen));
+    dropout_ = c.dropout;
+  }
+  torch::Tensor forward(const torch::Tensor& tokens) override {
+    const auto s = tokens.size(1);
+    auto x = token_.index_select(0, tokens.reshape({-1})).view({tokens.size(0), s, -1}) +
+             position_.slice(0, 0, s).unsqueeze(0);
+    return torch::dropout(x, dropout_, is_training());
+  }
+
+ private:
+  torch::Tensor token_, position_;
+  double dropout_;
+};
+
+class block_layer : public model_layer {
+ public:
+  block_layer(const gpt_config& c, at::Generator gen) : heads_(c.heads), dropout_(c.dropout) {
+    const auto d = c.d_model;
+    // GPT-2 scales the residual projections by 1/sqrt(2 * blocks).
+    const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.blocks));
+    ln1_w_ = register_parameter("ln1_w", torch::ones({d}));
+    ln1_b_ = register_parameter("ln1_b", torch::zeros({d}));
+    // No q/k/v bias: the key bias gets an identically zero gradient (softmax ignores a constant
+    // added to every key), so Adam would only integrate rounding noise into it.
+    qkv_w_ = register_parameter("qkv_w", normal({3 * d, d}, gen));
+    proj_w_ = register_parameter("proj_w", normal({d, d}, gen, residual_std));
+    proj_b_ = register_parameter("proj_b", torch::zeros({d}));
+    ln2_w_ = register_parameter("ln2_w", torch::ones({d}));
+    ln2_b_ = register_parameter("ln2_b", torch::zeros({d}));
+    fc_w_ = register_parameter("fc_w", normal({4 * d, d}, gen));
+    fc_b_ = register_parameter("fc_b", torch::zeros({4 * d}));
+    out_w_ = register_parameter("out_w", normal({d, 4 * d}, gen, residual_std));
+    out_b_ = register_parameter("out_b", torch::zeros({d}));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) override {
+    const auto b = x.size(0), s = x.size(1), d = x.size(2), dh = d / heads_;
+    auto h = torch::layer_norm(x, {d}, ln1_w_, ln1_b_);
+    auto qkv = torch::linear(h, qkv_w_).view({b, s, 3, heads_, dh}).permute({2, 0, 3, 1, 4});
+    auto q = qkv[0], k = qkv[1], v = qkv[2];  // [b, heads, s, dh]
+    auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dh));
+    auto causal = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+    att = torch::softmax(att.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
+    att = torch::dropout(att, dropout_, is_training());
+    auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, s, d});
+    auto x1 = x + torch::dropout(torch::linear(y, proj_w_, proj_b_), dropout_, is_training());
+    auto h2 = torch::layer_norm(x1, {d}, ln2_w_, ln2_b_);
+    auto m = torch::linear(torch::gelu(torch::linear(h2, fc_w_, fc_b_)), out_w_, out_b_);
+    return x1 + torch::dropout(m, dropout_, is_training());
+  }
+
+ private:
+  std::int64_t heads_;
+  double dropout_;
+  torch::Tensor ln1_w_, ln1_b_, qkv_w_, proj_w_, proj_b_, ln2_w_, ln2_b_, fc_w_, fc_b_, out_w_, out_b_;
+};
+
+class head_layer : public model_layer {
+ public:
+  head_layer(const gpt_config& c, at::Generator gen) {
+    ln_w_ = register_parameter("ln_w", torch::ones({c.d_model}));
+    ln_b_ = register_parameter("ln_b", torch::zeros({c.d_model}));
+    lm_w_ = register_parameter("lm_w", normal({c.vocab, c.d_model}, gen));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    return torch::linear(torch::layer_norm(x, {x.size(-1)}, ln_w_, ln_b_), lm_w_);
+  }
+
+ private:
+  torch::Tensor ln_w_, ln_b_, lm_w_;
+};
+
+}  // namespace
+
+std::vector<std::shared_ptr<model_layer>> build_layers(const gpt_config& c, int first, int end, torch::Device device) {
+  validate(c);
+  if (first < 0 || end > c.num_layers() || first >= end)
+    throw std::invalid_argument("layer range [" + std::to_string(first) + ", " + std::to_string(end) +
+                                ") is not inside the model's " + std::to_string(c.num_layers()) + " layers");
+  std::vector<std::shared_ptr<model_layer>> layers;
+  for (int l = first; l < end; ++l) {
+    auto gen = layer_generator(c, l);
+    std::shared_ptr<model_layer> layer;
+    if (l == 0) layer = std::make_shared<embedding_layer>(c, gen);
+    else if (l == c.num_layers() - 1) layer = std::make_shared<head_layer>(c, gen);
+    else layer = std::make_shared<block_layer>(c, gen);
+    layer->to(device);
+    layers.push_back(std::move(layer));
+  }
+  return layers;
+}
+
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+}  // namespace oobleck::runtime

@@ -1,0 +1,77 @@
+#pragma once
+// Runs one pipeline stage: layers [first, end) of the model, the 1F1B op list of planning/, the
+// per-layer gradient all-reduce across pipelines, and the optimizer step on commit.
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/communicator.hpp"
+#include "runtime/gpt_model.hpp"
+#include "runtime/optimizer.hpp"
+
+namespace oobleck::runtime {
+
+/// Where a stage sits in its pipeline.
+struct stage_position {
+  int first_layer = 0;
+  int end_layer = 0;  ///< layers [first_layer, end_layer)
+  int stage = 0;
+  int num_stages = 1;
+  int prev_rank = -1;  ///< rank of stage - 1 (unused on the first stage)
+  int next_rank = -1;  ///< rank of stage + 1 (unused on the last stage)
+};
+
+struct executor_options {
+  int microbatch_size = 1;
+  /// B / b over all pipelines: each microbatch's loss is divided by it, so a step's gradient is
+  /// the mean over the global batch whatever the split across pipelines.
+  int global_microbatches = 1;
+  bool activation_checkpointing = false;  ///< keep only stage inputs; recompute in backward
+  adamw_options optimizer;
+  torch::Device device = torch::kCPU;
+};
+
+class stage_executor {
+ public:
+  stage_executor(const gpt_config& model, stage_position position, communicator& comm, executor_options options);
+
+  /// The 1F1B ops of this step for `num_microbatches` microbatches. `inputs` and `targets` are the
+  /// pipeline's token ids [num_microbatches * b, seq] (read on the first / last stage only).
+  /// Returns the sum of the unscaled microbatch losses on the last stage, 0 elsewhere.
+  /// Throws comm_error when the data plane fails; gradients are then partial: discard() them.
+  double run_step(int num_microbatches, const torch::Tensor& inputs, const torch::Tensor& targets);
+
+  /// Sums each layer's gradient over layer_groups[l], the ranks of every holder of layer l
+  /// (groups of one rank are skipped). Layers go in increasing order on every rank.
+  void reduce_gradients(const std::vector<std::vector<int>>& layer_groups);
+
+  /// The step is committed everywhere: apply AdamW to every layer and clear gradients.
+  void commit();
+  /// The step failed somewhere: drop its gradients.
+  void discard();
+
+  const stage_position& position() const { return position_; }
+  /// Parameters of model layer l (first_layer <= l < end_layer).
+  std::vector<torch::Tensor> parameters(int layer) const;
+  layer_optimizer_state& optimizer_state(int layer);
+  /// FNV-1a over the bytes of layer l's parameters: equal digests = bitwise equal replicas.
+  std::uint64_t parameter_digest(int layer) const;
+
+ private:
+  torch::Tensor forward_layers(const torch::Tensor& x);
+
+  gpt_config model_;
+  stage_position position_;
+  communicator& comm_;
+  executor_options options_;
+  std::vector<std::shared_ptr<model_layer>> layers_;
+  std::vector<layer_optimizer_state> states_;
+};
+
+/// FNV-1a over the raw bytes of tensors (moved to CPU, contiguous).
+std::uint64_t tensor_digest(const std::vector<torch::Tensor>& tensors);
+
+}  // namespace oobleck::runtime

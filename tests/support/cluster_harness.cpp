@@ -1,0 +1,142 @@
+#include "support/cluster_harness.hpp"
+
+#include <map>
+#include <thread>
+
+namespace oobleck::testing {
+
+training_setup small_setup() {
+  training_setup s;
+  s.model = {.vocab = 256, .d_model = 32, .heads = 4, .blocks = 4, .seq_len = 16, .dropout = 0.0, .seed = 5};
+  s.optimizer.lr = {.peak = 3e-3, .warmup_steps = 2, .total_steps = 20, .min_ratio = 0.1};
+  return s;
+}
+
+const runtime::token_dataset& test_dataset(std::int64_t seq_len) {
+  static std::map<std::int64_t, runtime::token_dataset> cache;
+  auto it = cache.find(seq_len);
+  if (it == cache.end()) it = cache.emplace(seq_len, runtime::token_dataset(runtime::default_corpus(1 << 16), seq_len)).first;
+  return it->second;
+}
+
+training_result train_reference(const training_setup& s) {
+  const auto& data = test_dataset(s.model.seq_len);
+  runtime::sampler sampler(s.data_seed, data.size(), s.global_batch);
+  auto layers = runtime::build_layers(s.model, 0, s.model.num_layers());
+  std::vector<runtime::layer_optimizer_state> states;
+  for (auto& l : layers) states.push_back(runtime::initial_state(l->parameters()));
+  training_result r;
+  for (int step = 0; step < s.steps; ++step) {
+    auto [input, target] = data.batch(sampler.step_samples(step));
+    torch::Tensor h = input;
+    for (auto& l : layers) h = l->forward(h);
+    auto loss = runtime::lm_loss(h, target);
+    r.losses.push_back(loss.item<double>());
+    loss.backward();
+    if (step == 0)
+      for (auto& l : layers) {
+        std::vector<torch::Tensor> g;
+        for (auto& p : l->parameters()) g.push_back(p.grad().clone());
+        r.first_gradients.push_back(std::move(g));
+      }
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      runtime::adamw_step(layers[i]->parameters(), states[i], s.optimizer);
+      for (auto& p : layers[i]->parameters()) p.mutable_grad() = torch::Tensor();
+    }
+  }
+  for (auto& l : layers) {
+    r.parameters.push_back(l->parameters());
+    r.digests.push_back({runtime::tensor_digest(l->parameters())});
+  }
+  return r;
+}
+
+training_result train_pipelines(const training_setup& s, const std::vector<pipeline_shape>& pipelines) {
+  const auto& data = test_dataset(s.model.seq_len);
+  runtime::sampler sampler(s.data_seed, data.size(), s.global_batch);
+  const int L = s.model.num_layers();
+  // Ranks in pipeline order; layer_groups[l] = the rank holding l in each pipeline.
+  struct placed {
+    int pipeline;
+    runtime::stage_position position;
+  };
+  std::vector<placed> ranks;
+  std::vector<std::vector<int>> layer_groups(L);
+  for (int p = 0; p < static_cast<int>(pipelines.size()); ++p) {
+    const int base = static_cast<int>(ranks.size());
+    const int stages = static_cast<int>(pipelines[p].stages.size());
+    for (int k = 0; k < stages; ++k) {
+      const auto [u, v] = pipelines[p].stages[k];
+      ranks.push_back({p, {u, v, k, stages, base + k - 1, base + k + 1}});
+      for (int l = u; l < v; ++l) layer_groups[l].push_back(base + k);
+    }
+  }
+  fake_hub hub(static_cast<int>(ranks.size()));
+  runtime::executor_options options{.microbatch_size = s.microbatch,
+                                    .global_microbatches = s.global_batch / s.microbatch,
+                                    .activation_checkpointing = s.activation_checkpointing,
+                                    .optimizer = s.optimizer};
+  std::vector<std::unique_ptr<runtime::stage_executor>> executors;
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
+    executors.push_back(std::make_unique<runtime::stage_executor>(s.model, ranks[r].position, hub.at(r), options));
+  std::vector<int> microbatches;
+  for (const auto& p : pipelines) microbatches.push_back(p.microbatches);
+  training_result result;
+  result.first_gradients.resize(L);
+  for (int step = 0; step < s.steps; ++step) {
+    const auto ids = sampler.step_samples(step);
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+    for (int p = 0; p < static_cast<int>(pipelines.size()); ++p)
+      batches.push_back(data.batch(runtime::sampler::slice(ids, microbatches, p, s.microbatch)));
+    std::vector<double> loss(ranks.size(), 0.0);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
+      threads.emplace_back([&, r] {
+        const int p = ranks[r].pipeline;
+        loss[r] = executors[r]->run_step(pipelines[p].microbatches, batches[p].first, batches[p].second);
+        executors[r]->reduce_gradients(layer_groups);
+        if (step == 0)
+          for (int l = ranks[r].position.first_layer; l < ranks[r].position.end_layer; ++l)
+            if (layer_groups[l].front() == r)
+              for (auto& p : executors[r]->parameters(l)) result.first_gradients[l].push_back(p.grad().clone());
+        executors[r]->commit();
+      });
+    for (auto& t : threads) t.join();
+    double total = 0;
+    for (double l : loss) total += l;
+    result.losses.push_back(total / (s.global_batch / s.microbatch));
+  }
+  result.parameters.resize(L);
+  result.digests.resize(L);
+  for (int l = 0; l < L; ++l)
+    for (int g : layer_groups[l]) {
+      if (result.parameters[l].empty()) result.parameters[l] = executors[g]->parameters(l);
+      result.digests[l].push_back(executors[g]->parameter_digest(l));
+    }
+  return result;
+}
+
+double max_relative_difference(const std::vector<std::vector<torch::Tensor>>& a,
+                               const std::vector<std::vector<torch::Tensor>>& b) {
+  double worst = 0;
+  for (std::size_t l = 0; l < a.size(); ++l)
+    for (std::size_t i = 0; i < a[l].size(); ++i) {
+      const auto& x = a[l][i];
+      const auto& y = b[l][i];
+      worst = std::max(worst, (x - y).norm().item<double>() / std::max(y.norm().item<double>(), 1e-30));
+    }
+  return worst;
+}
+
+double max_elementwise_difference(const training_result& a, const training_result& b) {
+  double worst = 0;
+  for (std::size_t l = 0; l < a.parameters.size(); ++l)
+    for (std::size_t i = 0; i < a.parameters[l].size(); ++i) {
+      const auto& x = a.parameters[l][i];
+      const auto& y = b.parameters[l][i];
+      worst = std::max(worst, (x - y).abs().max().item<double>() / std::max(y.abs().max().item<double>(), 1e-30));
+    }
+  return worst;
+}
+
+}  // namespace oobleck::testing

@@ -1,0 +1,138 @@
+#include "support/fake_communicator.hpp"
+
+#include <string>
+
+namespace oobleck::testing {
+
+using runtime::comm_error;
+
+class fake_hub::endpoint : public runtime::communicator {
+ public:
+  endpoint(fake_hub& hub, int rank) : hub_(hub), rank_(rank) {}
+  int rank() const override { return rank_; }
+  void send(const torch::Tensor& t, int peer, int tag) override { hub_.send(rank_, t, peer, tag); }
+  void recv(torch::Tensor& t, int peer, int tag) override { hub_.recv(rank_, t, peer, tag); }
+  void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group) override { hub_.reduce(rank_, t, group, -1); }
+  void broadcast(torch::Tensor& t, int root, const std::vector<int>& group) override {
+    hub_.reduce(rank_, t, group, root);
+  }
+  void abort() override {
+    std::lock_guard lock(hub_.mutex_);
+    hub_.aborted_.insert(rank_);
+    hub_.changed_.notify_all();
+  }
+
+ private:
+  fake_hub& hub_;
+  int rank_;
+};
+
+fake_hub::fake_hub(int ranks) : ops_(ranks, 0), fail_after_(ranks, -1) {
+  for (int r = 0; r < ranks; ++r) comms_.push_back(std::make_unique<endpoint>(*this, r));
+}
+
+fake_hub::~fake_hub() = default;
+
+runtime::communicator& fake_hub::at(int rank) { return *comms_.at(rank); }
+
+void fake_hub::fail_after(int rank, int ops) {
+  std::lock_guard lock(mutex_);
+  fail_after_[rank] = ops_[rank] + ops;
+}
+
+void fake_hub::crash(int rank) {
+  std::lock_guard lock(mutex_);
+  crashed_.insert(rank);
+  changed_.notify_all();
+}
+
+void fake_hub::block(int rank) {
+  std::lock_guard lock(mutex_);
+  blocked_.insert(rank);
+}
+
+void fake_hub::drop_sends_of(int rank) {
+  std::lock_guard lock(mutex_);
+  dropping_.insert(rank);
+}
+
+void fake_hub::abort_all() {
+  std::lock_guard lock(mutex_);
+  for (int r = 0; r < size(); ++r) aborted_.insert(r);
+  changed_.notify_all();
+}
+
+int fake_hub::operations(int rank) const {
+  std::lock_guard lock(mutex_);
+  return ops_[rank];
+}
+
+// Counts the operation, applies the rank's own faults, and fails when a peer has crashed.
+void fake_hub::check(int rank, std::unique_lock<std::mutex>& lock, std::initializer_list<int> peers) {
+  if (aborted_.count(rank)) throw comm_error("rank " + std::to_string(rank) + ": aborted");
+  if (crashed_.count(rank)) throw comm_error("rank " + std::to_string(rank) + ": crashed");
+  if (fail_after_[rank] >= 0 && ops_[rank] >= fail_after_[rank])
+    throw comm_error("rank " + std::to_string(rank) + ": injected failure after " + std::to_string(ops_[rank]) + " ops");
+  ++ops_[rank];
+  if (blocked_.count(rank)) {
+    // A crashed rank stands for a dead process: its own thread stops with an error too.
+    changed_.wait(lock, [&] { return aborted_.count(rank) > 0 || crashed_.count(rank) > 0; });
+    throw comm_error("rank " + std::to_string(rank) + (crashed_.count(rank) ? ": crashed" : ": aborted while blocked"));
+  }
+  for (int p : peers)
+    if (crashed_.count(p)) throw comm_error("rank " + std::to_string(rank) + ": peer " + std::to_string(p) + " crashed");
+}
+
+void fake_hub::send(int from, const torch::Tensor& t, int to, int tag) {
+  std::unique_lock lock(mutex_);
+  check(from, lock, {to});
+  if (dropping_.count(from)) return;
+  mailboxes_[{from, to, tag}].push_back(t.detach().clone());
+  changed_.notify_all();
+}
+
+void fake_hub::recv(int to, torch::Tensor& t, int from, int tag) {
+  std::unique_lock lock(mutex_);
+  check(to, lock, {from});
+  auto& box = mailboxes_[{from, to, tag}];
+  changed_.wait(lock, [&] { return !box.empty() || aborted_.count(to) || crashed_.count(from); });
+  if (box.empty()) throw comm_error("rank " + std::to_string(to) + ": recv from " + std::to_string(from) +
+                                    (crashed_.count(from) ? " failed: peer crashed" : " aborted"));
+  {
+    torch::NoGradGuard no_grad;
+    t.copy_(box.front());
+  }
+  box.pop_front();
+}
+
+// Sum in group order (root < 0) or the root's tensor (broadcast); every member copies the result.
+void fake_hub::reduce(int rank, torch::Tensor& t, const std::vector<int>& group, int root) {
+  std::unique_lock lock(mutex_);
+  check(rank, lock, {});
+  const int seq = sequence_[{rank, group}]++;
+  auto& c = collectives_[{group, seq}];
+  c.contributions[rank] = t.detach().clone();
+  changed_.notify_all();
+  auto failed = [&] {
+    for (int m : group)
+      if (crashed_.count(m)) return true;
+    return aborted_.count(rank) > 0;
+  };
+  changed_.wait(lock, [&] { return c.contributions.size() == group.size() || failed(); });
+  if (c.contributions.size() != group.size()) throw comm_error("rank " + std::to_string(rank) + ": collective failed");
+  if (!c.result.defined()) {
+    if (root >= 0) {
+      c.result = c.contributions.at(root);
+    } else {
+      c.result = c.contributions.at(group.front()).clone();
+      for (std::size_t i = 1; i < group.size(); ++i) c.result.add_(c.contributions.at(group[i]));
+    }
+  }
+  {
+    torch::NoGradGuard no_grad;
+    t.copy_(c.result);
+  }
+  if (++c.collected == static_cast<int>(group.size())) collectives_.erase({group, seq});
+}
+
+}  // namespace oobleck::testing

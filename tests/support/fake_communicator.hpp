@@ -1,0 +1,62 @@
+#pragma once
+// An in-process communicator for tests: ranks are threads of one process, messages and
+// collectives are deterministic (sums in group order), and faults are knobs.
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "runtime/communicator.hpp"
+
+namespace oobleck::testing {
+
+class fake_hub {
+ public:
+  explicit fake_hub(int ranks);
+  ~fake_hub();
+
+  /// The communicator of `rank`; owned by the hub.
+  runtime::communicator& at(int rank);
+  int size() const { return static_cast<int>(comms_.size()); }
+
+  // Fault knobs. Each surfaces as comm_error in the affected operations, never as a hang, except
+  // block(), which hangs like a frozen peer until that rank (or every rank) is aborted.
+  void fail_after(int rank, int ops);  ///< the rank's next `ops` operations succeed, later ones throw
+  void crash(int rank);                ///< like a killed process: its peers' operations with it fail
+  void block(int rank);                ///< its operations wait until abort
+  void drop_sends_of(int rank);        ///< its messages vanish; receivers wait until aborted
+  void abort_all();
+
+  int operations(int rank) const;
+
+ private:
+  class endpoint;
+  friend class endpoint;
+  using key = std::tuple<int, int, int>;  // from, to, tag
+  struct collective {
+    std::map<int, torch::Tensor> contributions;
+    torch::Tensor result;
+    int collected = 0;
+  };
+
+  void check(int rank, std::unique_lock<std::mutex>& lock, std::initializer_list<int> peers);
+  void send(int from, const torch::Tensor& t, int to, int tag);
+  void recv(int to, torch::Tensor& t, int from, int tag);
+  void reduce(int rank, torch::Tensor& t, const std::vector<int>& group, int root);
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<std::unique_ptr<endpoint>> comms_;
+  std::map<key, std::deque<torch::Tensor>> mailboxes_;
+  std::map<std::pair<std::vector<int>, int>, collective> collectives_;  // (group, sequence)
+  std::map<std::pair<int, std::vector<int>>, int> sequence_;            // (rank, group) -> next
+  std::vector<int> ops_, fail_after_;
+  std::set<int> crashed_, blocked_, dropping_, aborted_;
+};
+
+}  // namespace oobleck::testing
