@@ -1,0 +1,14 @@
+#pragma once
+// oobleck-profile: measure the model's layers and write the planning profile.
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace oobleck::apps {
+
+/// Returns the exit code: 0, or 2 on bad input (one "error: ..." line on err). Progress and the
+/// per-layer table go to err; with --json the profile goes to out.
+int run_profile_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+}  // namespace oobleck::apps

@@ -1,0 +1,151 @@
+#include "runtime/profiler.hpp"
+
+#include <c10/core/CPUAllocator.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+
+#include "runtime/gpt_model.hpp"
+
+namespace oobleck::runtime {
+
+namespace {
+
+/// Wraps LibTorch's CPU allocator to count live bytes. LibTorch's raw_allocate() requires the
+/// context to be the data pointer, so sizes live in a side table keyed by pointer.
+class counting_allocator final : public c10::Allocator {
+ public:
+  explicit counting_allocator(c10::Allocator* base) : base_(base), base_deleter_(base->raw_deleter()) {}
+
+  c10::DataPtr allocate(size_t n) const override {
+    auto inner = base_->allocate(n);
+    void* data = inner.get();
+    const auto device = inner.device();
+    if (!base_deleter_ || inner.get_context() != data) return inner;  // cannot wrap: leave uncounted
+    inner.release_context();
+    {
+      std::lock_guard lock(mutex_);
+      sizes_[data] = n;
+    }
+    live_.fetch_add(static_cast<std::int64_t>(n));
+    return {data, data, &release, device};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return base_deleter_ ? &release : nullptr; }
+
+  std::int64_t live() const { return live_.load(); }
+
+ private:
+  static void release(void* data);
+
+  c10::Allocator* base_;
+  c10::DeleterFnPtr base_deleter_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, size_t> sizes_;
+  mutable std::atomic<std::int64_t> live_{0};
+};
+
+counting_allocator* installed = nullptr;
+
+void counting_allocator::release(void* data) {
+  size_t n = 0;
+  {
+    std::lock_guard lock(installed->mutex_);
+    auto it = installed->sizes_.find(data);
+    if (it != installed->sizes_.end()) {
+      n = it->second;
+      installed->sizes_.erase(it);
+    }
+  }
+  installed->live_.fetch_sub(static_cast<std::int64_t>(n));
+  installed->base_deleter_(data);
+}
+
+counting_allocator& allocator() {
+  // Installed once, process-wide; tensors allocated earlier keep their own deleters.
+  static counting_allocator* instance = [] {
+    installed = new counting_allocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(installed, /*priority=*/100);
+    return installed;
+  }();
+  return *instance;
+}
+
+double median(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  return xs.empty() ? 0 : xs[xs.size() / 2];
+}
+
+double elapsed_ms(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
+}
+
+}  // namespace
+
+std::int64_t live_cpu_bytes() { return allocator().live(); }
+
+std::vector<layer_measurement> measure_layers(const gpt_config& model, const profiler_options& options) {
+  if (options.microbatch < 1 || options.repeats < 1 || options.warmup < 0)
+    throw std::invalid_argument("profiler: microbatch and repeats must be >= 1, warmup >= 0");
+  allocator();
+  torch::set_num_threads(1);
+  const int L = model.num_layers();
+  auto layers = build_layers(model, 0, L);
+  const std::int64_t b = options.microbatch, s = model.seq_len, d = model.d_model;
+  torch::manual_seed(static_cast<std::uint64_t>(model.seed));
+  const auto tokens = torch::randint(0, model.vocab, {b, s}, torch::kInt64);
+  const auto targets = torch::randint(0, model.vocab, {b, s}, torch::kInt64);
+  std::vector<layer_measurement> out;
+  for (int l = 0; l < L; ++l) {
+    layer_measurement m;
+    m.name = l == 0 ? "embedding" : (l == L - 1 ? "head" : "block" + std::to_string(l - 1));
+    for (const auto& p : layers[l]->parameters()) m.param_bytes += p.numel() * static_cast<std::int64_t>(p.element_size());
+    const bool last = l == L - 1;
+    torch::Tensor input = l == 0 ? tokens : torch::randn({b, s, d}).requires_grad_(true);
+    const torch::Tensor upstream = last ? torch::Tensor() : torch::randn({b, s, d});
+    for (int it = 0; it < options.warmup + options.repeats; ++it) {
+      const auto live_before = live_cpu_bytes();
+      auto start = std::chrono::steady_clock::now();
+      auto y = layers[l]->forward(input);
+      if (last) y = lm_loss(y, targets);
+      const double fwd = elapsed_ms(start);
+      const auto retained = live_cpu_bytes() - live_before;
+      start = std::chrono::steady_clock::now();
+      if (last) y.backward();
+      else y.backward(upstream);
+      const double bwd = elapsed_ms(start);
+      y = torch::Tensor();
+      for (auto& p : layers[l]->parameters()) p.mutable_grad() = torch::Tensor();
+      if (input.requires_grad()) input.mutable_grad() = torch::Tensor();
+      if (it < options.warmup) continue;
+      m.forward_samples.push_back(fwd);
+      m.backward_samples.push_back(bwd);
+      m.activation_bytes = std::max(m.activation_bytes, retained);
+    }
+    m.forward_ms = median(m.forward_samples);
+    m.backward_ms = median(m.backward_samples);
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+planning::profile make_profile(const gpt_config& model, const profiler_options& options,
+                               const std::vector<layer_measurement>& layers) {
+  planning::profile p;
+  p.model = "gpt-" + std::to_string(model.blocks) + "x" + std::to_string(model.d_model);
+  p.config_hash = model.hash();
+  p.device_kind = "cpu";
+  p.microbatch_size = options.microbatch;
+  p.gpus_per_node = 1;
+  p.device_memory_bytes = options.device_memory_bytes;
+  for (const auto& m : layers)
+    p.layers.push_back({m.name, {m.forward_ms}, {m.backward_ms}, m.param_bytes, m.activation_bytes});
+  planning::validate(p);
+  return p;
+}
+
+}  // namespace oobleck::runtime

@@ -1,0 +1,55 @@
+#include "apps/job_file.hpp"
+
+#include <doctest/doctest.h>
+
+#include "planning/profile.hpp"
+
+using namespace oobleck;
+
+namespace {
+
+std::string error_of(const std::string& text) {
+  try {
+    apps::parse_job_file(text, "job.toml");
+  } catch (const planning::planning_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a job file sets the model and training knobs") {
+  const auto job = apps::parse_job_file(R"(# a comment
+[model]
+vocab = 100   # trailing comment
+d_model = 48
+heads = 6
+blocks = 3
+seq_len = 64
+dropout = 0.1
+seed = 9
+
+[training]
+microbatch = 2
+global_batch = 32
+[cluster]
+device_memory_bytes = 1000000
+)");
+  CHECK(job.model.vocab == 100);
+  CHECK(job.model.d_model == 48);
+  CHECK(job.model.heads == 6);
+  CHECK(job.model.dropout == 0.1);
+  CHECK(job.microbatch == 2);
+  CHECK(job.global_batch == 32);
+  CHECK(job.device_memory_bytes == 1000000);
+}
+
+TEST_CASE("job file errors name the file and line") {
+  CHECK(error_of("[model]\nd_modle = 3\n") == "job.toml:2: unknown key model.d_modle");
+  CHECK(error_of("[model]\nblocks = many\n") == "job.toml:2: expected an integer, got many");
+  CHECK(error_of("[model\n") == "job.toml:1: unterminated section header");
+  CHECK(error_of("vocab\n") == "job.toml:1: expected key = value");
+  CHECK(error_of("[model]\nheads = 5\n").find("multiple of heads") != std::string::npos);
+  CHECK(error_of("[training]\nmicrobatch = 3\nglobal_batch = 64\n").find("not a multiple") != std::string::npos);
+}
