@@ -10,7 +10,7 @@ if(OOBLECK_BUILD_TESTS)
 endif()
 
 if(OOBLECK_WITH_CUDA)
-  enable_language(CUDA)
+  # No CUDA sources of our own: the toolkit's headers and libraries are enough for NCCL.
   find_package(CUDAToolkit REQUIRED)
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
   find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)

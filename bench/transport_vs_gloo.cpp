@@ -1,0 +1,245 @@
+// The host transport against c10d's ProcessGroupGloo (its peer) on loopback, side by side in one
+// run: p2p bandwidth for 1-64 MiB between 2 processes, and all-reduce latency and bandwidth for
+// 4 KiB-64 MiB over 2, 3 and 4 processes. Every process runs both, in the same order.
+//
+// usage: transport_vs_gloo [--quick] [--json PATH]
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/torch.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "planning/json.hpp"
+#include "runtime/transport/host_transport.hpp"
+
+extern char** environ;
+
+using namespace oobleck;
+namespace json = planning::json;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct child_args {
+  int rank, world;
+  std::string store, out;
+  bool quick;
+};
+
+int iterations(std::size_t bytes, bool quick) {
+  const std::size_t budget = (quick ? 16u : 256u) << 20;
+  return static_cast<int>(std::clamp<std::size_t>(budget / bytes, 3, quick ? 20 : 200));
+}
+
+int run_child(const child_args& a) {
+  torch::set_num_threads(1);
+  auto store = c10::make_intrusive<c10d::FileStore>(a.store, a.world);
+  // The host transport's ports go through the same store as gloo's rendezvous.
+  runtime::host_transport host({.rank = a.rank, .peers = std::vector<runtime::peer_endpoint>(a.world), .epoch = 1});
+  store->set("port/" + std::to_string(a.rank), std::vector<uint8_t>{static_cast<uint8_t>(host.listen_port() >> 8),
+                                                                     static_cast<uint8_t>(host.listen_port() & 0xff)});
+  std::vector<runtime::peer_endpoint> peers(a.world);
+  for (int r = 0; r < a.world; ++r) {
+    const auto v = store->get("port/" + std::to_string(r));
+    peers[r].port = static_cast<std::uint16_t>((v[0] << 8) | v[1]);
+  }
+  host.connect(peers);
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  c10d::ProcessGroupGloo gloo(c10::make_intrusive<c10d::PrefixStore>("gloo", store), a.rank, a.world, options);
+  std::vector<int> group(a.world);
+  for (int r = 0; r < a.world; ++r) group[r] = r;
+  auto barrier = [&] {
+    float x = 1;
+    host.all_reduce_sum(group, {&x, 1});
+  };
+  std::ofstream out;
+  if (a.rank == 0) out.open(a.out);
+  auto record = [&](const char* op, const char* impl, std::size_t bytes, double ms, double gbps) {
+    if (a.rank == 0)
+      out << json::dump(json::object{{"world", a.world}, {"op", op}, {"impl", impl}, {"bytes", static_cast<std::int64_t>(bytes)},
+                                     {"ms", ms}, {"gbps", gbps}})
+          << "\n";
+  };
+  // Point to point: ping-pong between ranks 0 and 1 (only with 2 processes).
+  if (a.world == 2) {
+    for (std::size_t mib : {1u, 4u, 16u, 64u}) {
+      const std::size_t bytes = mib << 20;
+      const int iters = iterations(bytes, a.quick);
+      auto t = torch::ones({static_cast<std::int64_t>(bytes / 4)});
+      std::span<std::byte> span{static_cast<std::byte*>(t.data_ptr()), bytes};
+      auto host_round = [&] {
+        if (a.rank == 0) {
+          host.send(1, 1, span);
+          host.recv(1, 1, span);
+        } else {
+          host.recv(0, 1, span);
+          host.send(0, 1, span);
+        }
+      };
+      host_round();  // warm-up: buffers allocated and faulted in, not timed (same for gloo)
+      barrier();
+      auto start = clock_type::now();
+      for (int i = 0; i < iters; ++i) host_round();
+      double ms = std::chrono::duration<double, std::milli>(clock_type::now() - start).count() / iters;
+      record("p2p", "host", bytes, ms / 2, 2.0 * bytes / (ms * 1e6));
+      std::vector<at::Tensor> ts{t};
+      auto gloo_round = [&] {
+        if (a.rank == 0) {
+          gloo.send(ts, 1, 1)->wait();
+          gloo.recv(ts, 1, 2)->wait();
+        } else {
+          gloo.recv(ts, 0, 1)->wait();
+          gloo.send(ts, 0, 2)->wait();
+        }
+      };
+      gloo_round();
+      barrier();
+      start = clock_type::now();
+      for (int i = 0; i < iters; ++i) gloo_round();
+      ms = std::chrono::duration<double, std::milli>(clock_type::now() - start).count() / iters;
+      record("p2p", "gloo", bytes, ms / 2, 2.0 * bytes / (ms * 1e6));
+    }
+  }
+  // All-reduce over every process. Bus bandwidth 2 (n - 1) / n * bytes / time, as NCCL reports it.
+  for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20,
+                            std::size_t{64} << 20}) {
+    const int iters = iterations(bytes, a.quick);
+    auto t = torch::ones({static_cast<std::int64_t>(bytes / 4)});
+    const double factor = 2.0 * (a.world - 1) / a.world;
+    auto host_reduce = [&] { host.all_reduce_sum(group, {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())}); };
+    host_reduce();  // warm-up, as for gloo below
+    barrier();
+    auto start = clock_type::now();
+    for (int i = 0; i < iters; ++i) host_reduce();
+    double ms = std::chrono::duration<double, std::milli>(clock_type::now() - start).count() / iters;
+    record("allreduce", "host", bytes, ms, factor * bytes / (ms * 1e6));
+    std::vector<at::Tensor> ts{t};
+    gloo.allreduce(ts)->wait();
+    barrier();
+    start = clock_type::now();
+    for (int i = 0; i < iters; ++i) gloo.allreduce(ts)->wait();
+    ms = std::chrono::duration<double, std::milli>(clock_type::now() - start).count() / iters;
+    record("allreduce", "gloo", bytes, ms, factor * bytes / (ms * 1e6));
+  }
+  barrier();
+  return 0;
+}
+
+std::string self_path() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return std::string(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+}
+
+std::string human(std::size_t bytes) {
+  if (bytes >= (1u << 20)) return std::to_string(bytes >> 20) + " MiB";
+  return std::to_string(bytes >> 10) + " KiB";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--child") {
+    if (argc != 7) return 2;
+    try {
+      return run_child({std::stoi(argv[2]), std::stoi(argv[3]), argv[4], argv[5], std::string(argv[6]) == "1"});
+    } catch (const std::exception& e) {
+      std::cerr << "child " << argv[2] << ": " << e.what() << "\n";
+      return 1;
+    }
+  }
+  bool quick = false;
+  std::string json_path = "transport_vs_gloo.json";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else {
+      std::cout << "usage: transport_vs_gloo [--quick] [--json PATH]\n"
+                   "  Host transport vs c10d ProcessGroupGloo on loopback: p2p bandwidth (2 processes) and\n"
+                   "  all-reduce latency and bus bandwidth (2, 3, 4 processes). --quick: fewer iterations.\n";
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  json::array rows;
+  const std::string self = self_path();
+  for (int world : {2, 3, 4}) {
+    std::cerr << "running " << world << " processes..." << std::endl;
+    const std::string base = "/tmp/oobleck-tvg-" + std::to_string(::getpid()) + "-" + std::to_string(world);
+    const std::string store = base + ".store", out = base + ".jsonl";
+    std::remove(store.c_str());
+    std::vector<pid_t> pids;
+    for (int r = 0; r < world; ++r) {
+      const std::string rank = std::to_string(r), w = std::to_string(world), q = quick ? "1" : "0";
+      char* args[] = {const_cast<char*>(self.c_str()), const_cast<char*>("--child"), const_cast<char*>(rank.c_str()),
+                      const_cast<char*>(w.c_str()), const_cast<char*>(store.c_str()), const_cast<char*>(out.c_str()),
+                      const_cast<char*>(q.c_str()), nullptr};
+      pid_t pid = 0;
+      if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, args, environ) != 0) {
+        std::cerr << "cannot start a child process\n";
+        return 1;
+      }
+      pids.push_back(pid);
+    }
+    bool ok = true;
+    for (pid_t pid : pids) {
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+      ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+    if (!ok) {
+      std::cerr << "a child process failed\n";
+      return 1;
+    }
+    std::ifstream in(out);
+    std::string line;
+    while (std::getline(in, line)) rows.push_back(json::parse(line));
+    std::remove(out.c_str());
+    std::remove(store.c_str());
+  }
+  // Side by side: host | gloo | host/gloo speed.
+  auto find = [&](int world, const std::string& op, const std::string& impl, std::int64_t bytes) -> const json::value* {
+    for (const auto& r : rows)
+      if (r.find("world")->as_integer() == world && r.find("op")->as_string() == op &&
+          r.find("impl")->as_string() == impl && r.find("bytes")->as_integer() == bytes)
+        return &r;
+    return nullptr;
+  };
+  std::printf("p2p, 2 processes (one-way time, bandwidth)\n%10s | %10s %10s | %10s %10s | %8s\n", "size", "host ms",
+              "host GB/s", "gloo ms", "gloo GB/s", "host/gloo");
+  for (std::size_t mib : {1u, 4u, 16u, 64u}) {
+    const auto* h = find(2, "p2p", "host", mib << 20);
+    const auto* g = find(2, "p2p", "gloo", mib << 20);
+    std::printf("%10s | %10.3f %10.2f | %10.3f %10.2f | %7.2fx\n", human(mib << 20).c_str(), h->find("ms")->as_number(),
+                h->find("gbps")->as_number(), g->find("ms")->as_number(), g->find("gbps")->as_number(),
+                g->find("ms")->as_number() / h->find("ms")->as_number());
+  }
+  for (int world : {2, 3, 4}) {
+    std::printf("\nall-reduce, %d processes (latency, bus bandwidth)\n%10s | %10s %10s | %10s %10s | %8s\n", world, "size",
+                "host ms", "host GB/s", "gloo ms", "gloo GB/s", "host/gloo");
+    for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20,
+                              std::size_t{64} << 20}) {
+      const auto* h = find(world, "allreduce", "host", static_cast<std::int64_t>(bytes));
+      const auto* g = find(world, "allreduce", "gloo", static_cast<std::int64_t>(bytes));
+      std::printf("%10s | %10.3f %10.2f | %10.3f %10.2f | %7.2fx\n", human(bytes).c_str(), h->find("ms")->as_number(),
+                  h->find("gbps")->as_number(), g->find("ms")->as_number(), g->find("gbps")->as_number(),
+                  g->find("ms")->as_number() / h->find("ms")->as_number());
+    }
+  }
+  std::ofstream(json_path) << json::dump(json::object{{"benchmark", "transport_vs_gloo"}, {"rows", std::move(rows)}}, 2)
+                           << "\n";
+  std::printf("\nresults written to %s\n", json_path.c_str());
+  return 0;
+}

@@ -1,0 +1,33 @@
+#include "runtime/device.hpp"
+
+#include <stdexcept>
+
+namespace oobleck::runtime {
+
+torch::Device make_device(device_kind kind, int index) {
+  if (kind == device_kind::cpu) return torch::Device(torch::kCPU);
+#ifndef OOBLECK_WITH_CUDA
+  (void)index;
+  throw std::runtime_error("this build has no CUDA support (configure with -DOOBLECK_WITH_CUDA=ON and a CUDA LibTorch)");
+#else
+  if (!torch::cuda::is_available())
+    throw std::runtime_error("CUDA was requested but LibTorch sees no GPU (is this LibTorch built with CUDA?)");
+  if (index < 0 || index >= static_cast<int>(torch::cuda::device_count()))
+    throw std::runtime_error("CUDA device " + std::to_string(index) + " does not exist (" +
+                             std::to_string(torch::cuda::device_count()) + " visible)");
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+#endif
+}
+
+std::string describe(const torch::Device& d) {
+  if (d.is_cpu()) return "cpu";
+  return "cuda:" + std::to_string(d.index());
+}
+
+device_kind parse_device_kind(const std::string& text) {
+  if (text == "cpu") return device_kind::cpu;
+  if (text == "cuda") return device_kind::cuda;
+  throw std::invalid_argument("unknown device kind '" + text + "' (cpu or cuda)");
+}
+
+}  // namespace oobleck::runtime

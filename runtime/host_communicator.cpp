@@ -1,0 +1,44 @@
+#include "runtime/host_communicator.hpp"
+
+namespace oobleck::runtime {
+
+namespace {
+
+std::span<std::byte> bytes_of(const torch::Tensor& t) {
+  if (!t.device().is_cpu() || !t.is_contiguous())
+    throw std::invalid_argument("host transport: tensors must be contiguous and on the CPU");
+  return {static_cast<std::byte*>(t.data_ptr()), t.nbytes()};
+}
+
+template <class F>
+void translated(F&& f) {
+  try {
+    f();
+  } catch (const transport_error& e) {
+    throw comm_error(e.what());
+  }
+}
+
+}  // namespace
+
+void host_communicator::send(const torch::Tensor& t, int peer, int tag) {
+  translated([&] { transport_.send(peer, static_cast<std::uint32_t>(tag), bytes_of(t)); });
+}
+
+void host_communicator::recv(torch::Tensor& t, int peer, int tag) {
+  translated([&] { transport_.recv(peer, static_cast<std::uint32_t>(tag), bytes_of(t)); });
+}
+
+void host_communicator::all_reduce_sum(torch::Tensor& t, const std::vector<int>& group) {
+  if (t.scalar_type() != torch::kFloat32) throw std::invalid_argument("host transport: all-reduce is float32 only");
+  const auto b = bytes_of(t);
+  translated([&] {
+    transport_.all_reduce_sum(group, {reinterpret_cast<float*>(b.data()), static_cast<std::size_t>(t.numel())});
+  });
+}
+
+void host_communicator::broadcast(torch::Tensor& t, int root, const std::vector<int>& group) {
+  translated([&] { transport_.broadcast(group, root, bytes_of(t)); });
+}
+
+}  // namespace oobleck::runtime

@@ -1,0 +1,26 @@
+#pragma once
+// The communicator seam over the host transport: CPU tensors as bytes, transport errors as
+// comm_error.
+
+#include "runtime/communicator.hpp"
+#include "runtime/transport/host_transport.hpp"
+
+namespace oobleck::runtime {
+
+class host_communicator final : public communicator {
+ public:
+  /// `transport` must outlive this object and be connected.
+  explicit host_communicator(host_transport& transport) : transport_(transport) {}
+
+  int rank() const override { return transport_.rank(); }
+  void send(const torch::Tensor& t, int peer, int tag) override;
+  void recv(torch::Tensor& t, int peer, int tag) override;
+  void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group) override;
+  void broadcast(torch::Tensor& t, int root, const std::vector<int>& group) override;
+  void abort() override { transport_.abort("aborted by the runtime"); }
+
+ private:
+  host_transport& transport_;
+};
+
+}  // namespace oobleck::runtime

@@ -1,0 +1,142 @@
+#pragma once
+// Host (CPU) data plane between worker processes: framed point-to-point messages, a ring
+// all-reduce and a broadcast on raw bytes/floats over TCP, with an abort that really aborts.
+//
+// Why this exists instead of c10d: ProcessGroupGloo in LibTorch 1.13 cannot be aborted. There is
+// no group abort, Work::abort is not implemented, and after a peer is killed with kill -9 some
+// survivors stay blocked inside a collective until Gloo's 30-minute timeout. Oobleck's whole
+// point is to reconfigure within seconds of a failure, so the data plane must let the runtime
+// tear an epoch down at once:
+//   - abort() closes every socket of this transport; every pending and every later operation in
+//     this process throws transport_error within milliseconds, whatever the peers are doing
+//     (crashed, frozen by SIGSTOP, or still computing). Closing the sockets also makes the peers'
+//     operations on those links fail, so one process aborting tears the epoch down everywhere.
+//   - a peer that dies (its sockets are closed or reset by its kernel) makes the pending
+//     operations that involve it fail by themselves, without abort(): a recv from it, and any
+//     collective whose group contains it.
+//   - there are no data timeouts. A recv may legitimately wait minutes for a slow upstream stage;
+//     a frozen peer or a silently lost host is the failure detector's business, which then calls
+//     abort(). Only connect() has a deadline.
+// One transport object is one epoch (one membership). After a failure, destroy or abandon it and
+// build a new one for epoch e+1, on the same ports or new ones.
+//
+// Threading: every method except the constructor and destructor may be called from any thread
+// concurrently. One background I/O thread per transport owns the sockets. send() copies the
+// bytes and returns without waiting for the receiver, so any schedule of sends and receives that
+// would be valid with unbounded buffers cannot deadlock (both sides sending 64 MiB, then
+// receiving, is fine).
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace oobleck::runtime {
+
+/// Where a rank listens: a host name or address and a TCP port (0: any free port, see
+/// host_transport::listen_port).
+struct peer_endpoint {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;
+};
+
+/// One epoch's membership as seen by this process.
+struct transport_config {
+  int rank = 0;                      ///< this process's rank, an index into `peers`
+  std::vector<peer_endpoint> peers;  ///< every rank's listening endpoint, indexed by rank
+  std::uint64_t epoch = 0;           ///< group id; connections from another epoch are refused
+  std::chrono::milliseconds connect_timeout{30'000};  ///< deadline of connect() only
+  /// Large message buffers kept for reuse (fresh ones cost a page fault per 4 KiB touched).
+  std::size_t buffer_cache_bytes = std::size_t{256} << 20;
+};
+
+/// Why an operation failed.
+enum class transport_failure {
+  aborted,         ///< abort() was called (or the transport is being destroyed)
+  peer_lost,       ///< a peer closed or reset its connection (crash, abort, exit) or I/O failed
+  connect_failed,  ///< listening or establishing the mesh failed
+  mismatch,        ///< the two sides disagree about a message (size), a usage bug
+};
+
+/// The one exception type of the transport; what() names the operation, the peer and the cause,
+/// e.g. "recv from peer 2 (tag 7): peer 2 closed the connection".
+class transport_error : public std::runtime_error {
+ public:
+  /// `peer` is the rank the failure is attributed to, or -1.
+  transport_error(transport_failure kind, int peer, const std::string& what);
+  [[nodiscard]] transport_failure kind() const noexcept { return kind_; }
+  [[nodiscard]] int peer() const noexcept { return peer_; }
+
+ private:
+  transport_failure kind_;
+  int peer_;
+};
+
+/// A full TCP mesh between the ranks of one epoch. Messages are matched by (peer, tag) and
+/// arrive in send order per (peer, tag). Collectives use tag spaces of their own, so their tags
+/// never collide with point-to-point tags; two collectives that may run at the same time and
+/// share two members need different tags, and all members must issue the collectives of a
+/// given tag in the same order.
+class host_transport {
+ public:
+  /// Binds and listens on peers[rank] (so the port is known before connect()) and starts the
+  /// I/O thread. Throws transport_error(connect_failed) if the endpoint cannot be bound and
+  /// std::invalid_argument if the config is inconsistent.
+  explicit host_transport(transport_config config);
+  /// Aborts (if not already) and joins the I/O thread. No operation may be pending.
+  ~host_transport();
+  host_transport(const host_transport&) = delete;
+  host_transport& operator=(const host_transport&) = delete;
+
+  /// The port actually bound (useful with port 0).
+  [[nodiscard]] std::uint16_t listen_port() const;
+  [[nodiscard]] int rank() const;
+  [[nodiscard]] int world_size() const;
+  [[nodiscard]] std::uint64_t epoch() const;
+
+  /// Establishes the full mesh: connects to lower ranks (retrying while they are not listening
+  /// yet) and accepts higher ranks. Returns when every link is up. Throws
+  /// transport_error(connect_failed) naming the missing peers and the last error seen for each
+  /// if that takes longer than connect_timeout; the transport is then aborted.
+  void connect();
+  /// Same, with the endpoints replaced (when ports were bound as 0 and exchanged afterwards).
+  void connect(std::vector<peer_endpoint> peers);
+
+  /// Queues a framed message (tag, length, bytes) to `peer` and returns; the bytes are copied.
+  /// Throws if the transport is aborted or the link to `peer` is already broken; a failure
+  /// while the message is in flight breaks the link and surfaces on later operations.
+  void send(int peer, std::uint32_t tag, std::span<const std::byte> bytes);
+  /// Blocks until the next message with `tag` from `peer` has been received into `out`.
+  /// Throws transport_error(mismatch) (the message is consumed) if its size differs from
+  /// out.size(), and peer_lost / aborted as described above. Messages that arrived completely
+  /// before the peer died are still delivered.
+  void recv(int peer, std::uint32_t tag, std::span<std::byte> out);
+
+  /// Sums `data` element-wise over the ranks of `group` (ring order as given; every member must
+  /// pass the same group and size). Ring reduce-scatter then all-gather: chunk c of the data is
+  /// accumulated once, left to right, starting at group position c and going round the ring
+  /// ((x_c + x_c+1) + x_c+2) + ..., and the resulting bytes are forwarded unchanged, so every
+  /// member ends with bitwise identical results. Fails if any member of the group is lost.
+  void all_reduce_sum(std::span<const int> group, std::span<float> data, std::uint32_t tag = 0);
+  /// Copies `data` of `root` into `data` of every other member of `group`. The root returns
+  /// once the bytes are queued (copied); the others when they have arrived. Fails on a member if
+  /// the root is lost.
+  void broadcast(std::span<const int> group, int root, std::span<std::byte> data,
+                 std::uint32_t tag = 0);
+
+  /// Closes every socket of this transport and fails every pending and later operation with
+  /// transport_error(aborted). Idempotent, callable from any thread; returns once the sockets
+  /// are closed, so the listening port can be bound again immediately.
+  void abort(const std::string& reason = "aborted");
+  /// True once abort() has been called (or connect() failed).
+  [[nodiscard]] bool aborted() const;
+
+ private:
+  struct state;  // the implementation (transport_state.hpp), which keeps Asio out of this header
+  std::unique_ptr<state> state_;
+};
+
+}  // namespace oobleck::runtime

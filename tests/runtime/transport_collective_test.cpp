@@ -1,0 +1,158 @@
+// All-reduce and broadcast between ranks on threads of one process, over loopback TCP.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "runtime/transport/host_transport.hpp"
+#include "runtime/transport_test_support.hpp"
+
+using namespace oobleck::runtime;
+using namespace oobleck::runtime::testing;
+
+namespace {
+
+/// Runs one all-reduce over `group` (ring order as given) on a `world`-rank mesh and returns
+/// each member's result, keyed by rank.
+std::map<int, std::vector<float>> all_reduce_results(int world, const std::vector<int>& group,
+                                                     std::size_t count, std::uint32_t seed) {
+  std::map<int, std::vector<float>> results;
+  std::mutex mu;
+  run_ranks(world, [&](int rank, host_transport& t) {
+    if (std::find(group.begin(), group.end(), rank) == group.end()) return;
+    auto data = order_sensitive_data(count, seed + static_cast<std::uint32_t>(rank));
+    t.all_reduce_sum(group, data);
+    std::lock_guard lock(mu);
+    results[rank] = std::move(data);
+  });
+  return results;
+}
+
+std::vector<std::vector<float>> inputs_in_ring_order(const std::vector<int>& group,
+                                                     std::size_t count, std::uint32_t seed) {
+  std::vector<std::vector<float>> inputs;
+  for (int r : group)
+    inputs.push_back(order_sensitive_data(count, seed + static_cast<std::uint32_t>(r)));
+  return inputs;
+}
+
+void check_all_reduce(int world, const std::vector<int>& group, std::size_t count) {
+  CAPTURE(world);
+  CAPTURE(count);
+  const std::uint32_t seed =
+      1000u * static_cast<std::uint32_t>(world) + static_cast<std::uint32_t>(count);
+  const auto results = all_reduce_results(world, group, count, seed);
+  REQUIRE(results.size() == group.size());
+  const auto inputs = inputs_in_ring_order(group, count, seed);
+  const auto expected = ring_reference(inputs);
+  for (const auto& [rank, result] : results) {
+    CAPTURE(rank);
+    REQUIRE(result.size() == count);
+    // Bitwise identical on every member, and bitwise the documented reduction order.
+    CHECK(std::memcmp(result.data(), results.begin()->second.data(), count * sizeof(float)) == 0);
+    CHECK(std::memcmp(result.data(), expected.data(), count * sizeof(float)) == 0);
+  }
+  // And it is the sum: only rounding separates it from the exact value.
+  CHECK(worst_relative_error(inputs, results.begin()->second) < 1e-6);
+  if (group.size() >= 3 && count >= 1000) {
+    // The data is order sensitive: a member summing in plain rank order would disagree.
+    CHECK(differs_from_serial(inputs, results.begin()->second) > count / 100);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("all_reduce_sum over 2, 3 and 4 ranks is the ring-order sum, bitwise equal everywhere") {
+  for (int world : {2, 3, 4}) {
+    std::vector<int> everyone;
+    for (int r = 0; r < world; ++r) everyone.push_back(r);
+    for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{100'003}})
+      check_all_reduce(world, everyone, count);
+  }
+}
+
+TEST_CASE("all_reduce_sum over a sub-group, in the ring order the caller gives") {
+  check_all_reduce(4, {3, 1}, 50'000);
+  check_all_reduce(5, {4, 0, 2}, 50'001);
+}
+
+TEST_CASE("all_reduce_sum on disjoint groups at the same time, and back to back on one tag") {
+  // Layers of different stages reduce concurrently on disjoint groups; a stage reduces its
+  // layers one after another on the same group and tag.
+  constexpr std::size_t count = 20'000;
+  std::map<int, std::vector<std::vector<float>>> results;
+  std::mutex mu;
+  const std::vector<int> left{0, 2}, right{3, 1};
+  run_ranks(4, [&](int rank, host_transport& t) {
+    const auto& group = (rank == 0 || rank == 2) ? left : right;
+    std::vector<std::vector<float>> mine;
+    for (std::uint32_t round = 0; round < 5; ++round) {
+      auto data =
+          order_sensitive_data(count + round, 50u * round + static_cast<std::uint32_t>(rank));
+      t.all_reduce_sum(group, data);
+      mine.push_back(std::move(data));
+    }
+    std::lock_guard lock(mu);
+    results[rank] = std::move(mine);
+  });
+  for (const auto& group : {left, right})
+    for (std::uint32_t round = 0; round < 5; ++round) {
+      std::vector<std::vector<float>> inputs;
+      for (int r : group)
+        inputs.push_back(
+            order_sensitive_data(count + round, 50u * round + static_cast<std::uint32_t>(r)));
+      const auto expected = ring_reference(inputs);
+      for (int r : group) CHECK(results[r][round] == expected);
+    }
+}
+
+TEST_CASE("all_reduce_sum refuses a group that does not contain this rank") {
+  run_ranks(2, [&](int rank, host_transport& t) {
+    std::vector<float> v(4, 1.0f);
+    const std::vector<int> others{1 - rank};
+    CHECK_THROWS_AS(t.all_reduce_sum(others, v), std::invalid_argument);
+    const std::vector<int> twice{0, 1, 0};
+    CHECK_THROWS_AS(t.all_reduce_sum(twice, v), std::invalid_argument);
+  });
+}
+
+TEST_CASE("all_reduce_sum between mismatched sizes is reported, and abort frees the peer") {
+  std::string mismatch, lost;
+  run_ranks(2, [&](int rank, host_transport& t) {
+    std::vector<float> v(rank == 0 ? 8 : 9, 1.0f);
+    try {
+      t.all_reduce_sum(std::vector<int>{0, 1}, v);
+    } catch (const transport_error& e) {
+      // The detecting side gives up on the epoch; its abort tears the peer's operation down.
+      if (e.kind() == transport_failure::mismatch) {
+        mismatch = e.what();
+        t.abort("size mismatch");
+      } else if (e.kind() == transport_failure::peer_lost) {
+        lost = e.what();
+      }
+    }
+  });
+  CHECK(mismatch.find("expected") != std::string::npos);
+  CHECK(lost.find("closed the connection") != std::string::npos);
+}
+
+TEST_CASE("broadcast copies the root's bytes to every member and nobody else") {
+  const auto expected = pattern(3 * (std::size_t{1} << 20) + 5, 77);
+  std::map<int, std::vector<std::byte>> got;
+  std::mutex mu;
+  const std::vector<int> group{0, 2, 3};
+  run_ranks(4, [&](int rank, host_transport& t) {
+    std::vector<std::byte> buf(expected.size());
+    if (rank == 2) buf = expected;
+    if (rank != 1) t.broadcast(group, 2, buf);
+    // Rank 1 is outside the group; a point-to-point message after the broadcast still matches.
+    if (rank == 3) t.send(1, 0, buf);
+    if (rank == 1) t.recv(3, 0, buf);
+    std::lock_guard lock(mu);
+    got[rank] = std::move(buf);
+  });
+  for (int r = 0; r < 4; ++r) CHECK_MESSAGE(got[r] == expected, "rank " << r);
+}

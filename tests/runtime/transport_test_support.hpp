@@ -1,0 +1,149 @@
+#pragma once
+// Helpers shared by the transport tests: ranks on threads, order-sensitive data, the reference
+// ring-order sum, and checksums.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/transport/host_transport.hpp"
+
+namespace oobleck::runtime::testing {
+
+/// Transports for `n` ranks on loopback, each listening on a free port.
+inline std::vector<std::unique_ptr<host_transport>> make_transports(
+    int n, std::uint64_t epoch, std::vector<std::uint16_t> ports = {}) {
+  std::vector<std::unique_ptr<host_transport>> ts;
+  for (int r = 0; r < n; ++r) {
+    transport_config c{.rank = r,
+                       .peers = std::vector<peer_endpoint>(static_cast<std::size_t>(n)),
+                       .epoch = epoch};
+    if (!ports.empty())
+      c.peers[static_cast<std::size_t>(r)].port = ports[static_cast<std::size_t>(r)];
+    ts.push_back(std::make_unique<host_transport>(c));
+  }
+  return ts;
+}
+
+inline std::vector<peer_endpoint> endpoints_of(
+    const std::vector<std::unique_ptr<host_transport>>& ts) {
+  std::vector<peer_endpoint> eps;
+  for (const auto& t : ts) eps.push_back({"127.0.0.1", t->listen_port()});
+  return eps;
+}
+
+/// Connects the transports and runs body(rank, transport) on one thread per rank. Exceptions
+/// from the bodies are rethrown here (first one wins) so the test sees them.
+template <class Body>
+void run_ranks(std::vector<std::unique_ptr<host_transport>>& ts, Body body) {
+  const auto eps = endpoints_of(ts);
+  std::vector<std::exception_ptr> errors(ts.size());
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < ts.size(); ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ts[r]->connect(eps);
+        body(static_cast<int>(r), *ts[r]);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+template <class Body>
+void run_ranks(int n, Body body, std::uint64_t epoch = 1) {
+  auto ts = make_transports(n, epoch);
+  run_ranks(ts, body);
+}
+
+/// Values whose float sum depends on the order of addition: large values of both signs with
+/// tiny ones mixed in, so cancellation and absorption differ between orders.
+inline std::vector<float> order_sensitive_data(std::size_t count, std::uint32_t seed) {
+  std::mt19937 gen(seed * 7919u + 17u);
+  std::uniform_real_distribution<float> big(-1e6f, 1e6f);
+  std::uniform_real_distribution<float> small(-1e-2f, 1e-2f);
+  std::vector<float> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = (i % 3 == 1) ? small(gen) : big(gen);
+  return v;
+}
+
+/// The documented result of all_reduce_sum: chunk c (data.size()*c/n up to data.size()*(c+1)/n)
+/// summed left to right in ring order starting at group position c. inputs[i] is position i's.
+inline std::vector<float> ring_reference(const std::vector<std::vector<float>>& inputs) {
+  const std::size_t n = inputs.size();
+  const std::size_t len = inputs[0].size();
+  std::vector<float> out(len);
+  for (std::size_t c = 0; c < n; ++c)
+    for (std::size_t k = len * c / n; k < len * (c + 1) / n; ++k) {
+      float acc = inputs[c][k];
+      for (std::size_t j = 1; j < n; ++j) acc = acc + inputs[(c + j) % n][k];
+      out[k] = acc;
+    }
+  return out;
+}
+
+/// How many elements of `result` differ bitwise from the plain left-to-right sum in position
+/// order: proof that the data would expose a member reducing in its own order.
+inline std::size_t differs_from_serial(const std::vector<std::vector<float>>& inputs,
+                                       const std::vector<float>& result) {
+  std::size_t differ = 0;
+  for (std::size_t k = 0; k < result.size(); ++k) {
+    float acc = inputs[0][k];
+    for (std::size_t j = 1; j < inputs.size(); ++j) acc += inputs[j][k];
+    if (std::memcmp(&acc, &result[k], sizeof(float)) != 0) ++differ;
+  }
+  return differ;
+}
+
+/// Largest |result - exact sum| relative to the sum of magnitudes (rounding only: ~1e-7).
+inline double worst_relative_error(const std::vector<std::vector<float>>& inputs,
+                                   const std::vector<float>& result) {
+  double worst = 0;
+  for (std::size_t k = 0; k < result.size(); ++k) {
+    double exact = 0, magnitude = 0;
+    for (const auto& in : inputs) {
+      exact += in[k];
+      magnitude += in[k] < 0 ? -in[k] : in[k];
+    }
+    const double err = (result[k] - exact) / (magnitude > 0 ? magnitude : 1.0);
+    worst = std::max(worst, err < 0 ? -err : err);
+  }
+  return worst;
+}
+
+/// FNV-1a over the bytes, to compare results across processes.
+inline std::uint64_t checksum(std::span<const float> v) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::byte b : std::as_bytes(v)) h = (h ^ static_cast<std::uint64_t>(b)) * 1099511628211ull;
+  return h;
+}
+
+/// A deterministic byte pattern that differs per message (xorshift64, 8 bytes a step).
+inline std::vector<std::byte> pattern(std::size_t size, std::uint32_t seed) {
+  std::vector<std::byte> v(size);
+  std::uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1ull);
+  for (std::size_t i = 0; i < size; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(v.data() + i, &x, std::min<std::size_t>(8, size - i));
+  }
+  return v;
+}
+
+inline double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace oobleck::runtime::testing
