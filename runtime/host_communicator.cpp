@@ -1,5 +1,7 @@
 #include "runtime/host_communicator.hpp"
 
+#include <memory>
+
 namespace oobleck::runtime {
 
 namespace {
@@ -22,7 +24,13 @@ void translated(F&& f) {
 }  // namespace
 
 void host_communicator::send(const torch::Tensor& t, int peer, int tag) {
-  translated([&] { transport_.send(peer, static_cast<std::uint32_t>(tag), bytes_of(t)); });
+  // Zero-copy: the transport writes straight from the tensor's storage and holds a reference to
+  // the tensor (refcounted, shared with the caller) until the bytes are written or dropped.
+  // Callers never modify a tensor after sending it (activations and gradients are only read
+  // afterwards), so no copy is needed to make send() return at once.
+  const auto bytes = bytes_of(t);
+  auto keep = std::make_shared<const torch::Tensor>(t);
+  translated([&] { transport_.send(peer, static_cast<std::uint32_t>(tag), bytes, std::move(keep)); });
 }
 
 void host_communicator::recv(torch::Tensor& t, int peer, int tag) {

@@ -13,6 +13,8 @@ class host_communicator final : public communicator {
   explicit host_communicator(host_transport& transport) : transport_(transport) {}
 
   int rank() const override { return transport_.rank(); }
+  /// Zero-copy: keeps a reference to `t` until its bytes are written, so `t` must not be
+  /// modified in place after the call (its storage may be freed by the caller, not changed).
   void send(const torch::Tensor& t, int peer, int tag) override;
   void recv(torch::Tensor& t, int peer, int tag) override;
   void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group) override;

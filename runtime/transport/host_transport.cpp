@@ -129,26 +129,45 @@ void host_transport::state::close_all() {
   for (auto& h : handshakes)
     if (auto alive = h.lock()) alive->socket.close(ignored);
   handshakes.clear();
-  for (auto& l : links) {
-    if (l.retry_timer) l.retry_timer->cancel();
-    if (l.socket) {
-      l.socket->shutdown(tcp::socket::shutdown_both, ignored);
-      l.socket->close(ignored);
-    }
-    // send_queue stays: a pending write still references its front; the write handler clears it.
-    if (!l.writing) l.send_queue.clear();
-  }
+  // Pieces nobody will write; released after the lock, since a keep-alive's deleter may run
+  // caller code.
+  std::vector<std::deque<outgoing>> dropped(links.size());
+  std::vector<char> defer_close(links.size(), 0);
   {
     std::lock_guard lock(mu);
-    sockets_closed = true;
-    for (auto& l : links) {
-      l.outbox.clear();
+    for (std::size_t p = 0; p < links.size(); ++p) {
+      link& l = links[p];
+      dropped[p].swap(l.outbox);
       if (!l.broken) {
         l.broken = true;
         l.failure = transport_failure::aborted;
         l.failure_reason = abort_reason;
       }
+      l.user_fd = -1;
+      // A thread writing to the descriptor keeps it open until it is done (no reuse under it).
+      defer_close[p] = l.caller_writing;
+      if (l.caller_writing) l.close_deferred = true;
     }
+  }
+  for (std::size_t p = 0; p < links.size(); ++p) {
+    link& l = links[p];
+    if (l.retry_timer) l.retry_timer->cancel();
+    if (l.socket) {
+      l.socket->shutdown(tcp::socket::shutdown_both, ignored);
+      if (defer_close[p])
+        l.socket->cancel(ignored);
+      else
+        l.socket->close(ignored);  // pending waits complete with an error and stop
+    }
+    l.fd = -1;
+  }
+  // Receives being read into fail now, with the link's failure, and every piece that will not
+  // be written is released before abort() returns (a zero-copy sender's buffer is free then).
+  for (auto& l : links) drop_link_io(l);
+  dropped.clear();
+  {
+    std::lock_guard lock(mu);
+    sockets_closed = true;
   }
   cv.notify_all();
 }

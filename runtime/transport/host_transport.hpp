@@ -21,10 +21,19 @@
 // build a new one for epoch e+1, on the same ports or new ones.
 //
 // Threading: every method except the constructor and destructor may be called from any thread
-// concurrently. One background I/O thread per transport owns the sockets. send() copies the
-// bytes and returns without waiting for the receiver, so any schedule of sends and receives that
-// would be valid with unbounded buffers cannot deadlock (both sides sending 64 MiB, then
-// receiving, is fine).
+// concurrently. One background I/O thread per transport owns the sockets. send() returns without
+// waiting for the receiver (it copies the bytes, or with a keep-alive takes shared ownership of
+// them), so any schedule of sends and receives that would be valid with unbounded buffers cannot
+// deadlock (both sides sending 64 MiB, then receiving, is fine).
+//
+// Data path: the I/O thread moves as much as the kernel takes per system call (non-blocking
+// readv/sendmsg; Asio only waits for readiness), reads bodies straight into a receive that is
+// already waiting, and acknowledges reads at once (TCP_QUICKACK: traffic in both directions
+// otherwise makes Linux delay ACKs and stalls bulk senders). A send on an idle link is written
+// by the calling thread itself (no hand-off); the keep-alive send() never copies, and the
+// copying one copies only what the socket does not take promptly. The collectives send
+// straight from the caller's buffer, pipeline each ring step in 1 MiB segments, and post their
+// all-gather receives ahead so that segments land in place.
 
 #include <chrono>
 #include <cstdint>
@@ -105,10 +114,24 @@ class host_transport {
   /// Same, with the endpoints replaced (when ports were bound as 0 and exchanged afterwards).
   void connect(std::vector<peer_endpoint> peers);
 
-  /// Queues a framed message (tag, length, bytes) to `peer` and returns; the bytes are copied.
+  /// Sends a framed message (tag, length, bytes) to `peer`; returns once `bytes` may be reused,
+  /// never waiting for the receiver to call recv(). On an idle link the bytes are written from
+  /// this thread while the socket takes them (the peer's I/O thread reads eagerly); what it
+  /// has not taken after 1 ms + 1 ms per MB (or a rest of at most 256 KiB, at once) is copied
+  /// and queued, as is the whole message when the link is busy.
   /// Throws if the transport is aborted or the link to `peer` is already broken; a failure
   /// while the message is in flight breaks the link and surfaces on later operations.
   void send(int peer, std::uint32_t tag, std::span<const std::byte> bytes);
+  /// Zero-copy send: returns at once (after writing at most 256 KiB itself when the link is
+  /// idle), and the bytes are written to the socket where they are, never copied. `keep_alive`
+  /// owns them: the transport holds it until the bytes have been written, or dropped because
+  /// the link failed or the transport was aborted or destroyed, then releases it (on the I/O
+  /// thread, or on the calling thread, never under an internal lock). Until then the caller
+  /// must neither modify nor free the bytes. Use it when the buffer is immutable once sent (a
+  /// tensor that is only read afterwards); keep_alive may be null when the caller guarantees
+  /// the lifetime by other means.
+  void send(int peer, std::uint32_t tag, std::span<const std::byte> bytes,
+            std::shared_ptr<const void> keep_alive);
   /// Blocks until the next message with `tag` from `peer` has been received into `out`.
   /// Throws transport_error(mismatch) (the message is consumed) if its size differs from
   /// out.size(), and peer_lost / aborted as described above. Messages that arrived completely
@@ -120,6 +143,10 @@ class host_transport {
   /// accumulated once, left to right, starting at group position c and going round the ring
   /// ((x_c + x_c+1) + x_c+2) + ..., and the resulting bytes are forwarded unchanged, so every
   /// member ends with bitwise identical results. Fails if any member of the group is lost.
+  /// Large chunks travel in 1 MiB segments (the reduction of one overlaps the transfer of the
+  /// next), sent straight from `data` and received straight into it: the call returns or throws
+  /// only once the transport no longer touches `data`, i.e. its sends are written (or their
+  /// link failed or was aborted) and no receive is left posted.
   void all_reduce_sum(std::span<const int> group, std::span<float> data, std::uint32_t tag = 0);
   /// Copies `data` of `root` into `data` of every other member of `group`. The root returns
   /// once the bytes are queued (copied); the others when they have arrived. Fails on a member if
@@ -129,7 +156,9 @@ class host_transport {
 
   /// Closes every socket of this transport and fails every pending and later operation with
   /// transport_error(aborted). Idempotent, callable from any thread; returns once the sockets
-  /// are closed, so the listening port can be bound again immediately.
+  /// are closed, so the listening port can be bound again immediately, and the keep-alives of
+  /// zero-copy sends that will never be written are released (a send() still running on
+  /// another thread releases its own as it returns).
   void abort(const std::string& reason = "aborted");
   /// True once abort() has been called (or connect() failed).
   [[nodiscard]] bool aborted() const;

@@ -136,9 +136,15 @@ void host_transport::state::link_up(int peer) {
   boost::system::error_code ignored;
   // Latency matters for small control-sized messages of a pipeline schedule.
   l.socket->set_option(tcp::no_delay(true), ignored);
+  // The I/O thread reads and writes with its own non-blocking system calls (transport_io.cpp).
+  l.socket->non_blocking(true, ignored);
+  l.fd = l.socket->native_handle();
+  // Socket buffers stay auto-tuned: fixing SO_SNDBUF/SO_RCVBUF (at most net.core.*mem_max, 4 MiB
+  // here) measured slower than the kernel's tuning, which grows the receive buffer to 32 MiB.
   {
     std::lock_guard lock(mu);
     l.up = true;
+    l.user_fd = l.fd;
     ++links_up;
     if (links_up == world - 1) {
       // Everyone is here: stop listening so the port is free and strangers get refused.

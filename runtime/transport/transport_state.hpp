@@ -5,6 +5,10 @@
 // touched only by the I/O thread (Asio objects are not thread-safe); everything marked "guarded"
 // is read and written under `mu`. A recv_request that the I/O thread has claimed is completed by
 // the I/O thread only, which is what lets the I/O thread read straight into a user's buffer.
+// One exception to the first rule: a sending thread that claimed link::caller_writing (under
+// `mu`, on an idle link) writes to the link's descriptor with plain system calls; meanwhile the
+// I/O thread neither writes to that socket nor closes it (it only shuts it down), so the
+// descriptor cannot be reused under the writer.
 
 #include <algorithm>
 #include <array>
@@ -77,9 +81,18 @@ struct mailbox {
   std::deque<recv_request*> waiting;  ///< receives nobody answered yet (one side is empty)
 };
 
+/// A piece of an outgoing byte stream: a frame header and/or (part of) a frame body. The body
+/// is written straight from `data`; `keep` owns those bytes (a pooled copy, a collective's
+/// completion tracker, or the caller's keep-alive) and is released once the piece has been
+/// written or dropped. Never released while `mu` is held: its deleter may run caller code.
 struct outgoing {
   std::array<std::byte, frame_header_size> header;
-  payload body;
+  bool has_header = false;  ///< false: a continuation of the frame of the piece before it
+  const std::byte* data = nullptr;
+  std::size_t size = 0;
+  std::shared_ptr<const void> keep;
+  std::size_t written = 0;  ///< bytes of header and body already written
+  [[nodiscard]] std::size_t total() const { return (has_header ? frame_header_size : 0) + size; }
 };
 
 /// The connection to one peer.
@@ -89,17 +102,32 @@ struct link {
   bool broken = false;
   transport_failure failure = transport_failure::peer_lost;
   std::string failure_reason;
-  std::deque<outgoing> outbox;  ///< sends accepted from user threads, not yet handed over
+  std::deque<outgoing> outbox;  ///< pieces accepted from user threads, not yet handed over
   bool drain_posted = false;
   std::string last_connect_error;
   bool handshaking = false;  ///< an accepted connection claims this rank
 
+  // Who writes to the socket: the I/O thread while it has pieces (io_busy), or else one sending
+  // thread directly (caller_writing), which saves a copy and a thread hand-off. Pieces queued in
+  // the outbox meanwhile wait until the writer is done.
+  bool io_busy = false;         ///< the I/O thread's send_queue is not empty
+  bool caller_writing = false;  ///< a sending thread is writing a frame to user_fd
+  bool close_deferred = false;  ///< the link failed meanwhile: close once the caller is done
+  int user_fd = -1;             ///< the descriptor, for direct writes (-1 once failed)
+
   // I/O thread
   std::unique_ptr<tcp::socket> socket;
+  int fd = -1;                      ///< the socket's descriptor once the link is up
   std::deque<outgoing> send_queue;  ///< front is being written
-  bool writing = false;
-  std::array<std::byte, frame_header_size> in_header;
+  bool write_waiting = false;       ///< waiting for the socket to accept more bytes
+  bool write_posted = false;        ///< a flush is queued (it yielded to other work)
+  // Incoming stream. Bytes read past the current frame's body wait in `stage`.
+  std::unique_ptr<std::byte[]> stage;
+  std::size_t stage_begin = 0, stage_end = 0;
+  bool in_frame = false;           ///< a header was parsed and its body is being received
   std::uint64_t in_key = 0;
+  std::span<std::byte> in_target;  ///< where the body goes: a claimed receive's buffer or in_body
+  std::size_t in_done = 0;         ///< body bytes received so far
   payload in_body;
   recv_request* in_direct = nullptr;
   std::unique_ptr<asio::steady_timer> retry_timer;
@@ -156,19 +184,52 @@ struct host_transport::state {
 
   // --- data path (transport_io.cpp)
   void start_read(int peer);                                // I/O thread
-  void on_header(int peer);                                 // I/O thread
-  void on_body(int peer, boost::system::error_code ec);     // I/O thread
+  void read_pass(int peer);                                 // I/O thread
+  bool consume_stage(int peer);                             // I/O thread
+  void begin_frame(int peer, std::uint64_t key, std::uint64_t size);  // I/O thread
+  void finish_frame(int peer);                              // I/O thread
   void deliver(int peer, std::uint64_t key, payload body);  // I/O thread
   void drain(int peer);                                     // I/O thread
-  void write_next(int peer);                                // I/O thread
+  void flush(int peer);                                     // I/O thread
+  /// Marks the link broken, closes its socket and drops what it still had to send. I/O thread.
   void fail_link(int peer, boost::system::error_code ec, const std::string& detail = {});
+  /// Fails the receive the link is reading into, if any, and drops its queues. I/O thread.
+  void drop_link_io(link& l);
 
-  /// Queues `body` for `peer` (any thread); throws if the link cannot carry it.
-  void post_send(const std::string& op, int peer, std::uint64_t key, payload body);
+  /// Sends one frame whose body is written straight from `body` (any thread): directly from
+  /// this thread for as long as the socket takes it without waiting when the link is idle,
+  /// else (and for the rest) by the I/O thread. `keep` owns the bytes and is released once they
+  /// are written or dropped. Throws (releasing `keep`) if the link cannot carry it.
+  void post_frame(const std::string& op, int peer, std::uint64_t key,
+                  std::span<const std::byte> body, std::shared_ptr<const void> keep);
+  /// Sends one frame of `bytes` that the caller may reuse on return: written directly while the
+  /// link is idle and the receiver keeps up; what is left is copied and queued.
+  void post_copy(const std::string& op, int peer, std::uint64_t key,
+                 std::span<const std::byte> bytes);
+  /// Sends one frame whose body is `body` (shared, never modified again).
+  void post_payload(const std::string& op, int peer, std::uint64_t key, const payload& body);
+  /// The common part: `o` is a whole frame; `copy_rest` copies what could not be written
+  /// directly (the copying send) instead of keeping o.keep.
+  void send_frame(const std::string& op, int peer, outgoing o, bool copying);
+  /// Closes the socket of a link whose failure was noticed while a caller wrote to it. I/O thread.
+  void close_deferred_socket(int peer);
   /// Blocks until the next message for (peer, key) completes `req`; a watched peer's loss, or an
   /// abort, fails the request while the I/O thread has not claimed it.
   void wait_recv(const std::string& op, int peer, std::uint64_t key, recv_request& req,
                  std::span<const int> watch);
+  /// The two halves of wait_recv, so that a collective can have several receives posted (and
+  /// read straight into place) while it waits for the first. post_recv completes `req` from a
+  /// message that already arrived (true) or queues it (false); it throws like wait_recv. A
+  /// queued request must be waited for with wait_posted, or cancelled with cancel_recv, before
+  /// it goes away.
+  bool post_recv(const std::string& op, int peer, std::uint64_t key, recv_request& req,
+                 std::span<const int> watch);
+  void wait_posted(const std::string& op, int peer, std::uint64_t key, recv_request& req,
+                   std::span<const int> watch);
+  /// Withdraws a queued request, or waits until the I/O thread has finished one it claimed.
+  /// Never throws.
+  void cancel_recv(int peer, std::uint64_t key, recv_request& req);
+  void withdraw(const std::pair<int, std::uint64_t>& k, recv_request& req);  // under mu
 
   /// Throws the error for `op` if the transport is aborted or a link in `peers` is broken.
   void throw_if_failed(std::unique_lock<std::mutex>& lock, const std::string& op,

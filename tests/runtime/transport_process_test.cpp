@@ -6,6 +6,8 @@
 #include <signal.h>
 
 #include <chrono>
+#include <memory>
+#include <span>
 #include <sstream>
 #include <thread>
 
@@ -232,4 +234,75 @@ TEST_CASE("processes: with a peer frozen by SIGSTOP, abort() fails every pending
   for (int r = 0; r < 2; ++r) CHECK(g.wait(r) == 0);
   g.signal(victim, SIGKILL);
   CHECK(g.wait(victim) == 128 + SIGKILL);
+}
+
+TEST_CASE("processes: a zero-copy send to a frozen peer holds its buffer until the peer dies or abort()") {
+  process_group g(3, [](int rank, parent_line& line) {
+    auto t = join_mesh(line, rank, 3, 1);
+    line.send("ready");
+    if (rank != 0) {
+      line.read();  // frozen, then killed, while waiting here
+      return;
+    }
+    if (line.read() != "go") throw std::runtime_error("expected go");
+    // A copying send to a frozen peer waits for room at most 1 ms + 1 ms per MB, then copies
+    // the rest (into fresh memory here: page faults are slow on some VMs, hence the slack).
+    const std::vector<std::byte> copied(std::size_t{32} << 20, std::byte{4});
+    const auto copy_start = std::chrono::steady_clock::now();
+    t->send(1, 4, copied);
+    const double copy_ms = ms_since(copy_start);
+    // 64 MiB to each frozen peer: far more than the kernel buffers for a peer that reads nothing.
+    std::weak_ptr<const std::vector<std::byte>> held[3];
+    for (int peer : {1, 2}) {
+      auto owner = std::make_shared<const std::vector<std::byte>>(std::size_t{64} << 20, std::byte{3});
+      held[peer] = owner;
+      const std::span<const std::byte> bytes(*owner);
+      t->send(peer, 5, bytes, std::move(owner));
+    }
+    line.send("sent " + std::to_string(copy_ms));
+    auto state = [&] {
+      return std::string(held[1].expired() ? "released" : "held") + " " +
+             (held[2].expired() ? "released" : "held");
+    };
+    if (line.read() != "check") throw std::runtime_error("expected check");
+    line.send("before " + state());
+    if (line.read() != "killed") throw std::runtime_error("expected killed");
+    const auto noticed = std::chrono::steady_clock::now();
+    eventually([&] { return held[1].expired(); });
+    line.send("after_kill " + state() + " " + std::to_string(ms_since(noticed)));
+    if (line.read() != "abort") throw std::runtime_error("expected abort");
+    t->abort("test abort");
+    line.send("after_abort " + state());  // right after abort() returned
+  });
+  g.exchange_ports({0, 1, 2});
+  for (int r = 0; r < 3; ++r) REQUIRE(g.read(r) == "ready");
+  g.signal(1, SIGSTOP);
+  g.signal(2, SIGSTOP);
+  g.send(0, "go");
+  std::istringstream sent(g.read(0));
+  std::string sent_word;
+  double copy_ms = -1;
+  sent >> sent_word >> copy_ms;
+  REQUIRE(sent_word == "sent");
+  CHECK(copy_ms < 1000);  // 1 ms + 1 ms per MB of 33.5 MB, then a copy; the peer stays frozen
+  MESSAGE("copying send of 32 MiB to a frozen peer returned after " << copy_ms << " ms");
+  std::this_thread::sleep_for(200ms);
+  g.send(0, "check");
+  CHECK(g.read(0) == "before held held");
+  g.signal(1, SIGKILL);
+  CHECK(g.wait(1) == 128 + SIGKILL);
+  g.send(0, "killed");
+  std::istringstream after_kill(g.read(0));
+  std::string word, one, two;
+  double ms = -1;
+  after_kill >> word >> one >> two >> ms;
+  CHECK(one == "released");  // the link to the dead peer failed and dropped the send
+  CHECK(two == "held");      // the other frozen peer's send is still pending
+  CHECK(ms < 100);
+  MESSAGE("kill -9 of the receiver -> keep-alive released " << ms << " ms after the test told the sender");
+  g.send(0, "abort");
+  CHECK(g.read(0) == "after_abort released released");
+  CHECK(g.wait(0) == 0);
+  g.signal(2, SIGKILL);
+  CHECK(g.wait(2) == 128 + SIGKILL);
 }

@@ -142,6 +142,18 @@ inline std::vector<std::byte> pattern(std::size_t size, std::uint32_t seed) {
   return v;
 }
 
+/// Polls `done` until it holds or `timeout` passes; true if it held. For effects that another
+/// thread (the transport's I/O thread) completes shortly after the event the test observed.
+template <class Pred>
+bool eventually(Pred done, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
 inline double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
