@@ -22,8 +22,10 @@ int smallest_size(const template_set& t) { return t.templates.front().nodes; }
 int largest_size(const template_set& t) { return t.templates.back().nodes; }
 
 /// Layers [u, v) each node holds in a configuration.
-std::map<int, std::pair<int, int>> holdings(const template_set& templates, const std::vector<pipeline_instance>& ps) {
-  std::map<int, std::pair<int, int>> out;
+using holding_map = std::map<int, std::pair<int, int>>;
+
+holding_map holdings(const template_set& templates, const std::vector<pipeline_instance>& ps) {
+  holding_map out;
   for (const auto& p : ps) {
     const auto* t = templates.find(p.template_nodes);
     for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) out[p.nodes[i]] = t->node_layers(i);
@@ -143,14 +145,18 @@ std::vector<draft> replan(const reconfiguration_context& ctx, std::vector<node_l
   return out;
 }
 
-std::vector<layer_copy> plan_copies(const reconfiguration_context& ctx, const std::vector<pipeline_instance>& before,
-                                    const std::vector<pipeline_instance>& after, const std::set<int>& lost) {
-  const auto old_hold = holdings(ctx.templates, before);
-  const int L = ctx.costs.num_layers();
-  std::vector<std::vector<int>> holders(L);
+/// Surviving holders of each layer in the old configuration.
+std::vector<std::vector<int>> surviving_holders(const holding_map& old_hold, const std::set<int>& lost, int layers) {
+  std::vector<std::vector<int>> holders(layers);
   for (const auto& [node, range] : old_hold)
     if (!lost.count(node))
       for (int l = range.first; l < range.second; ++l) holders[l].push_back(node);
+  return holders;
+}
+
+std::vector<layer_copy> plan_copies(const reconfiguration_context& ctx, const holding_map& old_hold,
+                                    const std::vector<std::vector<int>>& holders,
+                                    const std::vector<pipeline_instance>& after) {
   std::map<int, std::int64_t> sent;  // bytes each source sends, to spread the load
   std::vector<layer_copy> copies;
   for (const auto& [node, range] : holdings(ctx.templates, after)) {
@@ -221,12 +227,9 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
   };
   // (5) A layer none of whose holders survived cannot be recovered from a replica.
   const auto old_hold = holdings(ctx.templates, current.pipelines);
-  for (int l = 0; l < ctx.costs.num_layers(); ++l) {
-    bool held = false;
-    for (const auto& [node, range] : old_hold)
-      if (!lost.count(node) && l >= range.first && l < range.second) held = true;
-    if (!held) return stop("layer " + std::to_string(l) + " has no surviving copy");
-  }
+  const auto holders = surviving_holders(old_hold, lost, ctx.costs.num_layers());
+  for (int l = 0; l < ctx.costs.num_layers(); ++l)
+    if (holders[l].empty()) return stop("layer " + std::to_string(l) + " has no surviving copy");
   const int n0 = smallest_size(ctx.templates);
   const int need = (ctx.fault_tolerance + 1) * n0;
   if (alive < need)
@@ -274,7 +277,7 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
   for (int n : pool)
     if (!in_use.count(n)) out.idle_nodes.push_back(n);
   std::sort(out.idle_nodes.begin(), out.idle_nodes.end());
-  out.copies = plan_copies(ctx, current.pipelines, out.pipelines, lost);
+  out.copies = plan_copies(ctx, old_hold, holders, out.pipelines);
   std::string applied;
   for (auto r : out.rules) applied += (applied.empty() ? "" : "+") + std::string(to_string(r));
   out.reason = applied;

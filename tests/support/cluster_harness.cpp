@@ -56,11 +56,7 @@ training_result train_pipelines(const training_setup& s, const std::vector<pipel
   runtime::sampler sampler(s.data_seed, data.size(), s.global_batch);
   const int L = s.model.num_layers();
   // Ranks in pipeline order; layer_groups[l] = the rank holding l in each pipeline.
-  struct placed {
-    int pipeline;
-    runtime::stage_position position;
-  };
-  std::vector<placed> ranks;
+  std::vector<placed_stage> ranks;
   std::vector<std::vector<int>> layer_groups(L);
   for (int p = 0; p < static_cast<int>(pipelines.size()); ++p) {
     const int base = static_cast<int>(ranks.size());

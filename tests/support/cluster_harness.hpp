@@ -13,6 +13,7 @@
 #include "runtime/sampler.hpp"
 #include "runtime/stage_executor.hpp"
 #include "support/fake_communicator.hpp"
+#include "support/multiprocess_scenario.hpp"
 
 namespace oobleck::testing {
 
