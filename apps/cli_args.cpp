@@ -1,6 +1,7 @@
 #include "apps/cli_args.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include "planning/profile.hpp"
 
@@ -34,18 +35,32 @@ std::string cli_args::value(const std::string& flag) {
   return args_[i_++];
 }
 
+std::optional<std::int64_t> parse_integer(const std::string& text) {
+  std::size_t used = 0;
+  try {
+    const std::int64_t x = std::stoll(text, &used);
+    if (used == text.size()) return x;
+  } catch (...) {
+  }
+  return std::nullopt;
+}
+
+std::optional<double> parse_number(const std::string& text) {
+  std::size_t used = 0;
+  try {
+    const double x = std::stod(text, &used);
+    if (used == text.size() && std::isfinite(x)) return x;
+  } catch (...) {
+  }
+  return std::nullopt;
+}
+
 std::int64_t cli_args::integer64(const std::string& flag, std::int64_t min) {
   const std::string v = value(flag);
-  std::size_t used = 0;
-  std::int64_t x = 0;
-  try {
-    x = std::stoll(v, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size()) throw planning_error(flag + " expects an integer, got '" + v + "'");
-  if (x < min) throw planning_error(flag + " must be >= " + std::to_string(min) + ", got " + v);
-  return x;
+  const auto x = parse_integer(v);
+  if (!x) throw planning_error(flag + " expects an integer, got '" + v + "'");
+  if (*x < min) throw planning_error(flag + " must be >= " + std::to_string(min) + ", got " + v);
+  return *x;
 }
 
 int cli_args::integer(const std::string& flag, int min, int max) {
@@ -56,16 +71,10 @@ int cli_args::integer(const std::string& flag, int min, int max) {
 
 double cli_args::real(const std::string& flag, double min) {
   const std::string v = value(flag);
-  std::size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size() || !std::isfinite(x)) throw planning_error(flag + " expects a number, got '" + v + "'");
-  if (x < min) throw planning_error(flag + " must be >= " + std::to_string(min) + ", got " + v);
-  return x;
+  const auto x = parse_number(v);
+  if (!x) throw planning_error(flag + " expects a number, got '" + v + "'");
+  if (*x < min) throw planning_error(flag + " must be >= " + std::to_string(min) + ", got " + v);
+  return *x;
 }
 
 std::vector<int> cli_args::integer_list(const std::string& flag) {
@@ -75,15 +84,10 @@ std::vector<int> cli_args::integer_list(const std::string& flag) {
   while (start <= v.size()) {
     const auto comma = v.find(',', start);
     const std::string item = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    std::size_t used = 0;
-    int x = -1;
-    try {
-      x = std::stoi(item, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || x < 0)
+    const auto id = parse_integer(item);
+    if (!id || *id < 0 || *id > std::numeric_limits<int>::max())
       throw planning_error(flag + " expects comma-separated node ids, got '" + v + "'");
+    const int x = static_cast<int>(*id);
     out.push_back(x);
     if (comma == std::string::npos) break;
     start = comma + 1;

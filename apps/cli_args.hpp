@@ -3,10 +3,15 @@
 // that name the flag (thrown as planning_error so every program reports them the same way).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace oobleck::apps {
+
+/// The whole of `text` as a base-10 integer / a finite number; nullopt otherwise.
+std::optional<std::int64_t> parse_integer(const std::string& text);
+std::optional<double> parse_number(const std::string& text);
 
 class cli_args {
  public:

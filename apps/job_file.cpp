@@ -1,6 +1,7 @@
 #include "apps/job_file.hpp"
 
-#include <cmath>
+#include "apps/cli_args.hpp"
+
 #include <fstream>
 #include <functional>
 #include <map>
@@ -33,27 +34,15 @@ job_file parse_job_file(const std::string& text, const std::string& name) {
     return planning_error(name + ":" + std::to_string(line) + ": " + what);
   };
   auto integer = [&](const value& v, std::int64_t min) {
-    std::size_t used = 0;
-    std::int64_t x = 0;
-    try {
-      x = std::stoll(v.text, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used == 0 || used != v.text.size()) throw fail(v.line, "expected an integer, got " + v.text);
-    if (x < min) throw fail(v.line, "must be >= " + std::to_string(min) + ", got " + v.text);
-    return x;
+    const auto x = parse_integer(v.text);
+    if (!x) throw fail(v.line, "expected an integer, got " + v.text);
+    if (*x < min) throw fail(v.line, "must be >= " + std::to_string(min) + ", got " + v.text);
+    return *x;
   };
   auto real = [&](const value& v) {
-    std::size_t used = 0;
-    double x = 0;
-    try {
-      x = std::stod(v.text, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used == 0 || used != v.text.size() || !std::isfinite(x)) throw fail(v.line, "expected a number, got " + v.text);
-    return x;
+    const auto x = parse_number(v.text);
+    if (!x) throw fail(v.line, "expected a number, got " + v.text);
+    return *x;
   };
   using setter = std::function<void(const value&)>;
   const std::map<std::string, setter> keys{
