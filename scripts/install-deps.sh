@@ -11,6 +11,9 @@ packages=(
   libcapnp-dev capnproto
   libboost-dev          # Boost.Asio 1.74
   doctest-dev
+  nlohmann-json3-dev    # JSON codecs in messages/ (profiles, plan output)
+  libtomlplusplus-dev   # job files
+  libcli11-dev          # command-line flags
   libopenblas0
 )
 
