@@ -19,6 +19,9 @@
 //     abort(). Only connect() has a deadline.
 // One transport object is one epoch (one membership). After a failure, destroy or abandon it and
 // build a new one for epoch e+1, on the same ports or new ones.
+// Destroying a transport closes its sockets, which its peers cannot tell from a crash: their
+// pending collectives over a group that contains it fail. End an epoch only once every member is
+// done with it (in the cluster runtime, the coordinator's step commit is that barrier).
 //
 // Threading: every method except the constructor and destructor may be called from any thread
 // concurrently. One background I/O thread per transport owns the sockets. send() returns without

@@ -41,6 +41,19 @@ void reduce_and_report(parent_line& line, host_transport& t, const std::vector<i
   line.send("sum " + std::to_string(checksum(data)) + (ok ? " ok" : " wrong"));
 }
 
+/// Child: waits until the test says every member is done with the epoch. Destroying a transport
+/// is, for its peers, the same as crashing: a member that left while another still waited in a
+/// collective of the same group would fail that collective (as it must when the member really
+/// died). Ending an epoch is therefore a barrier, which the test provides here.
+void leave_together(parent_line& line) {
+  if (line.read() != "leave") throw std::runtime_error("expected leave");
+}
+
+/// Test: lets `ranks` destroy their transports (after their results were read).
+void release(process_group& g, const std::vector<int>& ranks) {
+  for (int r : ranks) g.send(r, "leave");
+}
+
 /// Test: every member's "sum" line is "ok" and carries the same checksum.
 void check_sums(process_group& g, const std::vector<int>& ranks) {
   std::string first;
@@ -119,10 +132,12 @@ TEST_CASE("processes: all-reduce results are bitwise identical across processes"
     auto t = join_mesh(line, rank, 4, 1);
     reduce_and_report(line, *t, {0, 1, 2, 3}, 300'001, 11);
     if (rank != 0) reduce_and_report(line, *t, {3, 1, 2}, 99'999, 12);
+    leave_together(line);
   });
   g.exchange_ports({0, 1, 2, 3});
   check_sums(g, {0, 1, 2, 3});
   check_sums(g, {1, 2, 3});
+  release(g, {0, 1, 2, 3});
   for (int r = 0; r < 4; ++r) CHECK(g.wait(r) == 0);
 }
 
@@ -145,6 +160,7 @@ TEST_CASE("processes: kill -9 of a peer fails every pending operation of the sur
     // The next epoch among the survivors, on fresh ports.
     auto next = join_mesh(line, rank, 3, 2);
     reduce_and_report(line, *next, iota_group(3), 100'000, 22);
+    leave_together(line);
   });
   g.exchange_ports({0, 1, 2, 3});
   check_sums(g, {0, 1, 2, 3});
@@ -173,6 +189,7 @@ TEST_CASE("processes: kill -9 of a peer fails every pending operation of the sur
   for (int r = 0; r < 3; ++r) g.send(r, "next");
   g.exchange_ports({0, 1, 2});
   check_sums(g, {0, 1, 2});
+  release(g, {0, 1, 2});
   for (int r = 0; r < 3; ++r) CHECK(g.wait(r) == 0);
 }
 
@@ -195,6 +212,7 @@ TEST_CASE("processes: with a peer frozen by SIGSTOP, abort() fails every pending
     t.reset();
     auto next = join_mesh(line, rank, 2, 2);
     reduce_and_report(line, *next, iota_group(2), 100'000, 32);
+    leave_together(line);
   });
   g.exchange_ports({0, 1, 2});
   check_sums(g, {0, 1, 2});
@@ -231,6 +249,7 @@ TEST_CASE("processes: with a peer frozen by SIGSTOP, abort() fails every pending
 
   g.exchange_ports({0, 1});
   check_sums(g, {0, 1});
+  release(g, {0, 1});
   for (int r = 0; r < 2; ++r) CHECK(g.wait(r) == 0);
   g.signal(victim, SIGKILL);
   CHECK(g.wait(victim) == 128 + SIGKILL);
