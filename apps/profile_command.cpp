@@ -6,7 +6,8 @@
 #include "apps/cli_args.hpp"
 #include "apps/job_file.hpp"
 #include "messages/profile_file.hpp"
-#include "planning/profile_json.hpp"
+#include "messages/input_error.hpp"
+#include "messages/profile_json.hpp"
 #include "runtime/profiler.hpp"
 
 namespace oobleck::apps {
@@ -73,9 +74,12 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
       else messages::write_profile_capnp(profile, out_path);
       err << "profile written to " << out_path << "\n";
     }
-    if (json) out << planning::json::dump(planning::profile_to_json(profile), 2) << "\n";
+    if (json) out << messages::profile_json_text(profile, 2) << "\n";
     return 0;
   } catch (const planning::planning_error& e) {
+    err << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const messages::input_error& e) {
     err << "error: " << e.what() << "\n";
     return 2;
   }

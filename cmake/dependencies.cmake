@@ -1,9 +1,10 @@
 # Every dependency of the design is found here, once, so a missing package fails the configure step
 # with a clear message instead of a compile error deep inside a target.
 find_package(Threads REQUIRED)
+find_package(CapnProto REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)  # Debian nlohmann-json3-dev: the JSON codecs in messages/
 find_package(CAF REQUIRED COMPONENTS core io)
 find_package(Torch REQUIRED)
-find_package(CapnProto REQUIRED)
 find_package(Boost 1.74 REQUIRED)
 if(OOBLECK_BUILD_TESTS)
   find_package(doctest REQUIRED)

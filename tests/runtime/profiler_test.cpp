@@ -11,7 +11,7 @@
 
 #include "apps/profile_command.hpp"
 #include "apps/plan_command.hpp"
-#include "planning/profile_json.hpp"
+#include "messages/profile_json.hpp"
 #include "runtime/profiler.hpp"
 
 using namespace oobleck;
@@ -92,7 +92,7 @@ TEST_CASE("oobleck-profile --json feeds oobleck-plan directly") {
   std::ostringstream out, err;
   REQUIRE(apps::run_profile_command({"--config", job, "--json", "--out", json}, out, err) == 0);
   CHECK(err.str().find("block1") != std::string::npos);  // the per-layer table
-  const auto p = planning::profile_from_json(out.str());
+  const auto p = messages::profile_from_json(out.str());
   CHECK(p.num_layers() == 4);
   std::ostringstream plan_out, plan_err;
   CHECK(apps::run_plan_command({"--profile", json, "--nodes", "3", "--fault-tolerance", "1", "--global-batch", "8",
