@@ -41,6 +41,9 @@ std::vector<double> times(capnp::List<double>::Reader list, const std::string& p
   return out;
 }
 
+// Every byte of the string (Text::Reader from a std::string would stop at a NUL).
+capnp::Text::Reader text_of(const std::string& s) { return capnp::Text::Reader(s.data(), s.size()); }
+
 planning::profile read_message(kj::ArrayPtr<const capnp::word> words) {
   capnp::ReaderOptions options;
   options.traversalLimitInWords = traversal_limit_words;
@@ -98,9 +101,9 @@ planning::profile profile_from_capnp(std::span<const std::byte> bytes) {
 std::vector<std::byte> profile_to_capnp(const planning::profile& p) {
   capnp::MallocMessageBuilder message;
   auto root = message.initRoot<schema::Profile>();
-  root.setModel(p.model);
-  root.setConfigHash(p.config_hash);
-  root.setDeviceKind(p.device_kind);
+  root.setModel(text_of(p.model));
+  root.setConfigHash(text_of(p.config_hash));
+  root.setDeviceKind(text_of(p.device_kind));
   root.setMicrobatchSize(checked_cast<std::uint32_t>(p.microbatch_size, "profile.microbatch_size"));
   root.setGpusPerNode(checked_cast<std::uint32_t>(p.gpus_per_node, "profile.gpus_per_node"));
   root.setDeviceMemoryBytes(checked_cast<std::uint64_t>(p.device_memory_bytes, "profile.device_memory_bytes"));
@@ -109,7 +112,7 @@ std::vector<std::byte> profile_to_capnp(const planning::profile& p) {
     const auto& l = p.layers[i];
     const std::string path = "profile.layers[" + std::to_string(i) + "]";
     auto out = layers[i];
-    out.setName(l.name);
+    out.setName(text_of(l.name));
     auto fwd = out.initForwardMs(checked_cast<unsigned>(l.forward_ms.size(), path + ".forward_ms"));
     for (unsigned k = 0; k < l.forward_ms.size(); ++k) fwd.set(k, l.forward_ms[k]);
     auto bwd = out.initBackwardMs(checked_cast<unsigned>(l.backward_ms.size(), path + ".backward_ms"));

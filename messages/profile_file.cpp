@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <locale>
@@ -55,6 +56,15 @@ void check_text(const std::string& s, const std::string& path) {
     fail(path, std::to_string(s.size()) + " bytes is above the limit of " + std::to_string(profile_limits::max_text_bytes) +
                    " bytes");
   if (!is_utf8(s)) fail(path, "not valid UTF-8");
+  // Control characters have no place in a name, and a NUL would not survive Cap'n Proto's Text.
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7F) {
+      char code[8];
+      std::snprintf(code, sizeof code, "0x%02X", c);
+      fail(path, std::string("control character ") + code + " at byte " + std::to_string(i));
+    }
+  }
 }
 
 void check_bytes(std::int64_t v, std::int64_t min, const std::string& path) {

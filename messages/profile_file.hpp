@@ -32,7 +32,8 @@ struct profile_limits {
 /// Checks everything a profile must satisfy, naming the key path ("profile.layers[3].param_bytes")
 /// and the limit: M a power of two up to max_gpus_per_node, 1..max_layers layers, one time per
 /// stage width, times finite in [0, max_layer_ms], byte counts in [0, max_bytes], device memory in
-/// [1, max_bytes], microbatch >= 1, texts valid UTF-8 up to max_text_bytes. Throws input_error.
+/// [1, max_bytes], microbatch >= 1, texts valid UTF-8 without control characters, up to
+/// max_text_bytes. Throws input_error.
 void validate_profile(const planning::profile& p);
 
 /// `m` as M when it is a power of two in [1, max_gpus_per_node]; input_error naming `path` otherwise.

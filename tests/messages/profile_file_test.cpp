@@ -148,6 +148,14 @@ TEST_CASE("Cap'n Proto lists and texts are checked against the limits before the
   CHECK(error_decoding(capnp_bytes([](auto root) { root.initLayers(0); })) == "profile.layers: no layers");
 }
 
+TEST_CASE("fuzz finding: a NUL inside a Cap'n Proto text is refused, not truncated on the next write") {
+  // A layer named "l\0" decoded with its NUL, and profile_to_capnp wrote it back as "l".
+  const auto bytes = capnp_bytes([](auto root) { root.getLayers()[0].setName(capnp::Text::Reader("l\0", 2)); });
+  CHECK(error_decoding(bytes) == "profile.layers[0].name: control character 0x00 at byte 1");
+  CHECK(error_decoding(capnp_bytes([](auto root) { root.setModel("a\tb"); })) ==
+        "profile.model: control character 0x09 at byte 1");
+}
+
 TEST_CASE("bytes after the message, or not a whole number of words, are refused") {
   auto bytes = capnp_bytes([](auto) {});
   CHECK(error_decoding(bytes).empty());

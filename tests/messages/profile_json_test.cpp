@@ -146,4 +146,6 @@ TEST_CASE("names decode to UTF-8, surrogate pairs included") {
   const auto p = profile_from_json(replace(kGood, "\"name\": \"embed\"", R"("name": "emb\ud83d\ude00")"));
   CHECK(p.layers[0].name == "emb\xF0\x9F\x98\x80");
   CHECK(error_of(replace(kGood, "\"name\": \"embed\"", R"("name": "\ud83d")")).rfind("profile: JSON syntax error", 0) == 0);
+  CHECK(error_of(replace(kGood, "\"name\": \"embed\"", R"("name": "a\u0000b")")) ==
+        "profile.layers[0].name: control character 0x00 at byte 1");
 }
