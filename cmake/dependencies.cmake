@@ -3,6 +3,9 @@
 find_package(Threads REQUIRED)
 find_package(CapnProto REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)  # Debian nlohmann-json3-dev: the JSON codecs in messages/
+if(OOBLECK_FUZZ)
+  return()  # the fuzz build has planning/ and messages/ only (cmake/fuzzing.cmake)
+endif()
 find_package(CAF REQUIRED COMPONENTS core io)
 find_package(Torch REQUIRED)
 find_package(Boost 1.74 REQUIRED)
