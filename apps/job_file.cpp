@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -39,6 +40,13 @@ job_file parse_job_file(const std::string& text, const std::string& name) {
     if (*x < min) throw fail(v.line, "must be >= " + std::to_string(min) + ", got " + v.text);
     return *x;
   };
+  // For the int fields: 4294967296 must not narrow to 0 (a microbatch of 0 divided by zero below).
+  auto integer32 = [&](const value& v, std::int64_t min) {
+    const auto x = integer(v, min);
+    if (x > std::numeric_limits<int>::max())
+      throw fail(v.line, "must be <= " + std::to_string(std::numeric_limits<int>::max()) + ", got " + v.text);
+    return static_cast<int>(x);
+  };
   auto real = [&](const value& v) {
     const auto x = parse_number(v.text);
     if (!x) throw fail(v.line, "expected a number, got " + v.text);
@@ -53,11 +61,11 @@ job_file parse_job_file(const std::string& text, const std::string& name) {
       {"model.seq_len", [&](const value& v) { job.model.seq_len = integer(v, 1); }},
       {"model.dropout", [&](const value& v) { job.model.dropout = real(v); }},
       {"model.seed", [&](const value& v) { job.model.seed = static_cast<std::uint64_t>(integer(v, 0)); }},
-      {"training.microbatch", [&](const value& v) { job.microbatch = static_cast<int>(integer(v, 1)); }},
-      {"training.global_batch", [&](const value& v) { job.global_batch = static_cast<int>(integer(v, 1)); }},
+      {"training.microbatch", [&](const value& v) { job.microbatch = integer32(v, 1); }},
+      {"training.global_batch", [&](const value& v) { job.global_batch = integer32(v, 1); }},
       {"cluster.device_memory_bytes", [&](const value& v) { job.device_memory_bytes = integer(v, 1); }},
-      {"profile.warmup", [&](const value& v) { job.profile_warmup = static_cast<int>(integer(v, 0)); }},
-      {"profile.repeats", [&](const value& v) { job.profile_repeats = static_cast<int>(integer(v, 1)); }},
+      {"profile.warmup", [&](const value& v) { job.profile_warmup = integer32(v, 0); }},
+      {"profile.repeats", [&](const value& v) { job.profile_repeats = integer32(v, 1); }},
   };
   std::istringstream in(text);
   std::string raw, section;

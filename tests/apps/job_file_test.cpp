@@ -53,3 +53,10 @@ TEST_CASE("job file errors name the file and line") {
   CHECK(error_of("[model]\nheads = 5\n").find("multiple of heads") != std::string::npos);
   CHECK(error_of("[training]\nmicrobatch = 3\nglobal_batch = 64\n").find("not a multiple") != std::string::npos);
 }
+
+TEST_CASE("fuzz finding: an int field above INT_MAX is refused, not narrowed to a zero divisor") {
+  // microbatch = 2^32 narrowed to 0, and the global batch check divided by it (SIGFPE).
+  CHECK(error_of("[training]\nmicrobatch = 4294967296\n") == "job.toml:2: must be <= 2147483647, got 4294967296");
+  CHECK(error_of("[training]\nglobal_batch = 2147483648\n") == "job.toml:2: must be <= 2147483647, got 2147483648");
+  CHECK(error_of("[profile]\nrepeats = 4294967297\n") == "job.toml:2: must be <= 2147483647, got 4294967297");
+}
