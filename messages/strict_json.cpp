@@ -29,6 +29,9 @@ class path_tracker {
   explicit path_tracker(std::string root) : root_(std::move(root)) {}
 
   bool on_event(json::parse_event_t event, const json& parsed) {
+    if (event != json::parse_event_t::key && event != json::parse_event_t::object_end &&
+        event != json::parse_event_t::array_end && ++values_ > max_values)
+      throw input_error(path() + ": more than " + std::to_string(max_values) + " values");
     switch (event) {
       case json::parse_event_t::object_start:
       case json::parse_event_t::array_start:
@@ -74,6 +77,7 @@ class path_tracker {
 
   std::string root_;
   std::vector<frame> frames_;
+  std::size_t values_ = 0;
 };
 
 // "[json.exception.parse_error.101] parse error at line 3, column 17: syntax error ..." becomes

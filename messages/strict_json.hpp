@@ -5,6 +5,7 @@
 // ("profile.layers[3].forward_ms: expected an object"). Numbers parse the same whatever the C
 // locale (nlohmann's lexer does not depend on the decimal point of LC_NUMERIC).
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
@@ -20,9 +21,13 @@ namespace oobleck::messages::json {
 
 /// Deeper documents are refused: no format of ours nests beyond 4 levels.
 inline constexpr int max_depth = 64;
+/// So are documents of more values (a value costs 16 bytes or more once parsed, so a 64 MiB file
+/// of "0," would otherwise take over 512 MiB); the largest profile has about 120,000.
+inline constexpr std::size_t max_values = std::size_t{1} << 20;
 
 /// Parses one document. `root` names it in errors ("profile"); a syntax error reads
-/// "ROOT: JSON syntax error at line L column C: ...", a duplicate "PATH: duplicate key \"k\"".
+/// "ROOT: JSON syntax error at line L column C: ...", a duplicate "PATH: duplicate key \"k\"",
+/// and the caps "PATH: nesting deeper than 64 levels", "PATH: more than 1048576 values".
 nlohmann::json parse_strict(std::string_view text, const std::string& root);
 
 /// "a.b", or a["1"] when the key is not an identifier.

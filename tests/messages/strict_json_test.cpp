@@ -53,6 +53,13 @@ TEST_CASE("nesting is capped") {
   CHECK(error_of(ok).empty());
 }
 
+TEST_CASE("the number of values is capped") {
+  std::string many = "[";
+  for (std::size_t i = 0; i < json::max_values; ++i) many += i ? ",0" : "0";
+  CHECK(error_of(many + "]") == "doc[1048575]: more than 1048576 values");  // the array itself is one
+  CHECK(error_of("[" + many.substr(3) + "]").empty());
+}
+
 TEST_CASE("a surrogate pair decodes to one 4-byte UTF-8 sequence") {
   // The old parser wrote each half as its own 3-byte sequence (CESU-8): invalid UTF-8.
   const auto v = json::parse_strict(R"(["\ud83d\ude00"])", "doc");
