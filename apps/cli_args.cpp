@@ -1,5 +1,6 @@
 #include "apps/cli_args.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -35,23 +36,28 @@ std::string cli_args::value(const std::string& flag) {
   return args_[i_++];
 }
 
-std::optional<std::int64_t> parse_integer(const std::string& text) {
-  std::size_t used = 0;
-  try {
-    const std::int64_t x = std::stoll(text, &used);
-    if (used == text.size()) return x;
-  } catch (...) {
-  }
-  return std::nullopt;
+namespace {
+
+// std::from_chars reads the same under every C locale (std::stod took the decimal point from
+// LC_NUMERIC, so "0.1" failed under de_DE); a leading '+' is accepted as before.
+template <class T>
+std::optional<T> parse_whole(const std::string& text) {
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  if (first != last && *first == '+' && last - first > 1 && first[1] != '-') ++first;
+  T x{};
+  const auto [end, ec] = std::from_chars(first, last, x);
+  if (ec != std::errc() || end != last) return std::nullopt;
+  return x;
 }
 
+}  // namespace
+
+std::optional<std::int64_t> parse_integer(const std::string& text) { return parse_whole<std::int64_t>(text); }
+
 std::optional<double> parse_number(const std::string& text) {
-  std::size_t used = 0;
-  try {
-    const double x = std::stod(text, &used);
-    if (used == text.size() && std::isfinite(x)) return x;
-  } catch (...) {
-  }
+  const auto x = parse_whole<double>(text);
+  if (x && std::isfinite(*x)) return x;
   return std::nullopt;
 }
 

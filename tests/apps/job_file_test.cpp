@@ -2,7 +2,9 @@
 
 #include <doctest/doctest.h>
 
+#include "apps/cli_args.hpp"
 #include "planning/profile.hpp"
+#include "support/comma_locale.hpp"
 
 using namespace oobleck;
 
@@ -59,4 +61,29 @@ TEST_CASE("fuzz finding: an int field above INT_MAX is refused, not narrowed to 
   CHECK(error_of("[training]\nmicrobatch = 4294967296\n") == "job.toml:2: must be <= 2147483647, got 4294967296");
   CHECK(error_of("[training]\nglobal_batch = 2147483648\n") == "job.toml:2: must be <= 2147483647, got 2147483648");
   CHECK(error_of("[profile]\nrepeats = 4294967297\n") == "job.toml:2: must be <= 2147483647, got 4294967297");
+}
+
+TEST_CASE("numbers in job files and flags read the same under a comma-decimal C locale") {
+  oobleck::test::comma_locale comma(std::string(OOBLECK_SOURCE_DIR) + "/tests/messages/data/locale");
+  REQUIRE_MESSAGE(comma.active(), "no comma-decimal locale could be set; the locale test would prove nothing");
+  // std::stod read "0.1" as 0 with one character used here, so the job file was refused.
+  CHECK(apps::parse_job_file("[model]\ndropout = 0.25\n").model.dropout == 0.25);
+  CHECK(apps::parse_number("1e-3") == 1e-3);
+}
+
+TEST_CASE("integers and numbers are the whole text, base 10") {
+  CHECK(apps::parse_integer("42") == 42);
+  CHECK(apps::parse_integer("+42") == 42);
+  CHECK(apps::parse_integer("-7") == -7);
+  CHECK_FALSE(apps::parse_integer("4x"));
+  CHECK_FALSE(apps::parse_integer(" 4"));
+  CHECK_FALSE(apps::parse_integer("+-4"));
+  CHECK_FALSE(apps::parse_integer("9223372036854775808"));
+  CHECK_FALSE(apps::parse_integer(""));
+  CHECK(apps::parse_number("2.5") == 2.5);
+  CHECK(apps::parse_number("+.5") == 0.5);
+  CHECK_FALSE(apps::parse_number("nan"));
+  CHECK_FALSE(apps::parse_number("inf"));
+  CHECK_FALSE(apps::parse_number("1e400"));
+  CHECK_FALSE(apps::parse_number("1,5"));
 }
