@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "messages/input_error.hpp"
@@ -43,7 +44,11 @@ CLI::Option* add_number(CLI::App& app, const std::string& name, double& target, 
     const auto [ptr, ec] = std::from_chars(v.data(), end, x);
     if (ec != std::errc() || ptr != end || !std::isfinite(x))
       throw input_error(name + " expects a finite number, got '" + v + "'");
-    if (x < min) throw input_error(name + " must be >= " + std::to_string(min) + ", got " + v);
+    if (x < min) {
+      char bound[32];
+      std::snprintf(bound, sizeof bound, "%g", min);
+      throw input_error(name + " must be >= " + bound + ", got " + v);
+    }
     target = x;
   };
   return last_wins(app.add_option_function<std::string>(name, std::move(parse), help))->type_name("X");
@@ -77,7 +82,12 @@ bool parse_flags(CLI::App& app, const std::vector<std::string>& args, std::ostre
     }
   app.allow_extras();  // so that the first unknown word is named below, in our words
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
-  app.parse(reversed);
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {  // -h inside a group of short flags
+    out << app.help();
+    return false;
+  }
   if (!app.remaining().empty()) {
     std::string first = app.remaining().front();
     if (first.rfind("-", 0) == 0) throw input_error("unknown option " + first.substr(0, first.find('=')) + " (see --help)");

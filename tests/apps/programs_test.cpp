@@ -101,6 +101,7 @@ TEST_CASE("oobleck-plan: bad flags are one error line and exit 2") {
       {{"--profile", kProfile, "--template-nodes", "0x2"}, "--template-nodes expects an integer"},
       {{"--profile", kProfile, "--template-nodes", "4294967298"}, "--template-nodes must be <= 65536"},
       {{"--profile", kProfile, "--template-nodes", "2", "--state-factor", "nan"}, "--state-factor expects a finite"},
+      {{"--profile", kProfile, "--template-nodes", "2", "--state-factor", "0"}, "--state-factor must be >= 1e-09, got 0"},
       {{"--profile", kProfile, "--template-nodes"}, "--template-nodes"},
       {{"--profile", kProfile, "--template-nodes", "2", "--bogus"}, "unknown option --bogus"},
       {{"--template-nodes", "2"}, "--profile is required"},
