@@ -136,8 +136,9 @@ TEST_CASE("oobleck-profile: bad flags and job files are refused before LibTorch 
 }
 
 TEST_CASE("oobleck-profile: a LibTorch failure is one internal error line and exit 1") {
-  // 2^40 features: every embedding is beyond the address space, so LibTorch's allocator throws.
-  const temp_file huge("huge.toml", "[model]\nd_model = 1099511627776\nblocks = 1\n");
+  // 2^50 features: the token embedding alone is 2^60 bytes, beyond any address space, so
+  // LibTorch's allocator throws c10::Error at once (no overcommit setting can grant it).
+  const temp_file huge("huge.toml", "[model]\nd_model = 1125899906842624\nblocks = 1\n");
   const auto r = run_process(OOBLECK_PROFILE_BINARY, {"--config", huge.path, "--json"});
   CAPTURE(r.err);
   CHECK(r.exit_status == 1);
