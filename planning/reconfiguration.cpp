@@ -255,13 +255,13 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
     drafts = replan(ctx, groups, pool, alive);
   }
 
-  std::vector<linear_time> lines;
+  std::vector<pipeline_time> lines;
   std::set<int> in_use;
   for (const auto& d : drafts) {
     pipeline_instance p;
     p.nodes = d.nodes;
     p.template_nodes = static_cast<int>(d.nodes.size());
-    lines.push_back(ctx.templates.find(p.template_nodes)->time_line());
+    lines.push_back(ctx.templates.find(p.template_nodes)->time);
     in_use.insert(d.nodes.begin(), d.nodes.end());
     out.pipelines.push_back(std::move(p));
   }
