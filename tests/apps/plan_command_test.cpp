@@ -94,6 +94,19 @@ TEST_CASE("few microbatches per pipeline: no predicted step is shorter than one 
   }
 }
 
+TEST_CASE("a join beyond what B/b pipelines can use leaves nodes idle, not an error") {
+  // 4 microbatches: at most 4 pipelines of at most 6 nodes, so 4 of the 28 nodes stay idle.
+  const auto r = plan({"--profile", kProfile, "--nodes", "8", "--fault-tolerance", "1", "--global-batch", "16",
+                       "--microbatch", "4", "--join", "20", "--json"});
+  CHECK(r.err.empty());
+  REQUIRE(r.code == 0);
+  const auto v = json::parse(r.out);
+  const auto& event = v.find("events")->as_array().at(0);
+  CHECK(event.find("action")->as_string() == "continue");
+  CHECK(event.find("pipelines")->as_array().size() == 4);
+  CHECK(event.find("idle_nodes")->as_array().size() == 4);
+}
+
 TEST_CASE("the readable report shows templates, instantiation and events") {
   const auto r = plan(job({"--fail", "2"}));
   REQUIRE(r.code == 0);
