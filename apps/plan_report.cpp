@@ -51,7 +51,11 @@ value template_to_json(const planning::pipeline_template& t) {
   for (const auto& s : t.stages)
     stages.emplace_back(object{{"node", s.node}, {"gpus", s.gpus}, {"layers", array{s.first_layer, s.end_layer}},
                                {"ms", s.ms}});
-  return object{{"nodes", t.nodes}, {"iteration_ms", t.iteration_ms}, {"stages", std::move(stages)}};
+  const int four_s = 4 * static_cast<int>(t.stages.size());
+  return object{{"nodes", t.nodes},
+                {"iteration_ms", t.iteration_ms},
+                {"makespan_4s_ms", t.time_ms(four_s)},
+                {"stages", std::move(stages)}};
 }
 
 value pipelines_to_json(const std::vector<planning::pipeline_instance>& ps) {
@@ -103,8 +107,10 @@ value plan_to_json(const planning::job_plan& plan, const std::vector<plan_event>
 }
 
 void print_template(std::ostream& out, const planning::pipeline_template& t) {
+  const int four_s = 4 * static_cast<int>(t.stages.size());
   out << "  " << t.nodes << (t.nodes == 1 ? " node" : " nodes") << ": " << t.stages.size()
-      << " stages, T(4S) = " << t.iteration_ms << " ms, bottleneck " << planning::bottleneck_stage(t.stage_ms()) << "\n";
+      << " stages, ranked by T(4S) = " << t.iteration_ms << " ms (1F1B makespan " << t.time_ms(four_s)
+      << " ms), bottleneck " << planning::bottleneck_stage(t.stage_ms()) << "\n";
   for (std::size_t k = 0; k < t.stages.size(); ++k) {
     const auto& s = t.stages[k];
     out << "      stage " << k << ": node " << s.node << ", " << s.gpus << " GPU" << (s.gpus > 1 ? "s" : " ")

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <map>
 #include <sstream>
 #include <sys/wait.h>
 
@@ -69,6 +70,41 @@ TEST_CASE("--json prints the documented object") {
   CHECK(events[1].find("joined")->as_array()[0].as_integer() == 8);  // next unused id
   const auto& copy = events[1].find("copies")->as_array().at(0);
   for (const char* key : {"layer", "from_node", "to_node", "bytes"}) CHECK(copy.find(key) != nullptr);
+}
+
+TEST_CASE("few microbatches per pipeline: no predicted step is shorter than one microbatch's trip") {
+  // 4 microbatches over 4 two-node pipelines: one each, fewer than the stages. The paper's closed
+  // form predicted less than the forward and backward trip through the stages.
+  const auto r = plan({"--profile", kProfile, "--nodes", "8", "--fault-tolerance", "1", "--global-batch", "16",
+                       "--microbatch", "4", "--json"});
+  REQUIRE(r.code == 0);
+  const auto v = json::parse(r.out);
+  std::map<std::int64_t, double> trip;  // template nodes -> sum of stage latencies
+  for (const auto& t : v.find("templates")->as_array()) {
+    double sum = 0;
+    for (const auto& s : t.find("stages")->as_array()) sum += s.find("ms")->as_number();
+    trip[t.find("nodes")->as_integer()] = sum;
+    CHECK(t.find("makespan_4s_ms")->as_number() >= t.find("iteration_ms")->as_number() * (1 - 1e-12));
+  }
+  const auto* inst = v.find("instantiation");
+  REQUIRE(inst->find("pipelines")->as_array().size() == 4);
+  for (const auto& p : inst->find("pipelines")->as_array()) {
+    CHECK(p.find("microbatches")->as_integer() == 1);
+    CHECK(p.find("time_ms")->as_number() >= trip.at(p.find("template_nodes")->as_integer()) * (1 - 1e-12));
+  }
+}
+
+TEST_CASE("a join beyond what B/b pipelines can use leaves nodes idle, not an error") {
+  // 4 microbatches: at most 4 pipelines of at most 6 nodes, so 4 of the 28 nodes stay idle.
+  const auto r = plan({"--profile", kProfile, "--nodes", "8", "--fault-tolerance", "1", "--global-batch", "16",
+                       "--microbatch", "4", "--join", "20", "--json"});
+  CHECK(r.err.empty());
+  REQUIRE(r.code == 0);
+  const auto v = json::parse(r.out);
+  const auto& event = v.find("events")->as_array().at(0);
+  CHECK(event.find("action")->as_string() == "continue");
+  CHECK(event.find("pipelines")->as_array().size() == 4);
+  CHECK(event.find("idle_nodes")->as_array().size() == 4);
 }
 
 TEST_CASE("the readable report shows templates, instantiation and events") {
