@@ -75,4 +75,18 @@ typename Inspector::result_type inspect(Inspector& f, admission& x) {
   return f(caf::meta::type_name("admission"), x.node, x.job_toml, x.job_hash);
 }
 
+/// Authenticates an operator's request (oobleck-ctl, an injector actor): a nonce from
+/// nonce_request and hex HMAC-SHA256(token, nonce + "\n" + "control").
+struct control_proof {
+  std::string nonce;
+  std::string proof;
+
+  bool operator==(const control_proof&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, control_proof& x) {
+  return f(caf::meta::type_name("control_proof"), x.nonce, x.proof);
+}
+
 }  // namespace oobleck::messages

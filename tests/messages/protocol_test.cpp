@@ -65,6 +65,7 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: admission messages round-trip") {
   check(register_node{protocol_version, "0f1e2d", "node-a", 2, sample_endpoint(), "n0nce", "c0ffee",
                       17});
   check(admission{5, "[model]\nlayers = 4\n", "0f1e2d"});
+  check(control_proof{"n0nce", "c0ffee"});
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: epoch messages round-trip") {
@@ -143,7 +144,7 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: errors carry their category, code
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: every type of the block has a distinct registered name") {
   const auto begin = caf::id_block::oobleck::begin;
   const auto end = caf::id_block::oobleck::end;
-  CHECK(end - begin == 23);
+  CHECK(end - begin == 24);
   CHECK(std::string(caf::type_name<register_node>::value) == "oobleck::messages::register_node");
   CHECK(caf::type_id<job_event>::value == end - 1);
 }
