@@ -1,111 +1,151 @@
 #include "apps/job_file.hpp"
 
-#include "apps/cli_args.hpp"
+#include <toml++/toml.h>
 
-#include <fstream>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
+#include <memory>
 #include <sstream>
+#include <stdexcept>
 
-#include "planning/profile.hpp"
+#include "messages/input_error.hpp"
 
 namespace oobleck::apps {
 
-using planning::planning_error;
+using messages::input_error;
 
 namespace {
 
-std::string trim(const std::string& s) {
-  const auto a = s.find_first_not_of(" \t\r");
-  if (a == std::string::npos) return "";
-  return s.substr(a, s.find_last_not_of(" \t\r") - a + 1);
-}
+class decoder {
+ public:
+  explicit decoder(std::string_view origin) : origin_(origin) {}
 
-struct value {
-  std::string text;
-  int line;
+  [[noreturn]] void fail(const toml::node& at, const std::string& what) const {
+    throw input_error(origin_ + ":" + std::to_string(at.source().begin.line) + ": " + what);
+  }
+  [[noreturn]] void fail(const std::string& what) const { throw input_error(origin_ + ": " + what); }
+
+  std::int64_t integer(const toml::node& v, const std::string& key, std::int64_t min, std::int64_t max,
+                       const std::string& why = "") const {
+    const auto* x = v.as_integer();
+    if (!x) fail(v, key + ": expected an integer, got " + type_of(v));
+    if (x->get() < min) fail(v, key + " must be >= " + std::to_string(min) + why + ", got " + std::to_string(x->get()));
+    if (x->get() > max) fail(v, key + " must be <= " + std::to_string(max) + ", got " + std::to_string(x->get()));
+    return x->get();
+  }
+
+  double number(const toml::node& v, const std::string& key) const {
+    double x = 0;
+    if (const auto* f = v.as_floating_point()) x = f->get();
+    else if (const auto* i = v.as_integer()) x = static_cast<double>(i->get());
+    else fail(v, key + ": expected a number, got " + type_of(v));
+    if (!std::isfinite(x)) fail(v, key + " must be finite");
+    return x;
+  }
+
+ private:
+  static std::string type_of(const toml::node& v) {
+    std::ostringstream s;
+    s << v.type();
+    return s.str();
+  }
+
+  std::string origin_;
 };
+
+using setter = std::function<void(const decoder&, const toml::node&, const std::string& key)>;
+
+/// Every key of the schema, by its path.
+std::map<std::string, setter> schema(job_file& job) {
+  constexpr std::int64_t kMax64 = std::numeric_limits<std::int64_t>::max();
+  auto int64_in = [](std::int64_t& target, std::int64_t min) {
+    return [&target, min](const decoder& d, const toml::node& v, const std::string& key) {
+      target = d.integer(v, key, min, std::numeric_limits<std::int64_t>::max());
+    };
+  };
+  auto int_in = [](int& target, int min) {
+    return [&target, min](const decoder& d, const toml::node& v, const std::string& key) {
+      target = static_cast<int>(d.integer(v, key, min, INT_MAX));
+    };
+  };
+  return {
+      {"model.vocab",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         job.model.vocab = d.integer(v, key, kByteVocab, kMax64, " (the byte-level corpus has token ids 0..255)");
+       }},
+      {"model.d_model", int64_in(job.model.d_model, 1)},
+      {"model.heads", int64_in(job.model.heads, 1)},
+      {"model.blocks", int64_in(job.model.blocks, 1)},
+      {"model.seq_len", int64_in(job.model.seq_len, 1)},
+      {"model.dropout",
+       [&](const decoder& d, const toml::node& v, const std::string& key) { job.model.dropout = d.number(v, key); }},
+      {"model.seed",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         job.model.seed = static_cast<std::uint64_t>(d.integer(v, key, 0, kMax64));
+       }},
+      {"training.microbatch", int_in(job.microbatch, 1)},
+      {"training.global_batch", int_in(job.global_batch, 1)},
+      {"cluster.device_memory_bytes", int64_in(job.device_memory_bytes, 1)},
+      {"profile.warmup", int_in(job.profile_warmup, 0)},
+      {"profile.repeats", int_in(job.profile_repeats, 1)},
+  };
+}
 
 }  // namespace
 
-job_file parse_job_file(const std::string& text, const std::string& name) {
+job_file parse_job(std::string_view text, std::string_view origin) {
+  const decoder d(origin);
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw input_error(std::string(origin) + ":" + std::to_string(e.source().begin.line) + ": " +
+                      std::string(e.description()));
+  }
   job_file job;
-  auto fail = [&](int line, const std::string& what) -> planning_error {
-    return planning_error(name + ":" + std::to_string(line) + ": " + what);
-  };
-  auto integer = [&](const value& v, std::int64_t min) {
-    const auto x = parse_integer(v.text);
-    if (!x) throw fail(v.line, "expected an integer, got " + v.text);
-    if (*x < min) throw fail(v.line, "must be >= " + std::to_string(min) + ", got " + v.text);
-    return *x;
-  };
-  auto real = [&](const value& v) {
-    const auto x = parse_number(v.text);
-    if (!x) throw fail(v.line, "expected a number, got " + v.text);
-    return *x;
-  };
-  using setter = std::function<void(const value&)>;
-  const std::map<std::string, setter> keys{
-      {"model.vocab", [&](const value& v) { job.model.vocab = integer(v, 2); }},
-      {"model.d_model", [&](const value& v) { job.model.d_model = integer(v, 1); }},
-      {"model.heads", [&](const value& v) { job.model.heads = integer(v, 1); }},
-      {"model.blocks", [&](const value& v) { job.model.blocks = integer(v, 1); }},
-      {"model.seq_len", [&](const value& v) { job.model.seq_len = integer(v, 1); }},
-      {"model.dropout", [&](const value& v) { job.model.dropout = real(v); }},
-      {"model.seed", [&](const value& v) { job.model.seed = static_cast<std::uint64_t>(integer(v, 0)); }},
-      {"training.microbatch", [&](const value& v) { job.microbatch = static_cast<int>(integer(v, 1)); }},
-      {"training.global_batch", [&](const value& v) { job.global_batch = static_cast<int>(integer(v, 1)); }},
-      {"cluster.device_memory_bytes", [&](const value& v) { job.device_memory_bytes = integer(v, 1); }},
-      {"profile.warmup", [&](const value& v) { job.profile_warmup = static_cast<int>(integer(v, 0)); }},
-      {"profile.repeats", [&](const value& v) { job.profile_repeats = static_cast<int>(integer(v, 1)); }},
-  };
-  std::istringstream in(text);
-  std::string raw, section;
-  int line = 0;
-  while (std::getline(in, raw)) {
-    ++line;
-    std::string s = raw;
-    bool quoted = false;
-    for (std::size_t i = 0; i < s.size(); ++i) {
-      if (s[i] == '"') quoted = !quoted;
-      if (s[i] == '#' && !quoted) {
-        s.resize(i);
-        break;
-      }
+  const auto keys = schema(job);
+  for (const auto& [section_key, section] : root) {
+    const std::string name(section_key.str());
+    const auto* table = section.as_table();
+    if (!table) {
+      const auto next = keys.lower_bound(name + ".");
+      const bool is_section = next != keys.end() && next->first.rfind(name + ".", 0) == 0;
+      d.fail(section, is_section ? name + ": expected a table [" + name + "]" : "unknown key " + name);
     }
-    s = trim(s);
-    if (s.empty()) continue;
-    if (s.front() == '[') {
-      if (s.back() != ']') throw fail(line, "unterminated section header");
-      section = trim(s.substr(1, s.size() - 2));
-      continue;
+    for (const auto& [key, value] : *table) {
+      const std::string path = name + "." + std::string(key.str());
+      const auto it = keys.find(path);
+      if (it == keys.end()) d.fail(value, "unknown key " + path);
+      it->second(d, value, path);
     }
-    const auto eq = s.find('=');
-    if (eq == std::string::npos) throw fail(line, "expected key = value");
-    const std::string key = (section.empty() ? "" : section + ".") + trim(s.substr(0, eq));
-    std::string v = trim(s.substr(eq + 1));
-    if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
-    const auto it = keys.find(key);
-    if (it == keys.end()) throw fail(line, "unknown key " + key);
-    it->second({v, line});
   }
   try {
     runtime::validate(job.model);
   } catch (const std::invalid_argument& e) {
-    throw planning_error(name + ": " + e.what());
+    d.fail(e.what());
   }
   if (job.global_batch % job.microbatch != 0)
-    throw planning_error(name + ": training.global_batch " + std::to_string(job.global_batch) +
-                         " is not a multiple of training.microbatch " + std::to_string(job.microbatch));
+    d.fail("training.global_batch " + std::to_string(job.global_batch) + " is not a multiple of training.microbatch " +
+           std::to_string(job.microbatch));
   return job;
 }
 
 job_file read_job_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw planning_error("cannot read job file " + path);
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return parse_job_file(buf.str(), path);
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) throw input_error("cannot read job file " + path + ": " + std::strerror(errno));
+  std::string text;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, n);
+  // fopen succeeds on a directory; reading it is the error.
+  if (std::ferror(f.get())) throw input_error("cannot read job file " + path + ": " + std::strerror(errno));
+  return parse_job(text, path);
 }
 
 }  // namespace oobleck::apps

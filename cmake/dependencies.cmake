@@ -5,6 +5,8 @@ find_package(CAF REQUIRED COMPONENTS core io)
 find_package(Torch REQUIRED)
 find_package(CapnProto REQUIRED)
 find_package(Boost 1.74 REQUIRED)
+find_package(CLI11 REQUIRED)         # command-line flags of the programs
+find_package(tomlplusplus REQUIRED)  # job files
 if(OOBLECK_BUILD_TESTS)
   find_package(doctest REQUIRED)
 endif()
