@@ -7,6 +7,8 @@ find_package(CapnProto REQUIRED)
 find_package(Boost 1.74 REQUIRED)
 find_package(CLI11 REQUIRED)         # command-line flags of the programs
 find_package(tomlplusplus REQUIRED)  # job files
+find_package(OpenSSL REQUIRED)       # admission: HMAC-SHA256 of the job token
+find_package(nlohmann_json 3 REQUIRED)  # JSON output
 if(OOBLECK_BUILD_TESTS)
   find_package(doctest REQUIRED)
 endif()

@@ -1,0 +1,139 @@
+#include "actors/coordinator.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/system_messages.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/result.hpp>
+#include <caf/send.hpp>
+
+namespace oobleck::actors {
+
+using namespace oobleck::messages;
+
+namespace {
+
+void publish(coordinator_pointer self, job_event event) {
+  // Subscribers are untyped (users write them); typed actors reach them anonymously.
+  for (auto& s : self->state.subscribers) caf::anon_send(s, event);
+}
+
+void update_job_state(coordinator_pointer self) {
+  auto& st = self->state;
+  std::int32_t alive = 0;
+  for (auto& [id, n] : st.nodes)
+    if (n.state != "lost") ++alive;
+  const std::string next = alive >= st.deps.expected_nodes ? "ready" : "registering";
+  if (next == st.job_state) return;
+  st.job_state = next;
+  if (next == "ready")
+    st.deps.log("ready: " + std::to_string(alive) + " node(s) admitted");
+  else
+    st.deps.log("waiting for nodes: " + std::to_string(alive) + " of " +
+                std::to_string(st.deps.expected_nodes) + " admitted");
+}
+
+caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
+  auto& st = self->state;
+  if (auto err = check_registration(r, st.deps.policy, st.nonces, st.deps.now())) {
+    ++st.refused;
+    st.deps.log("refused worker '" + r.name + "': " + describe(err));
+    return err;
+  }
+  auto monitor = caf::actor_cast<monitor_actor>(self->current_sender());
+  if (!monitor) return make_error(protocol_error::bad_request, "registration without a sender");
+  const std::int64_t id = st.next_node++;
+  self->monitor(monitor);
+  st.nodes[id] = node_entry{r.name, r.slots, r.data, monitor, "registered", {}};
+  st.deps.log("node " + std::to_string(id) + " joined: " + r.name + " (" + std::to_string(r.slots) +
+              " slot(s), data plane " + r.data.host + ":" + std::to_string(r.data.port) + ")");
+  publish(self, {event_kind::node_joined, 0, 0, id, 0, r.name});
+  update_job_state(self);
+  return admission{id, st.deps.job_toml, st.deps.policy.job_hash};
+}
+
+void on_down(coordinator_pointer self, const caf::down_msg& dm) {
+  auto& st = self->state;
+  for (auto& [id, n] : st.nodes) {
+    if (n.state == "lost" || n.monitor.address() != dm.source) continue;
+    n.state = "lost";
+    n.lost_reason = self->system().render(dm.reason);
+    st.deps.log("node " + std::to_string(id) + " lost: " + n.name + " (" + n.lost_reason + ")");
+    publish(self, {event_kind::node_lost, 0, 0, id, 0, n.lost_reason});
+    update_job_state(self);
+    return;
+  }
+  auto& subs = st.subscribers;
+  subs.erase(std::remove_if(subs.begin(), subs.end(),
+                            [&](const caf::actor& a) { return a.address() == dm.source; }),
+             subs.end());
+}
+
+caf::error check_operator(coordinator_pointer self, const control_proof& p) {
+  auto& st = self->state;
+  auto err = check_control(p, st.deps.policy, st.nonces, st.deps.now());
+  if (err) st.deps.log("refused an operator request: " + describe(err));
+  return err;
+}
+
+caf::result<std::string> on_inject(coordinator_pointer self, const inject_fault& f) {
+  auto& st = self->state;
+  auto it = st.nodes.find(f.node);
+  if (it == st.nodes.end() || it->second.state == "lost")
+    return make_error(protocol_error::unknown_node,
+                      "node " + std::to_string(f.node) + " is not a live node of this job");
+  self->send(it->second.monitor, f);
+  const std::string what = "sent " + to_string(f.kind) + " to node " + std::to_string(f.node) +
+                           " (" + it->second.name + ")";
+  st.deps.log(what);
+  return what;
+}
+
+}  // namespace
+
+job_status make_status(const coordinator_state& st) {
+  job_status s;
+  s.state = st.job_state;
+  for (const auto& [id, n] : st.nodes) s.nodes.push_back({id, n.name, n.state, -1});
+  return s;
+}
+
+coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinator_deps deps) {
+  self->state.deps = std::move(deps);
+  self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
+  return {
+      [self](nonce_request& r) -> caf::result<std::string> {
+        auto& st = self->state;
+        if (r.protocol_version != st.deps.policy.protocol_version)
+          return make_error(protocol_error::wrong_version,
+                            "the worker speaks protocol " + std::to_string(r.protocol_version) +
+                                ", the coordinator " + std::to_string(st.deps.policy.protocol_version));
+        return st.nonces.issue(st.deps.now());
+      },
+      [self](register_node& r) -> caf::result<admission> { return on_register(self, r); },
+      [self](status_atom, control_proof& p) -> caf::result<job_status> {
+        if (auto err = check_operator(self, p)) return err;
+        return make_status(self->state);
+      },
+      [self](inject_fault& f, control_proof& p) -> caf::result<std::string> {
+        if (auto err = check_operator(self, p)) return err;
+        return on_inject(self, f);
+      },
+      [self](subscribe_atom, caf::actor& who, control_proof& p) -> caf::result<std::string> {
+        if (auto err = check_operator(self, p)) return err;
+        self->monitor(who);
+        self->state.subscribers.push_back(who);
+        return std::string("subscribed");
+      },
+      [self](shutdown_atom, std::string& reason, control_proof& p) -> caf::result<std::string> {
+        if (auto err = check_operator(self, p)) return err;
+        self->state.deps.log("shutting down: " + reason);
+        for (auto& [id, n] : self->state.nodes)
+          if (n.state != "lost") self->send(n.monitor, shutdown_atom_v, reason);
+        publish(self, {event_kind::stopped, 0, 0, -1, 0, reason});
+        self->quit();
+        return std::string("shutting down");
+      },
+  };
+}
+
+}  // namespace oobleck::actors

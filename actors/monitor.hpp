@@ -1,0 +1,52 @@
+#pragma once
+// The monitor actor (DESIGN §5): one per worker process, the node's agent. It registers with the
+// coordinator (proving the job token with the coordinator's nonce), watches the coordinator (a
+// worker whose coordinator is gone says so and stops), and executes the faults operators inject.
+//
+//   registering --(admission)--> admitted --(shutdown | coordinator down)--> stopped
+//        |
+//        +--(refused)--> stopped (the reason is the actor's exit reason)
+//
+// Epoch assignments, the layer store and stage actors join with the training path.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <caf/stateful_actor.hpp>
+
+#include "messages/actor_interfaces.hpp"
+
+namespace oobleck::actors {
+
+struct monitor_deps {
+  messages::coordinator_actor coordinator;
+  std::string token;
+  std::string name;
+  std::int32_t slots = 1;
+  messages::endpoint data;
+  std::string job_hash;  ///< of the worker's own --config, if it was given one; empty: any job
+  std::function<void(const std::string&)> log = [](const std::string&) {};
+  /// A refused registration ends the actor with the coordinator's error as its exit reason; a lost
+/// coordinator with exit_reason::remote_link_unreachable; a shutdown normally.
+/// Called once admitted, with the node id and the job's configuration.
+  std::function<void(const messages::admission&)> admitted = [](const messages::admission&) {};
+  /// Carries out an injected fault; the default signals this very process (SIGKILL, SIGSTOP).
+  std::function<void(const messages::inject_fault&)> fault;
+};
+
+struct monitor_state {
+  monitor_deps deps;
+  std::int64_t node = -1;
+  static inline const char* name = "oobleck.monitor";
+};
+
+using monitor_pointer = messages::monitor_actor::stateful_pointer<monitor_state>;
+
+messages::monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps);
+
+/// The default fault action: SIGKILL for a kill; SIGSTOP for a hang, with a SIGCONT from a helper
+/// process after `seconds` when it is positive.
+void signal_own_process(const messages::inject_fault& f);
+
+}  // namespace oobleck::actors

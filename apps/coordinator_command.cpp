@@ -1,0 +1,128 @@
+#include <signal.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/admission.hpp"
+#include "actors/coordinator.hpp"
+#include "apps/cluster_commands.hpp"
+#include "apps/cluster_common.hpp"
+#include "apps/flags.hpp"
+#include "apps/job_file.hpp"
+#include "messages/input_error.hpp"
+
+namespace oobleck::apps {
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw messages::input_error(path + ": cannot open the job file");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// Turns SIGINT and SIGTERM into an orderly shutdown of the coordinator (which tells every worker).
+/// The signals are blocked in every thread (set before the actor system starts its threads) and
+/// taken by sigwait on a thread of their own.
+class signal_shutdown {
+ public:
+  signal_shutdown() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGUSR1);  // our own wake-up at exit
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+  }
+  void start(caf::actor_system& sys, messages::coordinator_actor coord, std::string token,
+             std::function<void(const std::string&)> log) {
+    thread_ = std::thread([this, &sys, coord, token, log] {
+      int sig = 0;
+      sigwait(&set_, &sig);
+      if (sig == SIGUSR1) return;
+      log(std::string("received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ", shutting down");
+      try {
+        caf::scoped_actor self{sys};
+        self->request(coord, std::chrono::seconds(10), messages::shutdown_atom_v,
+                      std::string("the coordinator was stopped"), operator_proof(sys, coord, token))
+            .receive([](std::string&) {}, [](caf::error&) {});
+      } catch (...) {
+        caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+      }
+    });
+  }
+  ~signal_shutdown() { stop(); }
+  /// Ends the signal thread (before the actor system it uses goes away).
+  void stop() {
+    if (thread_.joinable()) {
+      pthread_kill(thread_.native_handle(), SIGUSR1);
+      thread_.join();
+    }
+  }
+
+ private:
+  sigset_t set_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+int run_coordinator_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
+  CLI::App app{"oobleck-coordinator: the job's coordinator. Workers register with it (proving the\n"
+               "job token), it plans and drives the training, and operators query it (oobleck-ctl).",
+               "oobleck-coordinator"};
+  std::string listen, config, token_file = "oobleck.token";
+  int nodes = 1;
+  add_text(app, "--listen", listen, "HOST:PORT to accept workers and operators on (PORT 0: any free port)")
+      ->required();
+  add_text(app, "--config", config, "the job file (TOML); workers receive it when admitted")->required();
+  add_text(app, "--token-file", token_file,
+           "the job token; created (mode 0600) with a fresh random token if absent (default: oobleck.token)");
+  add_integer(app, "--nodes", nodes, 1, 4096, "nodes to wait for before the job starts (default 1)");
+  if (!parse_flags(app, args, out)) return 0;
+
+  const host_port at = parse_host_port("--listen", listen, true);
+  const std::string job_text = read_text(config);
+  read_job_file(config);  // refuse a bad job file before anything listens
+  auto log = progress_printer("coordinator");
+  std::string token;
+  if (std::ifstream(token_file).good()) {
+    token = actors::read_token_file(token_file);
+  } else {
+    token = actors::create_token_file(token_file);
+    log("created the token file " + token_file + " (mode 0600): give it to every worker");
+  }
+
+  signal_shutdown signals;  // before the actor system's threads exist
+  cluster_config cfg;
+  caf::actor_system sys{cfg};
+  actors::coordinator_deps deps;
+  deps.policy = {token, actors::sha256_hex(job_text), messages::protocol_version};
+  deps.job_toml = job_text;
+  deps.expected_nodes = nodes;
+  deps.log = log;
+  auto coord = sys.spawn(actors::coordinator, deps);
+  auto port = sys.middleman().publish(coord, at.port, at.host.c_str(), true);
+  if (!port) {
+    caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+    throw messages::input_error("--listen: cannot listen on " + listen + ": " + sys.render(port.error()));
+  }
+  log("listening on " + at.host + ":" + std::to_string(*port) + " (job " +
+      deps.policy.job_hash.substr(0, 12) + ", protocol " + std::to_string(messages::protocol_version) +
+      "), waiting for " + std::to_string(nodes) + " node(s)");
+  signals.start(sys, coord, token, log);
+
+  caf::scoped_actor self{sys};
+  self->monitor(coord);
+  self->receive([](caf::down_msg&) {});
+  signals.stop();
+  log("stopped");
+  return 0;
+}
+
+}  // namespace oobleck::apps
