@@ -126,7 +126,7 @@ TEST_CASE("a frozen peer or dropped messages hang nobody once the epoch is abort
   }
 }
 
-TEST_CASE("discard drops a failed step's gradients; commit moves parameters") {
+TEST_CASE("discard drops a failed step's gradients, commit moves parameters") {
   fake_hub hub(1);
   pipeline_run p(hub, 1, 2);
   const auto before = p.stages[0]->parameter_digest(1);
