@@ -1,7 +1,9 @@
 #include "support/cluster_harness.hpp"
 
+#include <future>
 #include <map>
-#include <thread>
+
+#include "support/deadline.hpp"
 
 namespace oobleck::testing {
 
@@ -85,9 +87,9 @@ training_result train_pipelines(const training_setup& s, const std::vector<pipel
     for (int p = 0; p < static_cast<int>(pipelines.size()); ++p)
       batches.push_back(data.batch(runtime::sampler::slice(ids, microbatches, p, s.microbatch)));
     std::vector<double> loss(ranks.size(), 0.0);
-    std::vector<std::thread> threads;
+    std::vector<std::future<void>> stages;
     for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
-      threads.emplace_back([&, r] {
+      stages.push_back(std::async(std::launch::async, [&, r] {
         const int p = ranks[r].pipeline;
         loss[r] = executors[r]->run_step(pipelines[p].microbatches, batches[p].first, batches[p].second);
         executors[r]->reduce_gradients(layer_groups);
@@ -96,8 +98,12 @@ training_result train_pipelines(const training_setup& s, const std::vector<pipel
             if (layer_groups[l].front() == r)
               for (auto& p : executors[r]->parameters(l)) result.first_gradients[l].push_back(p.grad().clone());
         executors[r]->commit();
-      });
-    for (auto& t : threads) t.join();
+      }));
+    // A step of this size takes well under a second; a stage still running after 30 s is stuck
+    // (a lost message, a collective that never completes): fail, abort the hub to free it.
+    wait_or_fail(stages, std::chrono::seconds(30), "step " + std::to_string(step) + " of a stage",
+                 [&] { hub.abort_all(); });
+    for (auto& f : stages) f.get();  // rethrows a stage's error
     double total = 0;
     for (double l : loss) total += l;
     result.losses.push_back(total / (s.global_batch / s.microbatch));

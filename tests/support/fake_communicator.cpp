@@ -67,6 +67,21 @@ int fake_hub::operations(int rank) const {
   return ops_[rank];
 }
 
+bool fake_hub::wait_until_parked(int ranks, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  return changed_.wait_for(lock, timeout, [&] { return parked_ >= ranks; });
+}
+
+// Waits for `ready`, counted as parked while it does not hold.
+template <class Pred>
+void fake_hub::park(std::unique_lock<std::mutex>& lock, Pred ready) {
+  if (ready()) return;
+  ++parked_;
+  changed_.notify_all();
+  changed_.wait(lock, ready);
+  --parked_;
+}
+
 // Counts the operation, applies the rank's own faults, and fails when a peer has crashed.
 void fake_hub::check(int rank, std::unique_lock<std::mutex>& lock, std::initializer_list<int> peers) {
   if (aborted_.count(rank)) throw comm_error("rank " + std::to_string(rank) + ": aborted");
@@ -76,7 +91,7 @@ void fake_hub::check(int rank, std::unique_lock<std::mutex>& lock, std::initiali
   ++ops_[rank];
   if (blocked_.count(rank)) {
     // A crashed rank stands for a dead process: its own thread stops with an error too.
-    changed_.wait(lock, [&] { return aborted_.count(rank) > 0 || crashed_.count(rank) > 0; });
+    park(lock, [&] { return aborted_.count(rank) > 0 || crashed_.count(rank) > 0; });
     throw comm_error("rank " + std::to_string(rank) + (crashed_.count(rank) ? ": crashed" : ": aborted while blocked"));
   }
   for (int p : peers)
@@ -95,7 +110,7 @@ void fake_hub::recv(int to, torch::Tensor& t, int from, int tag) {
   std::unique_lock lock(mutex_);
   check(to, lock, {from});
   auto& box = mailboxes_[{from, to, tag}];
-  changed_.wait(lock, [&] { return !box.empty() || aborted_.count(to) || crashed_.count(from); });
+  park(lock, [&] { return !box.empty() || aborted_.count(to) || crashed_.count(from); });
   if (box.empty()) throw comm_error("rank " + std::to_string(to) + ": recv from " + std::to_string(from) +
                                     (crashed_.count(from) ? " failed: peer crashed" : " aborted"));
   {
@@ -118,7 +133,7 @@ void fake_hub::reduce(int rank, torch::Tensor& t, const std::vector<int>& group,
       if (crashed_.count(m)) return true;
     return aborted_.count(rank) > 0;
   };
-  changed_.wait(lock, [&] { return c.contributions.size() == group.size() || failed(); });
+  park(lock, [&] { return c.contributions.size() == group.size() || failed(); });
   if (c.contributions.size() != group.size()) throw comm_error("rank " + std::to_string(rank) + ": collective failed");
   if (!c.result.defined()) {
     if (root >= 0) {

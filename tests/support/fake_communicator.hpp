@@ -2,6 +2,7 @@
 // An in-process communicator for tests: ranks are threads of one process, messages and
 // collectives are deterministic (sums in group order), and faults are knobs.
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -33,6 +34,11 @@ class fake_hub {
   void abort_all();
 
   int operations(int rank) const;
+  /// Waits until at least `ranks` ranks are parked in the hub at once (each waiting for a message,
+  /// a collective, or an abort because it is blocked); false if that takes longer than `timeout`.
+  /// With every rank of a pipeline parked, nothing moves until a knob changes: a test can then
+  /// inject the fault or abort it needs, without sleeping and hoping the ranks got there.
+  bool wait_until_parked(int ranks, std::chrono::milliseconds timeout);
 
  private:
   class endpoint;
@@ -45,6 +51,8 @@ class fake_hub {
   };
 
   void check(int rank, std::unique_lock<std::mutex>& lock, std::initializer_list<int> peers);
+  template <class Pred>
+  void park(std::unique_lock<std::mutex>& lock, Pred ready);
   void send(int from, const torch::Tensor& t, int to, int tag);
   void recv(int to, torch::Tensor& t, int from, int tag);
   void reduce(int rank, torch::Tensor& t, const std::vector<int>& group, int root);
@@ -56,6 +64,7 @@ class fake_hub {
   std::map<std::pair<std::vector<int>, int>, collective> collectives_;  // (group, sequence)
   std::map<std::pair<int, std::vector<int>>, int> sequence_;            // (rank, group) -> next
   std::vector<int> ops_, fail_after_;
+  int parked_ = 0;
   std::set<int> crashed_, blocked_, dropping_, aborted_;
 };
 
