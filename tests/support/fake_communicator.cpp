@@ -120,7 +120,29 @@ void fake_hub::recv(int to, torch::Tensor& t, int from, int tag) {
   box.pop_front();
 }
 
-// Sum in group order (root < 0) or the root's tensor (broadcast); every member copies the result.
+namespace {
+
+// The host transport's ring order (see the header): chunk c starts at group position c.
+torch::Tensor ring_order_sum(const std::vector<torch::Tensor>& in_group_order) {
+  const auto n = static_cast<std::int64_t>(in_group_order.size());
+  const auto shape = in_group_order.front().sizes();
+  std::vector<torch::Tensor> flat;
+  for (const auto& t : in_group_order) flat.push_back(t.reshape({-1}));
+  const std::int64_t numel = flat.front().numel();
+  auto result = torch::empty({numel}, flat.front().options());
+  for (std::int64_t c = 0; c < n; ++c) {
+    const std::int64_t lo = numel * c / n, hi = numel * (c + 1) / n;
+    auto acc = flat[c].slice(0, lo, hi).clone();
+    for (std::int64_t j = 1; j < n; ++j) acc.add_(flat[(c + j) % n].slice(0, lo, hi));
+    result.slice(0, lo, hi).copy_(acc);
+  }
+  return result.view(shape);
+}
+
+}  // namespace
+
+// Sum in the transport's ring order (root < 0) or the root's tensor (broadcast); every member
+// copies the result.
 void fake_hub::reduce(int rank, torch::Tensor& t, const std::vector<int>& group, int root) {
   std::unique_lock lock(mutex_);
   check(rank, lock, {});
@@ -139,8 +161,9 @@ void fake_hub::reduce(int rank, torch::Tensor& t, const std::vector<int>& group,
     if (root >= 0) {
       c.result = c.contributions.at(root);
     } else {
-      c.result = c.contributions.at(group.front()).clone();
-      for (std::size_t i = 1; i < group.size(); ++i) c.result.add_(c.contributions.at(group[i]));
+      std::vector<torch::Tensor> in_group_order;
+      for (int m : group) in_group_order.push_back(c.contributions.at(m));
+      c.result = ring_order_sum(in_group_order);
     }
   }
   {

@@ -1,6 +1,10 @@
 #pragma once
 // An in-process communicator for tests: ranks are threads of one process, messages and
-// collectives are deterministic (sums in group order), and faults are knobs.
+// collectives are deterministic, and faults are knobs. all_reduce_sum adds in the host
+// transport's documented order (runtime/transport/host_transport.hpp): chunk c of n,
+// elements [numel*c/n, numel*(c+1)/n), is accumulated left to right from group position c round
+// the ring, ((x_c + x_c+1) + x_c+2) + ..., so a pipeline on threads over this hub and the same
+// pipeline in processes over the transport reduce to bitwise identical gradients.
 
 #include <chrono>
 #include <condition_variable>
