@@ -4,6 +4,7 @@
 #include <map>
 
 #include "support/deadline.hpp"
+#include "support/torch_adamw.hpp"
 
 namespace oobleck::testing {
 
@@ -25,8 +26,11 @@ training_result train_reference(const training_setup& s) {
   const auto& data = test_dataset(s.model.seq_len);
   runtime::sampler sampler(s.data_seed, data.size(), s.global_batch);
   auto layers = runtime::build_layers(s.model, 0, s.model.num_layers());
-  std::vector<runtime::layer_optimizer_state> states;
-  for (auto& l : layers) states.push_back(runtime::initial_state(l->parameters()));
+  // LibTorch's AdamW, not the project's: the executors' optimizer is under test too.
+  std::vector<torch::Tensor> params;
+  for (auto& l : layers)
+    for (auto& p : l->parameters()) params.push_back(p);
+  auto optimizer = torch_adamw(params, s.optimizer);
   training_result r;
   for (int step = 0; step < s.steps; ++step) {
     auto [input, target] = data.batch(sampler.step_samples(step));
@@ -41,10 +45,9 @@ training_result train_reference(const training_setup& s) {
         for (auto& p : l->parameters()) g.push_back(p.grad().clone());
         r.first_gradients.push_back(std::move(g));
       }
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      runtime::adamw_step(layers[i]->parameters(), states[i], s.optimizer);
-      for (auto& p : layers[i]->parameters()) p.mutable_grad() = torch::Tensor();
-    }
+    set_learning_rate(*optimizer, s.optimizer.lr, step + 1);
+    optimizer->step();
+    for (auto& p : params) p.mutable_grad() = torch::Tensor();
   }
   for (auto& l : layers) {
     r.parameters.push_back(l->parameters());
