@@ -175,7 +175,8 @@ TEST_CASE("the oobleck-plan binary exits 2 on a malformed profile") {
     std::fputs("{\"model\": \"x\", \"layers\": [", f);
     std::fclose(f);
   }
-  const std::string cmd = std::string(OOBLECK_PLAN_BINARY) + " --profile " + bad + " --template-nodes 1 2>&1";
+  // timeout(1): pclose() waits for the child, so a hung binary would hang the test; it exits 124.
+  const std::string cmd = "timeout 30 " + std::string(OOBLECK_PLAN_BINARY) + " --profile " + bad + " --template-nodes 1 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::string out;
