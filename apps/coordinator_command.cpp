@@ -1,11 +1,14 @@
 #include <signal.h>
 
+#include <cstdio>
 #include <fstream>
+#include <memory>
 #include <iostream>
 #include <sstream>
 #include <thread>
 
 #include <caf/io/middleman.hpp>
+#include <nlohmann/json.hpp>
 #include <caf/scoped_actor.hpp>
 
 #include "actors/admission.hpp"
@@ -91,6 +94,32 @@ planning::profile synthetic_job_profile(const job_file& job) {
   return p;
 }
 
+/// One --metrics-out line.
+std::string step_json(const actors::step_record& r) {
+  nlohmann::json pipelines = nlohmann::json::array();
+  for (const auto& [nodes, microbatches] : r.pipelines)
+    pipelines.push_back({{"nodes", nodes}, {"microbatches", microbatches}});
+  nlohmann::json digests = nlohmann::json::object();
+  for (const auto& [layer, list] : r.layer_digests) {
+    nlohmann::json hex = nlohmann::json::array();
+    for (auto d : list) {
+      char buf[17];
+      std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(d));
+      hex.push_back(buf);
+    }
+    digests[std::to_string(layer)] = hex;
+  }
+  nlohmann::ordered_json j;
+  j["step"] = r.step;
+  j["epoch"] = r.epoch;
+  j["loss"] = r.loss;
+  j["samples"] = r.samples;
+  j["pipelines"] = pipelines;
+  j["layer_digests"] = digests;
+  j["wall_ms"] = r.wall_ms;
+  return j.dump();
+}
+
 }  // namespace
 
 int run_coordinator_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
@@ -100,6 +129,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   std::string listen, config, token_file = "oobleck.token";
   int nodes = 1, fault_tolerance = 1;
   std::int64_t steps = 0;
+  std::string metrics_out;
   add_text(app, "--listen", listen, "HOST:PORT to accept workers and operators on (PORT 0: any free port)")
       ->required();
   add_text(app, "--config", config, "the job file (TOML); workers receive it when admitted")->required();
@@ -110,6 +140,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
               "steps to train, then stop (default 0: admit workers and serve status only)");
   add_integer(app, "--fault-tolerance", fault_tolerance, 0, 64,
               "f: the plan keeps at least f+1 pipelines (default 1)");
+  add_text(app, "--metrics-out", metrics_out, "append one JSON line per committed step to FILE");
   if (!parse_flags(app, args, out)) return 0;
 
   const host_port at = parse_host_port("--listen", listen, true);
@@ -139,6 +170,12 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.job.microbatch = job.microbatch;
   deps.job.device_memory_bytes = job.device_memory_bytes;
   deps.steps = static_cast<std::uint64_t>(steps);
+  std::shared_ptr<std::ofstream> metrics;
+  if (!metrics_out.empty()) {
+    metrics = std::make_shared<std::ofstream>(metrics_out, std::ios::app);
+    if (!*metrics) throw messages::input_error("--metrics-out: cannot write " + metrics_out);
+    deps.on_step = [metrics](const actors::step_record& r) { *metrics << step_json(r) << std::endl; };
+  }
   if (steps > 0) {
     // Refuse a job that cannot be planned on the expected nodes before anyone registers.
     planning::plan_job(deps.profile, deps.job);
