@@ -46,6 +46,30 @@ struct stage_runtime {
   }
 };
 
+/// Executor options of a job (the same for every stage and for the single-process run).
+runtime::executor_options options_of(const stage_job& job) {
+  runtime::executor_options opt;
+  opt.microbatch_size = job.microbatch;
+  opt.global_microbatches = job.global_batch / job.microbatch;
+  opt.optimizer.weight_decay = job.weight_decay;
+  opt.optimizer.lr = {job.lr, job.lr_warmup_steps, job.lr_total_steps, job.lr_min_ratio};
+  return opt;
+}
+
+/// A communicator for one rank alone: a single stage over all layers never communicates.
+class solo_communicator final : public runtime::communicator {
+ public:
+  int rank() const override { return 0; }
+  void send(const torch::Tensor&, int, int) override { fail(); }
+  void recv(torch::Tensor&, int, int) override { fail(); }
+  void all_reduce_sum(torch::Tensor&, const std::vector<int>&) override {}
+  void broadcast(torch::Tensor&, int, const std::vector<int>&) override {}
+  void abort() override {}
+
+ private:
+  [[noreturn]] static void fail() { throw runtime::comm_error("a single-process run has no peers"); }
+};
+
 struct stage_state {
   std::shared_ptr<stage_runtime> rt;
   static inline const char* name = "oobleck.stage";
@@ -71,12 +95,7 @@ bool form(stage_runtime& rt, const epoch_assignment& a) {
   rt.comm = std::make_unique<runtime::host_communicator>(*rt.transport);
   const auto& s = a.stages[0];
   runtime::stage_position pos{s.first_layer, s.end_layer, s.stage, s.num_stages, s.prev_rank, s.next_rank};
-  runtime::executor_options opt;
-  opt.microbatch_size = rt.job.microbatch;
-  opt.global_microbatches = rt.job.global_batch / rt.job.microbatch;
-  opt.optimizer.weight_decay = rt.job.weight_decay;
-  opt.optimizer.lr = {rt.job.lr, rt.job.lr_warmup_steps, rt.job.lr_total_steps, rt.job.lr_min_ratio};
-  rt.executor = std::make_unique<runtime::stage_executor>(rt.job.model, pos, *rt.comm, opt);
+  rt.executor = std::make_unique<runtime::stage_executor>(rt.job.model, pos, *rt.comm, options_of(rt.job));
   rt.layer_groups.clear();
   for (const auto& g : a.layer_groups) rt.layer_groups.emplace_back(g.begin(), g.end());
   return true;
@@ -130,6 +149,23 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
 }
 
 }  // namespace
+
+std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps) {
+  torch::set_num_threads(1);
+  const runtime::token_dataset data(runtime::default_corpus(job.corpus_bytes, job.data_seed), job.model.seq_len);
+  const runtime::sampler samples(job.data_seed, data.size(), job.global_batch);
+  solo_communicator comm;
+  const int layers = job.model.num_layers();
+  runtime::stage_executor executor(job.model, {0, layers, 0, 1, -1, -1}, comm, options_of(job));
+  const int microbatches = job.global_batch / job.microbatch;
+  std::vector<double> losses;
+  for (std::uint64_t k = 0; k < steps; ++k) {
+    const auto [inputs, targets] = data.batch(samples.step_samples(static_cast<std::int64_t>(k)));
+    losses.push_back(executor.run_step(microbatches, inputs, targets) / microbatches);
+    executor.commit();
+  }
+  return losses;
+}
 
 spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job) {
   // One LibTorch thread per stage: the node's cores belong to its stages (and other nodes' on a

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <caf/actor_system.hpp>
 
@@ -43,5 +44,10 @@ struct spawned_stage {
 
 /// Spawns a detached stage actor for `job`; it forms itself on its first epoch_assignment.
 spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job);
+
+/// The same training in one process, one stage holding every layer and the whole global batch
+/// per step: what any cluster run of `job` must equal (DESIGN §5 "nothing lost" (3)). Returns the
+/// mean loss of each step.
+std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps);
 
 }  // namespace oobleck::actors

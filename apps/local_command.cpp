@@ -108,13 +108,19 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   std::int64_t steps = 20;
   std::string config, metrics_out;
   double timeout = 600;
+  bool print_default = false;
   add_integer(app, "--nodes", nodes, 1, 64, "worker processes (default 6)");
   add_text(app, "--config", config, "the job file (default: the built-in default job)");
   add_integer(app, "--steps", steps, 1, std::int64_t{1} << 40, "steps to train (default 20)");
   add_integer(app, "--fault-tolerance", fault_tolerance, 0, 64, "f (default 1)");
   add_text(app, "--metrics-out", metrics_out, "one JSON line per committed step to FILE");
   add_number(app, "--timeout", timeout, 1, "give up (and stop every process) after this many seconds (default 600)");
+  app.add_flag("--print-default-job", print_default, "print the default job file and exit (a start for your own)");
   if (!parse_flags(app, args, out)) return 0;
+  if (print_default) {
+    out << default_job;
+    return 0;
+  }
 
   // A scratch directory for the token and the job file.
   char dir_template[] = "/tmp/oobleck-local-XXXXXX";

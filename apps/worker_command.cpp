@@ -11,6 +11,7 @@
 #include "actors/monitor.hpp"
 #include "actors/stage.hpp"
 #include "apps/job_file.hpp"
+#include "apps/stage_job.hpp"
 #include "apps/cluster_commands.hpp"
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
@@ -95,13 +96,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   deps.job_hash = job_hash;
   deps.log = log;
   deps.make_stage = [&sys](const messages::admission& a) {
-    const job_file job = parse_job(a.job_toml, "the coordinator's job file");
-    actors::stage_job s;
-    s.model = job.model;
-    s.global_batch = job.global_batch;
-    s.microbatch = job.microbatch;
-    s.data_seed = job.model.seed;
-    return actors::spawn_stage(sys, s);
+    return actors::spawn_stage(sys, stage_job_for(parse_job(a.job_toml, "the coordinator's job file")));
   };
   auto mon = sys.spawn(actors::monitor, deps);
 
