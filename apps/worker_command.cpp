@@ -9,6 +9,9 @@
 
 #include "actors/admission.hpp"
 #include "actors/monitor.hpp"
+#include "actors/stage.hpp"
+#include "apps/job_file.hpp"
+#include "apps/stage_job.hpp"
 #include "apps/cluster_commands.hpp"
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
@@ -92,6 +95,9 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   deps.data = {data_host, data_port ? static_cast<std::uint16_t>(data_port) : free_port()};
   deps.job_hash = job_hash;
   deps.log = log;
+  deps.make_stage = [&sys](const messages::admission& a) {
+    return actors::spawn_stage(sys, stage_job_for(parse_job(a.job_toml, "the coordinator's job file")));
+  };
   auto mon = sys.spawn(actors::monitor, deps);
 
   caf::error reason;
