@@ -77,7 +77,7 @@ nlohmann::json status(const cluster_dir& d, const coordinator_process& c) {
 
 }  // namespace
 
-TEST_CASE("cluster: workers are admitted with the token; others are refused and change nothing") {
+TEST_CASE("cluster: workers are admitted with the token, others are refused and change nothing") {
   cluster_dir d;
   coordinator_process c(d, 2);
   REQUIRE(std::filesystem::exists(d.path("token")));

@@ -53,7 +53,7 @@ repeats = 3
   CHECK(job.profile_repeats == 3);
 }
 
-TEST_CASE("an empty job file is the defaults; an integer dropout is a number") {
+TEST_CASE("an empty job file is the defaults, and an integer dropout is a number") {
   const auto job = apps::parse_job("", "job.toml");
   CHECK(job.model.hash() == runtime::gpt_config{}.hash());
   CHECK(job.microbatch == 4);
