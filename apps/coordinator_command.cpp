@@ -1,6 +1,7 @@
 #include <signal.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -77,18 +78,19 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
                "job token), it plans and drives the training, and operators query it (oobleck-ctl).",
                "oobleck-coordinator"};
   std::string listen, config, token_file = "oobleck.token";
-  int nodes = 1;
+  std::optional<int> nodes_flag;
   add_text(app, "--listen", listen, "HOST:PORT to accept workers and operators on (PORT 0: any free port)")
       ->required();
   add_text(app, "--config", config, "the job file (TOML); workers receive it when admitted")->required();
   add_text(app, "--token-file", token_file,
            "the job token; created (mode 0600) with a fresh random token if absent (default: oobleck.token)");
-  add_integer(app, "--nodes", nodes, 1, 4096, "nodes to wait for before the job starts (default 1)");
+X
   if (!parse_flags(app, args, out)) return 0;
 
   const host_port at = parse_host_port("--listen", listen, true);
   const std::string job_text = read_text(config);
-  read_job_file(config);  // refuse a bad job file before anything listens
+  const job_file job = read_job_file(config);  // refuse a bad job file before anything listens
+  const int nodes = nodes_flag.value_or(job.cluster.nodes);
   auto log = progress_printer("coordinator");
   std::string token;
   if (std::ifstream(token_file).good()) {

@@ -25,6 +25,8 @@ struct lr_schedule {
   std::uint64_t total_steps = 1000;
   double min_lr = 1e-4;
   lr_decay decay = lr_decay::cosine;
+
+  bool operator==(const lr_schedule&) const = default;
 };
 
 /// The learning rate of the step-th update, 1-based (layer_optimizer_state::step after the
@@ -42,6 +44,8 @@ struct adamw_options {
   double eps = 1e-8;
   double weight_decay = 0.1;  ///< applied to matrices only (dim >= 2), not to biases and norms
   lr_schedule lr;
+
+  bool operator==(const adamw_options&) const = default;
 };
 
 }  // namespace oobleck::runtime
