@@ -84,7 +84,8 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   add_text(app, "--config", config, "the job file (TOML); workers receive it when admitted")->required();
   add_text(app, "--token-file", token_file,
            "the job token; created (mode 0600) with a fresh random token if absent (default: oobleck.token)");
-X
+  add_integer(app, "--nodes", nodes_flag, 1, 4096,
+              "nodes to wait for before the job starts (default: the job's cluster.nodes)");
   if (!parse_flags(app, args, out)) return 0;
 
   const host_port at = parse_host_port("--listen", listen, true);

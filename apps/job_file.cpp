@@ -265,11 +265,16 @@ job_file read_job_file(const std::string& path) {
 }
 
 planning::synthetic_gpt synthetic_model(const job_file& job) {
-  return {.layers = job.model.num_layers(),
-          .hidden = static_cast<int>(job.model.d_model),
-          .heads = static_cast<int>(job.model.heads),
-          .sequence = static_cast<int>(job.model.seq_len),
-          .vocab = static_cast<int>(job.model.vocab),
+  auto narrow = [](std::int64_t x, const char* key) {
+    if (x > INT_MAX)
+      throw input_error(std::string(key) + " " + std::to_string(x) + " is too large for a synthetic profile");
+    return static_cast<int>(x);
+  };
+  return {.layers = narrow(job.model.blocks + 2, "model.blocks"),
+          .hidden = narrow(job.model.d_model, "model.d_model"),
+          .heads = narrow(job.model.heads, "model.heads"),
+          .sequence = narrow(job.model.seq_len, "model.seq_len"),
+          .vocab = narrow(job.model.vocab, "model.vocab"),
           .microbatch = job.training.microbatch,
           .gpus_per_node = 1,
           .device_tflops = 0.02,

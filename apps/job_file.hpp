@@ -110,6 +110,7 @@ job_file read_job_file(const std::string& path);
 /// The synthetic profile's model for a job without a measured profile (profile.file empty): the
 /// job's GPT, microbatch and slot memory, one slot per node, 20 GFLOP/s per slot (a CPU core in
 /// fp32). Modelled, not measured: planning::synthetic_gpt_profile turns it into a profile.
+/// Throws messages::input_error when a model dimension does not fit an int.
 planning::synthetic_gpt synthetic_model(const job_file& job);
 
 }  // namespace oobleck::apps

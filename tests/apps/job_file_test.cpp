@@ -313,6 +313,10 @@ TEST_CASE("the default local job needs two nodes per pipeline on its synthetic p
   CHECK(job.cluster.nodes == (job.cluster.fault_tolerance + 1) * plan.spec.n0);
   CHECK(plan.pipelines.size() == 2);
   CHECK(plan.idle_nodes.empty());
+  auto huge = job;
+  huge.model.d_model = 1LL << 40;
+  CHECK_THROWS_WITH_AS(apps::synthetic_model(huge), "model.d_model 1099511627776 is too large for a synthetic profile",
+                       messages::input_error);
 }
 
 TEST_CASE("README's job file example lists every key, at its default") {
