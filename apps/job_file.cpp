@@ -191,8 +191,8 @@ void check_rules(const decoder& d, const job_file& job) {
   const auto& t = job.training;
   if (t.global_batch % t.microbatch != 0)
     d.fail_rule({"training.global_batch", "training.microbatch"},
-                "training.global_batch " + std::to_string(t.global_batch) + " is not a multiple of training.microbatch " +
-                    std::to_string(t.microbatch));
+                "training.global_batch " + std::to_string(t.global_batch) +
+                    " is not a multiple of training.microbatch " + std::to_string(t.microbatch));
   if (job.data.corpus_bytes < job.model.seq_len + 1)
     d.fail_rule({"data.corpus_bytes", "model.seq_len"},
                 "data.corpus_bytes " + std::to_string(job.data.corpus_bytes) +

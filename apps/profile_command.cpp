@@ -45,11 +45,12 @@ bool parse(const std::vector<std::string>& args, std::ostream& out, profile_opti
   return parse_flags(app, args, out);
 }
 
-/// Refuses an output path whose folder is missing now, not after the measurements.
-void check_writable_folder(const std::string& path) {
+/// Refuses an output path whose folder is missing now, not after the measurements; `from` says
+/// where the path came from (--out, or the job's profile.file).
+void check_writable_folder(const std::string& path, const std::string& from) {
   const auto folder = std::filesystem::path(path).parent_path();
   if (!folder.empty() && !std::filesystem::is_directory(folder))
-    throw messages::input_error("--out: " + folder.string() + " is not a directory");
+    throw messages::input_error(from + ": " + folder.string() + " is not a directory");
 }
 
 }  // namespace
@@ -61,7 +62,9 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
     const job_file job = o.config.empty() ? job_file{} : read_job_file(o.config);
     std::string out_path = o.out_path;
     if (out_path.empty() && !o.json) out_path = job.profile.file.empty() ? "profile.capnp" : job.profile.file;
-    if (!out_path.empty()) check_writable_folder(out_path);
+    if (!out_path.empty())
+      check_writable_folder(out_path, o.out_path.empty() && !job.profile.file.empty() ? o.config + ": profile.file"
+                                                                                      : "--out");
     runtime::profiler_options options{.microbatch = job.training.microbatch,
                                       .warmup = job.profile.warmup,
                                       .repeats = o.repeats.value_or(job.profile.repeats),

@@ -37,14 +37,16 @@ const std::filesystem::path kSource = OOBLECK_SOURCE_DIR;
 
 /// Every key of the schema, as README's "Job files" example must list it.
 const std::vector<std::string> kKeys = {
-    "model.vocab",        "model.d_model",         "model.heads",         "model.blocks",
-    "model.seq_len",      "model.dropout",         "model.seed",          "data.corpus_bytes",
-    "data.corpus_seed",   "training.steps",        "training.global_batch", "training.microbatch",
-    "training.seed",      "optimizer.lr",          "optimizer.beta1",     "optimizer.beta2",
-    "optimizer.eps",      "optimizer.weight_decay", "optimizer.schedule", "optimizer.warmup_steps",
-    "optimizer.min_lr",   "cluster.nodes",         "cluster.fault_tolerance", "cluster.device_memory_bytes",
-    "cluster.heartbeat_interval_ms", "cluster.connection_timeout_ms", "checkpoint.dir", "checkpoint.every",
-    "http.port",          "profile.warmup",        "profile.repeats",     "profile.file",
+    "model.vocab", "model.d_model", "model.heads", "model.blocks", "model.seq_len", "model.dropout", "model.seed",
+    "data.corpus_bytes", "data.corpus_seed",
+    "training.steps", "training.global_batch", "training.microbatch", "training.seed",
+    "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps", "optimizer.weight_decay",
+    "optimizer.schedule", "optimizer.warmup_steps", "optimizer.min_lr",
+    "cluster.nodes", "cluster.fault_tolerance", "cluster.device_memory_bytes", "cluster.heartbeat_interval_ms",
+    "cluster.connection_timeout_ms",
+    "checkpoint.dir", "checkpoint.every",
+    "http.port",
+    "profile.warmup", "profile.repeats", "profile.file",
 };
 
 }  // namespace
@@ -211,7 +213,8 @@ TEST_CASE("a value out of its range is refused naming the key, the range and the
   CHECK(error_of("[model]\nvocab = 100\n") ==
         "job.toml:2: model.vocab must be >= 256 (the byte-level corpus has token ids 0..255), got 100");
   CHECK(error_of("[model]\nheads = 5\n").find("multiple of heads") != std::string::npos);
-  CHECK(error_of("[data]\ncorpus_bytes = 2147483648\n") == "job.toml:2: data.corpus_bytes must be <= 1073741824, got 2147483648");
+  CHECK(error_of("[data]\ncorpus_bytes = 2147483648\n") ==
+        "job.toml:2: data.corpus_bytes must be <= 1073741824, got 2147483648");
   CHECK(error_of("[training]\nsteps = 0\n") == "job.toml:2: training.steps must be >= 1, got 0");
   CHECK(error_of("[optimizer]\nlr = 0\n") == "job.toml:2: optimizer.lr must be > 0, got 0");
   CHECK(error_of("[optimizer]\nbeta1 = 1.0\n") == "job.toml:2: optimizer.beta1 must be in [0, 1), got 1");
@@ -224,7 +227,8 @@ TEST_CASE("a value out of its range is refused naming the key, the range and the
         "job.toml:2: optimizer.schedule must be \"constant\", \"linear\" or \"cosine\", got \"cosnie\"");
   CHECK(error_of("[cluster]\nnodes = 0\n") == "job.toml:2: cluster.nodes must be >= 1, got 0");
   CHECK(error_of("[cluster]\nfault_tolerance = -1\n") == "job.toml:2: cluster.fault_tolerance must be >= 0, got -1");
-  CHECK(error_of("[cluster]\ndevice_memory_bytes = 0\n") == "job.toml:2: cluster.device_memory_bytes must be >= 1, got 0");
+  CHECK(error_of("[cluster]\ndevice_memory_bytes = 0\n") ==
+        "job.toml:2: cluster.device_memory_bytes must be >= 1, got 0");
   CHECK(error_of("[cluster]\nheartbeat_interval_ms = 0\n") ==
         "job.toml:2: cluster.heartbeat_interval_ms must be >= 1, got 0");
   CHECK(error_of("[checkpoint]\nevery = -5\n") == "job.toml:2: checkpoint.every must be >= 0, got -5");
