@@ -63,8 +63,8 @@ struct cluster_section {
 
 /// [checkpoint]
 struct checkpoint_section {
-  std::string dir;         ///< empty: no checkpoints; relative to the job file's folder
-  std::uint64_t every = 0; ///< steps between checkpoints; 0: only when the job stops
+  std::string dir;          ///< empty: no checkpoints; relative to the job file's folder
+  std::uint64_t every = 0;  ///< steps between checkpoints; 0: only when the job stops
 
   bool operator==(const checkpoint_section&) const = default;
 };
