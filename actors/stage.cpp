@@ -23,8 +23,8 @@ namespace {
 struct stage_runtime {
   explicit stage_runtime(stage_job j)
       : job(std::move(j)),
-        data(runtime::default_corpus(job.corpus_bytes, job.data_seed), job.model.seq_len),
-        samples(job.data_seed, data.size(), job.global_batch) {}
+        data(runtime::default_corpus(static_cast<std::size_t>(job.corpus_bytes), job.corpus_seed), job.model.seq_len),
+        samples(job.sample_seed, data.size(), job.global_batch) {}
 
   stage_job job;
   runtime::token_dataset data;
@@ -51,8 +51,7 @@ runtime::executor_options options_of(const stage_job& job) {
   runtime::executor_options opt;
   opt.microbatch_size = job.microbatch;
   opt.global_microbatches = job.global_batch / job.microbatch;
-  opt.optimizer.weight_decay = job.weight_decay;
-  opt.optimizer.lr = {job.lr, job.lr_warmup_steps, job.lr_total_steps, job.lr_min_ratio};
+  opt.optimizer = job.optimizer;
   return opt;
 }
 
@@ -152,8 +151,9 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
 
 std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps) {
   torch::set_num_threads(1);
-  const runtime::token_dataset data(runtime::default_corpus(job.corpus_bytes, job.data_seed), job.model.seq_len);
-  const runtime::sampler samples(job.data_seed, data.size(), job.global_batch);
+  const runtime::token_dataset data(runtime::default_corpus(static_cast<std::size_t>(job.corpus_bytes), job.corpus_seed),
+                                    job.model.seq_len);
+  const runtime::sampler samples(job.sample_seed, data.size(), job.global_batch);
   solo_communicator comm;
   const int layers = job.model.num_layers();
   runtime::stage_executor executor(job.model, {0, layers, 0, 1, -1, -1}, comm, options_of(job));

@@ -18,6 +18,7 @@
 
 #include "messages/actor_interfaces.hpp"
 #include "runtime/gpt_config.hpp"
+#include "runtime/optimizer_options.hpp"
 
 namespace oobleck::actors {
 
@@ -26,13 +27,10 @@ struct stage_job {
   runtime::gpt_config model;
   std::int32_t global_batch = 1;
   std::int32_t microbatch = 1;
-  std::uint64_t data_seed = 0;
-  std::size_t corpus_bytes = 1 << 20;
-  double lr = 1e-3;
-  std::int64_t lr_warmup_steps = 0;
-  std::int64_t lr_total_steps = 1000;
-  double lr_min_ratio = 1.0;
-  double weight_decay = 0.0;
+  std::uint64_t sample_seed = 1;          ///< which samples form each step
+  std::int64_t corpus_bytes = 1 << 20;    ///< the generated corpus
+  std::uint64_t corpus_seed = 7;
+  runtime::adamw_options optimizer;
   std::int32_t connect_timeout_ms = 30'000;
 };
 

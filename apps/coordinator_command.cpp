@@ -2,8 +2,9 @@
 
 #include <cstdio>
 #include <fstream>
-#include <memory>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "apps/flags.hpp"
 #include "apps/job_file.hpp"
 #include "messages/input_error.hpp"
+#include "messages/profile_file.hpp"
 #include "planning/synthetic_profile.hpp"
 
 namespace oobleck::apps {
@@ -75,21 +77,16 @@ class signal_shutdown {
   std::thread thread_;
 };
 
-/// The planner's profile of a job without a measured one: the FLOP and byte model of
-/// planning/synthetic_profile.hpp at a nominal CPU rate. Good enough to cut the model into
-/// pipelines; its predicted times are modelled, not measured.
-planning::profile synthetic_job_profile(const job_file& job) {
-  planning::synthetic_gpt g;
-  g.layers = job.model.num_layers();
-  g.hidden = static_cast<int>(job.model.d_model);
-  g.heads = static_cast<int>(job.model.heads);
-  g.sequence = static_cast<int>(job.model.seq_len);
-  g.vocab = static_cast<int>(job.model.vocab);
-  g.microbatch = job.microbatch;
-  g.gpus_per_node = 1;
-  g.device_tflops = 0.005;  // a few GFLOP/s: one CPU core in LibTorch
-  g.device_memory_bytes = job.device_memory_bytes;
-  auto p = planning::synthetic_gpt_profile(g);
+/// The planner's profile of the job: its measured profile.file, else the synthetic profile of its
+/// model (planned well enough to cut the model into pipelines; predicted times are modelled).
+planning::profile job_profile(const job_file& job) {
+  if (!job.profile.file.empty()) {
+    auto p = messages::read_profile_file(job.profile.file);
+    planning::check_matches(p, {.microbatch_size = job.training.microbatch, .gpus_per_node = std::nullopt,
+                                .config_hash = job.model.hash(), .device_kind = std::nullopt});
+    return p;
+  }
+  auto p = planning::synthetic_gpt_profile(synthetic_model(job));
   p.config_hash = job.model.hash();
   return p;
 }
@@ -127,25 +124,30 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
                "job token), it plans and drives the training, and operators query it (oobleck-ctl).",
                "oobleck-coordinator"};
   std::string listen, config, token_file = "oobleck.token";
-  int nodes = 1, fault_tolerance = 1;
-  std::int64_t steps = 0;
+  std::optional<int> nodes_flag, fault_tolerance_flag;
+  std::optional<std::int64_t> steps_flag;
   std::string metrics_out;
   add_text(app, "--listen", listen, "HOST:PORT to accept workers and operators on (PORT 0: any free port)")
       ->required();
   add_text(app, "--config", config, "the job file (TOML); workers receive it when admitted")->required();
   add_text(app, "--token-file", token_file,
            "the job token; created (mode 0600) with a fresh random token if absent (default: oobleck.token)");
-  add_integer(app, "--nodes", nodes, 1, 4096, "nodes to wait for before the job starts (default 1)");
-  add_integer(app, "--steps", steps, 0, std::int64_t{1} << 40,
-              "steps to train, then stop (default 0: admit workers and serve status only)");
-  add_integer(app, "--fault-tolerance", fault_tolerance, 0, 64,
-              "f: the plan keeps at least f+1 pipelines (default 1)");
+  add_integer(app, "--nodes", nodes_flag, 1, 4096,
+              "nodes to wait for before the job starts (default: the job's cluster.nodes)");
+  add_integer(app, "--steps", steps_flag, 0, std::int64_t{1} << 40,
+              "steps to train, then stop (default: the job's training.steps; 0: admit workers and "
+              "serve status only)");
+  add_integer(app, "--fault-tolerance", fault_tolerance_flag, 0, 64,
+              "f: the plan keeps at least f+1 pipelines (default: the job's cluster.fault_tolerance)");
   add_text(app, "--metrics-out", metrics_out, "append one JSON line per committed step to FILE");
   if (!parse_flags(app, args, out)) return 0;
 
   const host_port at = parse_host_port("--listen", listen, true);
   const std::string job_text = read_text(config);
   const job_file job = read_job_file(config);  // refuse a bad job file before anything listens
+  const int nodes = nodes_flag.value_or(job.cluster.nodes);
+  const int fault_tolerance = fault_tolerance_flag.value_or(job.cluster.fault_tolerance);
+  const std::int64_t steps = steps_flag.value_or(static_cast<std::int64_t>(job.training.steps));
   auto log = progress_printer("coordinator");
   std::string token;
   if (std::ifstream(token_file).good()) {
@@ -163,12 +165,12 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.job_toml = job_text;
   deps.expected_nodes = nodes;
   deps.log = log;
-  deps.profile = synthetic_job_profile(job);
+  deps.profile = job_profile(job);
   deps.job.nodes = nodes;
   deps.job.fault_tolerance = fault_tolerance;
-  deps.job.global_batch = job.global_batch;
-  deps.job.microbatch = job.microbatch;
-  deps.job.device_memory_bytes = job.device_memory_bytes;
+  deps.job.global_batch = job.training.global_batch;
+  deps.job.microbatch = job.training.microbatch;
+  deps.job.device_memory_bytes = job.cluster.device_memory_bytes;
   deps.steps = static_cast<std::uint64_t>(steps);
   std::shared_ptr<std::ofstream> metrics;
   if (!metrics_out.empty()) {

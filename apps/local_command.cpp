@@ -31,7 +31,8 @@ namespace {
 
 /// The default job: a small GPT on the generated corpus. The slot memory is set so that the
 /// model does not fit one node (n0 = 2): pipelines span nodes.
-constexpr const char* default_job = R"(# oobleck-local's default job
+constexpr const char* default_job = R"(# oobleck-local's default job: a small GPT on the generated corpus, 6 nodes, f = 1.
+# The slot memory is set so that the model does not fit one node (n0 = 2): pipelines span nodes.
 [model]
 vocab = 256
 d_model = 32
@@ -41,11 +42,25 @@ seq_len = 32
 dropout = 0.0
 seed = 1234
 
+[data]
+corpus_bytes = 1048576
+corpus_seed = 7
+
 [training]
-microbatch = 2
+steps = 20
 global_batch = 16
+microbatch = 2
+seed = 1
+
+[optimizer]
+lr = 0.003
+schedule = "cosine"
+warmup_steps = 5
+min_lr = 0.0003
 
 [cluster]
+nodes = 6
+fault_tolerance = 1
 device_memory_bytes = 1500000
 )";
 
@@ -104,15 +119,16 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
                "on 127.0.0.1, with their progress on stdout. With no arguments: the default job (a small\n"
                "GPT on the generated corpus, 6 nodes, f = 1, pipelines spanning nodes).",
                "oobleck-local"};
-  int nodes = 6, fault_tolerance = 1;
-  std::int64_t steps = 20;
+  std::optional<int> nodes_flag, fault_tolerance_flag;
+  std::optional<std::int64_t> steps_flag;
   std::string config, metrics_out;
   double timeout = 600;
   bool print_default = false;
-  add_integer(app, "--nodes", nodes, 1, 64, "worker processes (default 6)");
+  add_integer(app, "--nodes", nodes_flag, 1, 64, "worker processes (default: the job's cluster.nodes, 6 for the default job)");
   add_text(app, "--config", config, "the job file (default: the built-in default job)");
-  add_integer(app, "--steps", steps, 1, std::int64_t{1} << 40, "steps to train (default 20)");
-  add_integer(app, "--fault-tolerance", fault_tolerance, 0, 64, "f (default 1)");
+  add_integer(app, "--steps", steps_flag, 1, std::int64_t{1} << 40,
+              "steps to train (default: the job's training.steps, 20 for the default job)");
+  add_integer(app, "--fault-tolerance", fault_tolerance_flag, 0, 64, "f (default: the job's cluster.fault_tolerance)");
   add_text(app, "--metrics-out", metrics_out, "one JSON line per committed step to FILE");
   add_number(app, "--timeout", timeout, 1, "give up (and stop every process) after this many seconds (default 600)");
   app.add_flag("--print-default-job", print_default, "print the default job file and exit (a start for your own)");
@@ -135,7 +151,10 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     job_path = (dir / "job.toml").string();
     std::ofstream(job_path) << default_job;
   }
-  read_job_file(job_path);  // a bad job file is refused here, before any process starts
+  const job_file job = read_job_file(job_path);  // a bad job file is refused here, before any process starts
+  const int nodes = nodes_flag.value_or(job.cluster.nodes);
+  const std::int64_t steps = steps_flag.value_or(static_cast<std::int64_t>(job.training.steps));
+  const int fault_tolerance = fault_tolerance_flag.value_or(job.cluster.fault_tolerance);
   if (!metrics_out.empty()) std::ofstream(metrics_out, std::ios::trunc);  // fresh file per run
   const std::string token = (dir / "token").string();
   const auto bin = own_directory();

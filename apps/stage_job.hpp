@@ -10,9 +10,12 @@ namespace oobleck::apps {
 inline actors::stage_job stage_job_for(const job_file& job) {
   actors::stage_job s;
   s.model = job.model;
-  s.global_batch = job.global_batch;
-  s.microbatch = job.microbatch;
-  s.data_seed = job.model.seed;
+  s.global_batch = job.training.global_batch;
+  s.microbatch = job.training.microbatch;
+  s.sample_seed = job.training.seed;
+  s.corpus_bytes = job.data.corpus_bytes;
+  s.corpus_seed = job.data.corpus_seed;
+  s.optimizer = job.optimizer;
   return s;
 }
 

@@ -188,3 +188,20 @@ TEST_CASE("cluster: bad flags and unreachable coordinators are one clear error")
   for (const char* p : {"oobleck-coordinator", "oobleck-worker", "oobleck-ctl"})
     CHECK(run_process(bin + "/" + p, {"--help"}).exit_status == 0);
 }
+
+TEST_CASE("cluster: the coordinator waits for the job's cluster.nodes unless --nodes says otherwise") {
+  cluster_dir d;
+  d.write("three.toml", "[cluster]\nnodes = 3\n");
+  background_process c(bin + "/oobleck-coordinator", {"--listen", "127.0.0.1:0", "--config", d.path("three.toml"),
+                                                      "--token-file", d.path("token")});
+  CHECK(c.wait_for_line("listening on ").find("waiting for 3 node(s)") != std::string::npos);
+  c.signal(SIGTERM);
+  CHECK(c.wait_exit() == 0);
+  // A job the cluster cannot run is refused before anything listens, naming the line.
+  d.write("bad.toml", "[cluster]\nfault_tolerance = 1\nnodes = 1\n");
+  const auto r = run_process(bin + "/oobleck-coordinator",
+                             {"--listen", "127.0.0.1:0", "--config", d.path("bad.toml"), "--token-file", d.path("token")});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err == "error: " + d.path("bad.toml") +
+                     ":3: cluster.nodes 1 cannot hold cluster.fault_tolerance + 1 = 2 pipelines\n");
+}

@@ -56,7 +56,7 @@ void check_run(int nodes) {
     const auto& m = lines[static_cast<std::size_t>(k)];
     CAPTURE(k);
     CHECK(m["step"] == k);
-    CHECK(m["samples"] == job.global_batch);
+    CHECK(m["samples"] == job.training.global_batch);
     int microbatches = 0, pipelines = 0;
     std::set<std::int64_t> used;
     for (const auto& p : m["pipelines"]) {
@@ -64,7 +64,7 @@ void check_run(int nodes) {
       ++pipelines;
       for (const auto& n : p["nodes"]) CHECK(used.insert(n.get<std::int64_t>()).second);
     }
-    CHECK(microbatches * job.microbatch == job.global_batch);
+    CHECK(microbatches * job.training.microbatch == job.training.global_batch);
     CHECK(pipelines >= 2);  // f = 1
     REQUIRE(m["layer_digests"].size() == static_cast<std::size_t>(job.model.num_layers()));
     for (const auto& [layer, digests] : m["layer_digests"].items()) {

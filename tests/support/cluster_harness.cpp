@@ -11,7 +11,7 @@ namespace oobleck::testing {
 training_setup small_setup() {
   training_setup s;
   s.model = {.vocab = 256, .d_model = 32, .heads = 4, .blocks = 4, .seq_len = 16, .dropout = 0.0, .seed = 5};
-  s.optimizer.lr = {.peak = 3e-3, .warmup_steps = 2, .total_steps = 20, .min_ratio = 0.1};
+  s.optimizer.lr = {.peak = 3e-3, .warmup_steps = 2, .total_steps = 20, .min_lr = 3e-4};
   return s;
 }
 

@@ -19,7 +19,7 @@ inline std::unique_ptr<torch::optim::AdamW> torch_adamw(const std::vector<torch:
   std::vector<torch::Tensor> decayed, plain;
   for (const auto& p : params) (p.dim() >= 2 ? decayed : plain).push_back(p);
   auto options = [&](double weight_decay) {
-    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(o.lr.at(1))
+    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(runtime::learning_rate(o.lr, 1))
                                                             .betas({o.beta1, o.beta2})
                                                             .eps(o.eps)
                                                             .weight_decay(weight_decay)
@@ -28,14 +28,14 @@ inline std::unique_ptr<torch::optim::AdamW> torch_adamw(const std::vector<torch:
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!decayed.empty()) groups.emplace_back(decayed, options(o.weight_decay));
   if (!plain.empty()) groups.emplace_back(plain, options(0.0));
-  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(o.lr.at(1)));
+  return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(runtime::learning_rate(o.lr, 1)));
 }
 
 /// The learning rate of every group, from the schedule, before the step-th update (1-based).
 inline void set_learning_rate(torch::optim::AdamW& optimizer, const runtime::lr_schedule& schedule,
                               std::int64_t step) {
   for (auto& group : optimizer.param_groups())
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(schedule.at(step));
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(runtime::learning_rate(schedule, static_cast<std::uint64_t>(step)));
 }
 
 /// LibTorch's state of `p` in `optimizer` (exp_avg, exp_avg_sq, step).
