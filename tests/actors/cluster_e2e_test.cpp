@@ -45,7 +45,8 @@ struct coordinator_process {
     p = std::make_unique<background_process>(
         bin + "/oobleck-coordinator",
         std::vector<std::string>{"--listen", "127.0.0.1:0", "--config", d.path("job.toml"),
-                                 "--token-file", d.path("token"), "--nodes", std::to_string(nodes)});
+                                 "--token-file", d.path("token"), "--nodes", std::to_string(nodes),
+                                 "--steps", "0"});
     const std::string line = p->wait_for_line("listening on ");
     const auto at = line.find("127.0.0.1:");
     address = line.substr(at, line.find(' ', at) - at);

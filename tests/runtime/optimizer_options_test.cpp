@@ -26,7 +26,7 @@ TEST_CASE("cosine: linear warm-up, half a cosine down to min_lr, then the floor"
   }
 }
 
-TEST_CASE("linear decays in a straight line; constant stays at the peak after the warm-up") {
+TEST_CASE("linear decays in a straight line, and constant stays at the peak after the warm-up") {
   lr_schedule s{.peak = 2.0, .warmup_steps = 4, .total_steps = 104, .min_lr = 0.0, .decay = lr_decay::linear};
   CHECK(learning_rate(s, 2) == doctest::Approx(1.0));
   CHECK(learning_rate(s, 4) == 2.0);
@@ -40,7 +40,7 @@ TEST_CASE("linear decays in a straight line; constant stays at the peak after th
   CHECK(learning_rate(s, 1000) == 2.0);
 }
 
-TEST_CASE("without a warm-up the first update already decays; a warm-up past the end stays a ramp") {
+TEST_CASE("without a warm-up the first update already decays, and a warm-up past the end stays a ramp") {
   const lr_schedule none{.peak = 1.0, .warmup_steps = 0, .total_steps = 100, .min_lr = 0.0};
   CHECK(learning_rate(none, 1) < 1.0);
   CHECK(learning_rate(none, 1) > 0.99);
@@ -59,7 +59,7 @@ TEST_CASE("the schedule position is the update count: a run resumed at step k ag
   for (std::uint64_t k = 40; k <= 80; ++k) CHECK(learning_rate(copy, k) == uninterrupted[k - 1]);
 }
 
-TEST_CASE("decay names round-trip; anything else is refused") {
+TEST_CASE("decay names round-trip, and anything else is refused") {
   for (auto d : {lr_decay::constant, lr_decay::linear, lr_decay::cosine}) CHECK(parse_lr_decay(lr_decay_name(d)) == d);
   CHECK(!parse_lr_decay("Cosine"));
   CHECK(!parse_lr_decay(""));
