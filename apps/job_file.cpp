@@ -1,119 +1,284 @@
 #include "apps/job_file.hpp"
 
-#include "apps/cli_args.hpp"
+#include <toml++/toml.h>
 
-#include <fstream>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <map>
+#include <memory>
 #include <sstream>
+#include <stdexcept>
 
-#include "planning/profile.hpp"
+#include "messages/input_error.hpp"
 
 namespace oobleck::apps {
 
-using planning::planning_error;
+using messages::input_error;
 
 namespace {
 
-std::string trim(const std::string& s) {
-  const auto a = s.find_first_not_of(" \t\r");
-  if (a == std::string::npos) return "";
-  return s.substr(a, s.find_last_not_of(" \t\r") - a + 1);
+constexpr std::int64_t kMax64 = std::numeric_limits<std::int64_t>::max();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string format(double x) {
+  std::ostringstream s;
+  s << x;
+  return s.str();
 }
 
-struct value {
-  std::string text;
-  int line;
+/// A range of numbers, each end open or closed; infinite ends are not printed.
+struct range {
+  double lo = -kInf, hi = kInf;
+  bool lo_open = false, hi_open = false;
+
+  bool contains(double x) const {
+    return (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+  }
+  std::string describe() const {
+    if (hi == kInf) return std::string(lo_open ? "> " : ">= ") + format(lo);
+    if (lo == -kInf) return std::string(hi_open ? "< " : "<= ") + format(hi);
+    return std::string("in ") + (lo_open ? "(" : "[") + format(lo) + ", " + format(hi) + (hi_open ? ")" : "]");
+  }
 };
 
-}  // namespace
+class decoder {
+ public:
+  decoder(std::string_view origin, const toml::table& root) : origin_(origin), root_(root) {}
 
-job_file parse_job_file(const std::string& text, const std::string& name) {
-  job_file job;
-  auto fail = [&](int line, const std::string& what) -> planning_error {
-    return planning_error(name + ":" + std::to_string(line) + ": " + what);
-  };
-  auto integer = [&](const value& v, std::int64_t min) {
-    const auto x = parse_integer(v.text);
-    if (!x) throw fail(v.line, "expected an integer, got " + v.text);
-    if (*x < min) throw fail(v.line, "must be >= " + std::to_string(min) + ", got " + v.text);
-    return *x;
-  };
-  // For the int fields: 4294967296 must not narrow to 0 (a microbatch of 0 divided by zero below).
-  auto integer32 = [&](const value& v, std::int64_t min) {
-    const auto x = integer(v, min);
-    if (x > std::numeric_limits<int>::max())
-      throw fail(v.line, "must be <= " + std::to_string(std::numeric_limits<int>::max()) + ", got " + v.text);
-    return static_cast<int>(x);
-  };
-  auto real = [&](const value& v) {
-    const auto x = parse_number(v.text);
-    if (!x) throw fail(v.line, "expected a number, got " + v.text);
-    return *x;
-  };
-  using setter = std::function<void(const value&)>;
-  const std::map<std::string, setter> keys{
-      {"model.vocab", [&](const value& v) { job.model.vocab = integer(v, 2); }},
-      {"model.d_model", [&](const value& v) { job.model.d_model = integer(v, 1); }},
-      {"model.heads", [&](const value& v) { job.model.heads = integer(v, 1); }},
-      {"model.blocks", [&](const value& v) { job.model.blocks = integer(v, 1); }},
-      {"model.seq_len", [&](const value& v) { job.model.seq_len = integer(v, 1); }},
-      {"model.dropout", [&](const value& v) { job.model.dropout = real(v); }},
-      {"model.seed", [&](const value& v) { job.model.seed = static_cast<std::uint64_t>(integer(v, 0)); }},
-      {"training.microbatch", [&](const value& v) { job.microbatch = integer32(v, 1); }},
-      {"training.global_batch", [&](const value& v) { job.global_batch = integer32(v, 1); }},
-      {"cluster.device_memory_bytes", [&](const value& v) { job.device_memory_bytes = integer(v, 1); }},
-      {"profile.warmup", [&](const value& v) { job.profile_warmup = integer32(v, 0); }},
-      {"profile.repeats", [&](const value& v) { job.profile_repeats = integer32(v, 1); }},
-  };
-  std::istringstream in(text);
-  std::string raw, section;
-  int line = 0;
-  while (std::getline(in, raw)) {
-    ++line;
-    std::string s = raw;
-    bool quoted = false;
-    for (std::size_t i = 0; i < s.size(); ++i) {
-      if (s[i] == '"') quoted = !quoted;
-      if (s[i] == '#' && !quoted) {
-        s.resize(i);
-        break;
-      }
-    }
-    s = trim(s);
-    if (s.empty()) continue;
-    if (s.front() == '[') {
-      if (s.back() != ']') throw fail(line, "unterminated section header");
-      section = trim(s.substr(1, s.size() - 2));
-      continue;
-    }
-    const auto eq = s.find('=');
-    if (eq == std::string::npos) throw fail(line, "expected key = value");
-    const std::string key = (section.empty() ? "" : section + ".") + trim(s.substr(0, eq));
-    std::string v = trim(s.substr(eq + 1));
-    if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
-    const auto it = keys.find(key);
-    if (it == keys.end()) throw fail(line, "unknown key " + key);
-    it->second({v, line});
+  [[noreturn]] void fail(const toml::node& at, const std::string& what) const {
+    throw input_error(origin_ + ":" + std::to_string(at.source().begin.line) + ": " + what);
   }
+  [[noreturn]] void fail(const std::string& what) const { throw input_error(origin_ + ": " + what); }
+
+  /// A rule across keys: at the line of the first of `keys` that the file sets.
+  [[noreturn]] void fail_rule(std::initializer_list<const char*> keys, const std::string& what) const {
+    for (const char* key : keys)
+      if (const toml::node* at = root_.at_path(key).node()) fail(*at, what);
+    fail(what);
+  }
+
+  std::int64_t integer(const toml::node& v, const std::string& key, std::int64_t min, std::int64_t max,
+                       const std::string& why = "") const {
+    const auto* x = v.as_integer();
+    if (!x) fail(v, key + ": expected an integer, got " + type_of(v));
+    if (x->get() < min) fail(v, key + " must be >= " + std::to_string(min) + why + ", got " + std::to_string(x->get()));
+    if (x->get() > max) fail(v, key + " must be <= " + std::to_string(max) + ", got " + std::to_string(x->get()));
+    return x->get();
+  }
+
+  /// A float or an integer (TOML's `0` is an integer; a user writing lr = 1 means a number).
+  double number(const toml::node& v, const std::string& key, const range& r = {}) const {
+    double x = 0;
+    if (const auto* f = v.as_floating_point()) x = f->get();
+    else if (const auto* i = v.as_integer()) x = static_cast<double>(i->get());
+    else fail(v, key + ": expected a number, got " + type_of(v));
+    if (!std::isfinite(x)) fail(v, key + " must be finite");
+    if (!r.contains(x)) fail(v, key + " must be " + r.describe() + ", got " + format(x));
+    return x;
+  }
+
+  std::string text(const toml::node& v, const std::string& key) const {
+    const auto* s = v.as_string();
+    if (!s) fail(v, key + ": expected a string, got " + type_of(v));
+    return s->get();
+  }
+
+ private:
+  static std::string type_of(const toml::node& v) {
+    std::ostringstream s;
+    s << v.type();
+    return s.str();
+  }
+
+  std::string origin_;
+  const toml::table& root_;
+};
+
+using setter = std::function<void(const decoder&, const toml::node&, const std::string& key)>;
+
+setter int64_in(std::int64_t& target, std::int64_t min, std::int64_t max = kMax64) {
+  return [&target, min, max](const decoder& d, const toml::node& v, const std::string& key) {
+    target = d.integer(v, key, min, max);
+  };
+}
+setter uint64_in(std::uint64_t& target, std::int64_t min) {
+  return [&target, min](const decoder& d, const toml::node& v, const std::string& key) {
+    target = static_cast<std::uint64_t>(d.integer(v, key, min, kMax64));
+  };
+}
+/// An int knob never narrows: 2^32 + 1 is refused, not read as 1.
+setter int_in(int& target, int min, int max = INT_MAX) {
+  return [&target, min, max](const decoder& d, const toml::node& v, const std::string& key) {
+    target = static_cast<int>(d.integer(v, key, min, max));
+  };
+}
+setter number_in(double& target, range r) {
+  return [&target, r](const decoder& d, const toml::node& v, const std::string& key) { target = d.number(v, key, r); };
+}
+setter text_of(std::string& target) {
+  return [&target](const decoder& d, const toml::node& v, const std::string& key) { target = d.text(v, key); };
+}
+
+/// Every key of the schema, by its path.
+std::map<std::string, setter> schema(job_file& job) {
+  auto& lr = job.optimizer.lr;
+  return {
+      {"model.vocab",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         job.model.vocab = d.integer(v, key, kByteVocab, kMax64, " (the byte-level corpus has token ids 0..255)");
+       }},
+      {"model.d_model", int64_in(job.model.d_model, 1)},
+      {"model.heads", int64_in(job.model.heads, 1)},
+      {"model.blocks", int64_in(job.model.blocks, 1)},
+      {"model.seq_len", int64_in(job.model.seq_len, 1)},
+      {"model.dropout", number_in(job.model.dropout, {})},  // its range is runtime::validate's
+      {"model.seed", uint64_in(job.model.seed, 0)},
+
+      {"data.corpus_bytes", int64_in(job.data.corpus_bytes, 2, 1LL << 30)},
+      {"data.corpus_seed", uint64_in(job.data.corpus_seed, 0)},
+
+      {"training.steps", uint64_in(job.training.steps, 1)},
+      {"training.global_batch", int_in(job.training.global_batch, 1)},
+      {"training.microbatch", int_in(job.training.microbatch, 1)},
+      {"training.seed", uint64_in(job.training.seed, 0)},
+
+      {"optimizer.lr", number_in(lr.peak, {.lo = 0, .lo_open = true})},
+      {"optimizer.beta1", number_in(job.optimizer.beta1, {.lo = 0, .hi = 1, .hi_open = true})},
+      {"optimizer.beta2", number_in(job.optimizer.beta2, {.lo = 0, .hi = 1, .hi_open = true})},
+      {"optimizer.eps", number_in(job.optimizer.eps, {.lo = 0, .lo_open = true})},
+      {"optimizer.weight_decay", number_in(job.optimizer.weight_decay, {.lo = 0})},
+      {"optimizer.schedule",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         const std::string name = d.text(v, key);
+         const auto decay = runtime::parse_lr_decay(name);
+         if (!decay) d.fail(v, key + " must be \"constant\", \"linear\" or \"cosine\", got \"" + name + "\"");
+         lr.decay = *decay;
+       }},
+      {"optimizer.warmup_steps", uint64_in(lr.warmup_steps, 0)},
+      {"optimizer.min_lr", number_in(lr.min_lr, {.lo = 0})},
+
+      {"cluster.nodes", int_in(job.cluster.nodes, 1, 4096)},
+      {"cluster.fault_tolerance", int_in(job.cluster.fault_tolerance, 0, 4095)},
+      {"cluster.device_memory_bytes", int64_in(job.cluster.device_memory_bytes, 1)},
+      {"cluster.heartbeat_interval_ms", int_in(job.cluster.heartbeat_interval_ms, 1, 3'600'000)},
+      {"cluster.connection_timeout_ms", int_in(job.cluster.connection_timeout_ms, 1, 24 * 3'600'000)},
+
+      {"checkpoint.dir", text_of(job.checkpoint.dir)},
+      {"checkpoint.every", uint64_in(job.checkpoint.every, 0)},
+
+      {"http.port", int_in(job.http.port, 0, 65535)},
+
+      {"profile.warmup", int_in(job.profile.warmup, 0)},
+      {"profile.repeats", int_in(job.profile.repeats, 1)},
+      {"profile.file", text_of(job.profile.file)},
+  };
+}
+
+/// The rules that tie keys together, checked once every key is read.
+void check_rules(const decoder& d, const job_file& job) {
   try {
     runtime::validate(job.model);
   } catch (const std::invalid_argument& e) {
-    throw planning_error(name + ": " + e.what());
+    d.fail(e.what());
   }
-  if (job.global_batch % job.microbatch != 0)
-    throw planning_error(name + ": training.global_batch " + std::to_string(job.global_batch) +
-                         " is not a multiple of training.microbatch " + std::to_string(job.microbatch));
+  const auto& t = job.training;
+  if (t.global_batch % t.microbatch != 0)
+    d.fail_rule({"training.global_batch", "training.microbatch"},
+                "training.global_batch " + std::to_string(t.global_batch) +
+                    " is not a multiple of training.microbatch " + std::to_string(t.microbatch));
+  if (job.data.corpus_bytes < job.model.seq_len + 1)
+    d.fail_rule({"data.corpus_bytes", "model.seq_len"},
+                "data.corpus_bytes " + std::to_string(job.data.corpus_bytes) +
+                    " holds no sample: it must be >= model.seq_len + 1 = " + std::to_string(job.model.seq_len + 1));
+  const auto& lr = job.optimizer.lr;
+  if (lr.min_lr > lr.peak)
+    d.fail_rule({"optimizer.min_lr", "optimizer.lr"},
+                "optimizer.min_lr " + format(lr.min_lr) + " is above optimizer.lr " + format(lr.peak));
+  const auto& c = job.cluster;
+  if (c.nodes < c.fault_tolerance + 1)
+    d.fail_rule({"cluster.nodes", "cluster.fault_tolerance"},
+                "cluster.nodes " + std::to_string(c.nodes) + " cannot hold cluster.fault_tolerance + 1 = " +
+                    std::to_string(c.fault_tolerance + 1) + " pipelines");
+  if (c.connection_timeout_ms < 2LL * c.heartbeat_interval_ms)
+    d.fail_rule({"cluster.connection_timeout_ms", "cluster.heartbeat_interval_ms"},
+                "cluster.connection_timeout_ms " + std::to_string(c.connection_timeout_ms) +
+                    " must be >= 2 * cluster.heartbeat_interval_ms = " + std::to_string(2LL * c.heartbeat_interval_ms) +
+                    " (one late heartbeat must not lose a node)");
+  if (job.checkpoint.every > 0 && job.checkpoint.dir.empty())
+    d.fail_rule({"checkpoint.every"}, "checkpoint.every needs checkpoint.dir");
+}
+
+}  // namespace
+
+job_file parse_job(std::string_view text, std::string_view origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw input_error(std::string(origin) + ":" + std::to_string(e.source().begin.line) + ": " +
+                      std::string(e.description()));
+  }
+  const decoder d(origin, root);
+  job_file job;
+  const auto keys = schema(job);
+  for (const auto& [section_key, section] : root) {
+    const std::string name(section_key.str());
+    const auto* table = section.as_table();
+    if (!table) {
+      const auto next = keys.lower_bound(name + ".");
+      const bool is_section = next != keys.end() && next->first.rfind(name + ".", 0) == 0;
+      d.fail(section, is_section ? name + ": expected a table [" + name + "]" : "unknown key " + name);
+    }
+    for (const auto& [key, value] : *table) {
+      const std::string path = name + "." + std::string(key.str());
+      const auto it = keys.find(path);
+      if (it == keys.end()) d.fail(value, "unknown key " + path);
+      it->second(d, value, path);
+    }
+  }
+  job.optimizer.lr.total_steps = job.training.steps;
+  check_rules(d, job);
   return job;
 }
 
 job_file read_job_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw planning_error("cannot read job file " + path);
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return parse_job_file(buf.str(), path);
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) throw input_error("cannot read job file " + path + ": " + std::strerror(errno));
+  std::string text;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, n);
+  // fopen succeeds on a directory; reading it is the error.
+  if (std::ferror(f.get())) throw input_error("cannot read job file " + path + ": " + std::strerror(errno));
+  job_file job = parse_job(text, path);
+  const auto folder = std::filesystem::path(path).parent_path();
+  for (std::string* p : {&job.profile.file, &job.checkpoint.dir})
+    if (!p->empty() && std::filesystem::path(*p).is_relative()) *p = (folder / *p).string();
+  return job;
+}
+
+planning::synthetic_gpt synthetic_model(const job_file& job) {
+  auto narrow = [](std::int64_t x, const char* key) {
+    if (x > INT_MAX)
+      throw input_error(std::string(key) + " " + std::to_string(x) + " is too large for a synthetic profile");
+    return static_cast<int>(x);
+  };
+  return {.layers = narrow(job.model.blocks + 2, "model.blocks"),
+          .hidden = narrow(job.model.d_model, "model.d_model"),
+          .heads = narrow(job.model.heads, "model.heads"),
+          .sequence = narrow(job.model.seq_len, "model.seq_len"),
+          .vocab = narrow(job.model.vocab, "model.vocab"),
+          .microbatch = job.training.microbatch,
+          .gpus_per_node = 1,
+          .device_tflops = 0.02,
+          .device_memory_bytes = job.cluster.device_memory_bytes};
 }
 
 }  // namespace oobleck::apps

@@ -1,13 +1,15 @@
 #include "apps/plan_command.hpp"
 
 #include <chrono>
+#include <limits>
 #include <new>
 #include <optional>
 #include <set>
 #include <sstream>
 
-#include "apps/cli_args.hpp"
+#include "apps/flags.hpp"
 #include "apps/plan_report.hpp"
+#include "apps/program_main.hpp"
 #include "messages/input_error.hpp"
 #include "messages/profile_file.hpp"
 #include "planning/planner.hpp"
@@ -19,31 +21,13 @@ namespace {
 
 using planning::planning_error;
 
-constexpr const char* kUsage = R"(usage: oobleck-plan --profile PATH --nodes N --fault-tolerance F --global-batch B --microbatch b
-                    [--gpus-per-node M] [--device-memory BYTES] [--state-factor X]
-                    [--template-nodes n] [--fail IDS]... [--join K]... [--json]
-
-Plans an Oobleck job from a per-layer profile (JSON or Cap'n Proto, as written by oobleck-profile):
+constexpr const char* kAbout = R"(Plans an Oobleck job from a per-layer profile (JSON or Cap'n Proto, as written by oobleck-profile):
 pipeline templates for every node count in [n0, n_max], the instantiation on N nodes with the
-global batch split across pipelines, and the reaction to node failures and joins.
+global batch split across pipelines, and the reaction to node failures and joins. --profile,
+--nodes, --fault-tolerance, --global-batch and --microbatch are required, except that
+--template-nodes needs only --profile. Events (--fail, --join) apply in the order given.
 
-  --profile PATH         profile file (required)
-  --nodes N              nodes at the start; they get ids 0..N-1
-  --fault-tolerance F    simultaneous failures to survive (>= F+1 pipelines)
-  --global-batch B       samples per step (a multiple of b)
-  --microbatch b         samples per microbatch; must match the profile
-  --gpus-per-node M      checked against the profile (a profile measured for another M is refused)
-  --device-memory BYTES  plan for this much memory per GPU instead of the profile's
-  --state-factor X       bytes of training state per parameter byte (default 4: weights, grads,
-                         two Adam moments)
-  --template-nodes n     only generate the template for n nodes (needs only --profile)
-  --fail IDS             a failure event: comma-separated node ids lost at once (repeatable)
-  --join K               a join event: K new nodes, given the next unused ids (repeatable)
-  --json                 print one JSON object instead of the report
-  --help                 this text
-
-Events apply in the order given. Exit status: 0 on success, 2 on bad input.
-)";
+Exit status: 0 on success, 2 on bad input (one "error: ..." line), 1 on an internal failure.)";
 
 struct plan_options {
   std::string profile_path;
@@ -54,31 +38,47 @@ struct plan_options {
   bool json = false;
 };
 
-plan_options parse(cli_args& a) {
-  plan_options o;
-  bool have_nodes = false, have_f = false, have_b = false, have_mb = false;
-  while (a.more()) {
-    const std::string flag = a.flag();
-    if (flag == "--profile") o.profile_path = a.value(flag);
-    else if (flag == "--nodes") o.job.nodes = a.integer(flag, 1, 1 << 20), have_nodes = true;
-    else if (flag == "--fault-tolerance") o.job.fault_tolerance = a.integer(flag, 0, 1 << 20), have_f = true;
-    else if (flag == "--global-batch") o.job.global_batch = a.integer(flag, 1, 1 << 30), have_b = true;
-    else if (flag == "--microbatch") o.job.microbatch = a.integer(flag, 1, 1 << 30), have_mb = true;
-    else if (flag == "--gpus-per-node") o.gpus_per_node = a.integer(flag, 1, 1 << 10);
-    else if (flag == "--device-memory") o.job.device_memory_bytes = a.integer64(flag, 1);
-    else if (flag == "--state-factor") o.job.state_factor = a.real(flag, 1e-9);
-    else if (flag == "--template-nodes") o.template_nodes = a.integer(flag, 1, 1 << 16);
-    else if (flag == "--fail") o.events.push_back({a.integer_list(flag), 0});
-    else if (flag == "--join") o.events.push_back({{}, a.integer(flag, 1, 1 << 16)});
-    else if (flag == "--json") o.json = true;
-    else throw planning_error("unknown option " + flag + " (see --help)");
-  }
-  if (o.profile_path.empty()) throw planning_error("--profile is required (see --help)");
-  if (o.template_nodes) return o;
-  for (auto [given, name] : {std::pair{have_nodes, "--nodes"}, {have_f, "--fault-tolerance"},
-                             {have_b, "--global-batch"}, {have_mb, "--microbatch"}})
-    if (!given) throw planning_error(std::string(name) + " is required (see --help)");
-  return o;
+/// The flags; false when --help was asked.
+bool parse(const std::vector<std::string>& args, std::ostream& out, plan_options& o) {
+  CLI::App app{"", "oobleck-plan"};
+  app.footer(kAbout);
+  add_text(app, "--profile", o.profile_path, "profile file (JSON or Cap'n Proto)")->required();
+  auto* nodes = add_integer(app, "--nodes", o.job.nodes, 1, 1 << 20, "nodes at the start; they get ids 0..N-1")
+                    ->type_name("N");
+  auto* f = add_integer(app, "--fault-tolerance", o.job.fault_tolerance, 0, 1 << 20,
+                        "simultaneous failures to survive (>= F+1 pipelines)")
+                ->type_name("F");
+  auto* b = add_integer(app, "--global-batch", o.job.global_batch, 1, 1 << 30, "samples per step (a multiple of b)")
+                ->type_name("B");
+  auto* mb = add_integer(app, "--microbatch", o.job.microbatch, 1, 1 << 30,
+                         "samples per microbatch; must match the profile")
+                 ->type_name("b");
+  add_integer(app, "--gpus-per-node", o.gpus_per_node, 1, 1 << 10,
+              "checked against the profile (a profile measured for another M is refused)")
+      ->type_name("M");
+  add_integer(app, "--device-memory", o.job.device_memory_bytes, 1, std::numeric_limits<std::int64_t>::max(),
+              "plan for this much memory per GPU instead of the profile's")
+      ->type_name("BYTES");
+  add_number(app, "--state-factor", o.job.state_factor, 1e-9,
+             "bytes of training state per parameter byte (default 4: weights, grads, two Adam moments)");
+  add_integer(app, "--template-nodes", o.template_nodes, 1, 1 << 16,
+              "only generate the template for n nodes (needs only --profile)")
+      ->type_name("n");
+  app.add_option_function<std::string>(
+         "--fail", [&](const std::string& ids) { o.events.push_back({parse_id_list("--fail", ids), 0}); },
+         "a failure event: comma-separated node ids lost at once (repeatable)")
+      ->type_name("IDS")
+      ->trigger_on_parse();
+  add_integer(app, "--join", 1, 1 << 16, [&](std::int64_t k) { o.events.push_back({{}, static_cast<int>(k)}); },
+              "a join event: K new nodes, given the next unused ids (repeatable)")
+      ->type_name("K")
+      ->trigger_on_parse();
+  app.add_flag("--json", o.json, "print one JSON object instead of the report");
+  if (!parse_flags(app, args, out)) return false;
+  if (o.template_nodes) return true;
+  for (const auto* opt : {nodes, f, b, mb})
+    if (opt->count() == 0) throw messages::input_error(opt->get_name() + " is required (see --help)");
+  return true;
 }
 
 int template_only(const plan_options& o, const planning::profile& prof, std::ostream& out) {
@@ -136,33 +136,24 @@ std::vector<plan_event> replay(const plan_options& o, const planning::profile& p
 }  // namespace
 
 int run_plan_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  try {
-    cli_args a(args);
-    if (a.wants_help()) {
-      out << kUsage;
+  return exit_status_of(err, [&] {
+    plan_options o;
+    if (!parse(args, out, o)) return 0;
+    try {
+      const planning::profile prof = messages::read_profile_file(o.profile_path);
+      planning::check_matches(prof, {.microbatch_size = o.template_nodes ? std::nullopt : std::optional(o.job.microbatch),
+                                     .gpus_per_node = o.gpus_per_node});
+      if (o.template_nodes) return template_only(o, prof, out);
+      const planning::job_plan plan = planning::plan_job(prof, o.job);
+      const auto events = replay(o, prof, plan);
+      if (o.json) out << json_line(plan_to_json(plan, events, o.job.global_batch)) << "\n";
+      else print_plan(out, prof, o.job, plan, events);
       return 0;
+    } catch (const std::bad_alloc&) {
+      throw planning_error("the planning problem is too large for this machine's memory (fewer nodes, layers or "
+                           "GPUs per node)");
     }
-    const plan_options o = parse(a);
-    const planning::profile prof = messages::read_profile_file(o.profile_path);
-    planning::check_matches(prof, {.microbatch_size = o.template_nodes ? std::nullopt : std::optional(o.job.microbatch),
-                                   .gpus_per_node = o.gpus_per_node});
-    if (o.template_nodes) return template_only(o, prof, out);
-    const planning::job_plan plan = planning::plan_job(prof, o.job);
-    const auto events = replay(o, prof, plan);
-    if (o.json) out << json_line(plan_to_json(plan, events, o.job.global_batch)) << "\n";
-    else print_plan(out, prof, o.job, plan, events);
-    return 0;
-  } catch (const planning_error& e) {
-    err << "error: " << e.what() << "\n";
-    return 2;
-  } catch (const messages::input_error& e) {
-    err << "error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::bad_alloc&) {
-    err << "error: the planning problem is too large for this machine's memory (fewer nodes, layers or GPUs "
-           "per node)\n";
-    return 2;
-  }
+  });
 }
 
 }  // namespace oobleck::apps

@@ -7,8 +7,9 @@
 
 namespace oobleck::apps {
 
-/// Runs oobleck-plan with args (without the program name). Returns the exit code: 0 success,
-/// 2 bad input (one "error: ..." line on err). Output goes to out.
+/// Runs oobleck-plan with args (without the program name); never throws. Returns the exit status of
+/// program_main.hpp: 0, 2 on bad input, 1 on an internal failure (one "error: ..." line on err).
+/// Output and --help go to out.
 int run_plan_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 }  // namespace oobleck::apps

@@ -55,9 +55,11 @@ value template_to_json(const planning::pipeline_template& t) {
     stage["ms"] = s.ms;
     stages.push_back(std::move(stage));
   }
+  const int four_s = 4 * static_cast<int>(t.stages.size());
   value o = object();
   o["nodes"] = t.nodes;
   o["iteration_ms"] = t.iteration_ms;
+  o["makespan_4s_ms"] = t.time_ms(four_s);
   o["stages"] = std::move(stages);
   return o;
 }
@@ -127,8 +129,10 @@ value plan_to_json(const planning::job_plan& plan, const std::vector<plan_event>
 }
 
 void print_template(std::ostream& out, const planning::pipeline_template& t) {
+  const int four_s = 4 * static_cast<int>(t.stages.size());
   out << "  " << t.nodes << (t.nodes == 1 ? " node" : " nodes") << ": " << t.stages.size()
-      << " stages, T(4S) = " << t.iteration_ms << " ms, bottleneck " << planning::bottleneck_stage(t.stage_ms()) << "\n";
+      << " stages, ranked by T(4S) = " << t.iteration_ms << " ms (1F1B makespan " << t.time_ms(four_s)
+      << " ms), bottleneck " << planning::bottleneck_stage(t.stage_ms()) << "\n";
   for (std::size_t k = 0; k < t.stages.size(); ++k) {
     const auto& s = t.stages[k];
     out << "      stage " << k << ": node " << s.node << ", " << s.gpus << " GPU" << (s.gpus > 1 ? "s" : " ")

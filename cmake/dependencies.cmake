@@ -2,13 +2,16 @@
 # with a clear message instead of a compile error deep inside a target.
 find_package(Threads REQUIRED)
 find_package(CapnProto REQUIRED)
-find_package(nlohmann_json 3.10 REQUIRED)  # Debian nlohmann-json3-dev: the JSON codecs in messages/
+find_package(nlohmann_json 3.10 REQUIRED)  # Debian nlohmann-json3-dev: the JSON codecs in messages/, JSON output
+find_package(tomlplusplus REQUIRED)  # job files (the fuzz build's job_toml target too)
 if(OOBLECK_FUZZ)
-  return()  # the fuzz build has planning/ and messages/ only (cmake/fuzzing.cmake)
+  return()  # the fuzz build has planning/, messages/ (without the CAF protocol) and fuzz/ only
 endif()
 find_package(CAF REQUIRED COMPONENTS core io)
 find_package(Torch REQUIRED)
 find_package(Boost 1.74 REQUIRED)
+find_package(CLI11 REQUIRED)         # command-line flags of the programs
+find_package(OpenSSL REQUIRED)       # admission: HMAC-SHA256 of the job token
 if(OOBLECK_BUILD_TESTS)
   find_package(doctest REQUIRED)
 endif()

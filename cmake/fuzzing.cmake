@@ -1,6 +1,7 @@
 # The fuzz build (-DOOBLECK_FUZZ=ON, see scripts/fuzz.sh): libFuzzer targets for every decoder of
 # outside bytes, built with clang's coverage instrumentation, AddressSanitizer and UBSan. Only
-# planning/, messages/ and fuzz/ are configured: no LibTorch, CAF or Boost is needed.
+# planning/, messages/ (without the CAF protocol library) and fuzz/ are configured: no LibTorch,
+# CAF or Boost is needed; toml++ (header-only) is, for job_toml.
 if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
   message(FATAL_ERROR "OOBLECK_FUZZ needs clang (libFuzzer): run scripts/fuzz.sh, or configure with "
                       "-DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14")

@@ -21,7 +21,7 @@ int microbatches_per_step(int global_batch, int microbatch) {
   return global_batch / microbatch;
 }
 
-batch_distribution distribute_batch(std::span<const linear_time> pipelines, int num_microbatches,
+batch_distribution distribute_batch(std::span<const pipeline_time> pipelines, int num_microbatches,
                                     int microbatch_size) {
   const int p = static_cast<int>(pipelines.size());
   if (p == 0) throw planning_error("no pipelines to distribute the batch over");

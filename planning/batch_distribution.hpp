@@ -4,7 +4,8 @@
 #include <span>
 #include <vector>
 
-#include "planning/cost_model.hpp"
+#include "planning/makespan.hpp"
+#include "planning/profile.hpp"
 
 namespace oobleck::planning {
 
@@ -19,9 +20,9 @@ int microbatches_per_step(int global_batch, int microbatch);
 
 /// Exact minimiser of max_i T_i(N_i) over integers N_i >= 1 with sum N_i = num_microbatches:
 /// each next microbatch goes to the pipeline whose time after taking it is smallest (optimal for
-/// increasing per-pipeline costs; ties go to the lower index). Throws planning_error, with the
+/// nondecreasing per-pipeline times such as the 1F1B makespan; ties go to the lower index). Throws planning_error, with the
 /// nearest distributable global batch, when there are more pipelines than microbatches.
-batch_distribution distribute_batch(std::span<const linear_time> pipelines, int num_microbatches,
+batch_distribution distribute_batch(std::span<const pipeline_time> pipelines, int num_microbatches,
                                     int microbatch_size = 1);
 
 }  // namespace oobleck::planning

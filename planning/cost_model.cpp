@@ -9,13 +9,17 @@ layer_costs::layer_costs(const profile& p, memory_model memory)
   validate(p);
   const auto widths = stage_widths(p.gpus_per_node);
   time_prefix_.assign(widths.size(), std::vector<double>(num_layers_ + 1, 0.0));
+  forward_prefix_ = backward_prefix_ = time_prefix_;
   param_prefix_.assign(num_layers_ + 1, 0);
   state_prefix_.assign(num_layers_ + 1, 0.0);
   act_prefix_.assign(num_layers_ + 1, 0.0);
   for (int l = 0; l < num_layers_; ++l) {
     const auto& layer = p.layers[l];
-    for (std::size_t i = 0; i < widths.size(); ++i)
+    for (std::size_t i = 0; i < widths.size(); ++i) {
       time_prefix_[i][l + 1] = time_prefix_[i][l] + layer.forward_ms[i] + layer.backward_ms[i];
+      forward_prefix_[i][l + 1] = forward_prefix_[i][l] + layer.forward_ms[i];
+      backward_prefix_[i][l + 1] = backward_prefix_[i][l] + layer.backward_ms[i];
+    }
     param_prefix_[l + 1] = param_prefix_[l] + layer.param_bytes;
     state_prefix_[l + 1] = state_prefix_[l] + static_cast<double>(layer.param_bytes) * memory_.state_factor;
     act_prefix_[l + 1] = act_prefix_[l] + static_cast<double>(layer.activation_bytes);
@@ -24,6 +28,16 @@ layer_costs::layer_costs(const profile& p, memory_model memory)
 
 double layer_costs::stage_ms(int u, int v, int d) const {
   const auto& pre = time_prefix_[width_index(d)];
+  return pre[v] - pre[u];
+}
+
+double layer_costs::forward_ms(int u, int v, int d) const {
+  const auto& pre = forward_prefix_[width_index(d)];
+  return pre[v] - pre[u];
+}
+
+double layer_costs::backward_ms(int u, int v, int d) const {
+  const auto& pre = backward_prefix_[width_index(d)];
   return pre[v] - pre[u];
 }
 
@@ -41,7 +55,7 @@ int bottleneck_stage(std::span<const double> stage_ms) {
   return k;
 }
 
-linear_time iteration_time_line(std::span<const double> stage_ms) {
+double iteration_time(std::span<const double> stage_ms, int num_microbatches) {
   const int s = static_cast<int>(stage_ms.size());
   const int k = bottleneck_stage(stage_ms);
   double total = 0, tail = 0;
@@ -50,11 +64,7 @@ linear_time iteration_time_line(std::span<const double> stage_ms) {
     if (i >= k) tail += stage_ms[i];
   }
   const double w = stage_ms[k];
-  return {total + (k - s - 1) * w + tail, w};
-}
-
-double iteration_time(std::span<const double> stage_ms, int num_microbatches) {
-  return iteration_time_line(stage_ms).at(num_microbatches);
+  return total + (num_microbatches - s + k - 1) * w + tail;
 }
 
 double ranking_time(std::span<const double> stage_ms) {

@@ -29,6 +29,9 @@ class layer_costs {
 
   /// w = sum over layers [u, v) of forward + backward at width d.
   double stage_ms(int u, int v, int d) const;
+  /// The forward and the backward part of w, each summed over the layers (for the 1F1B makespan).
+  double forward_ms(int u, int v, int d) const;
+  double backward_ms(int u, int v, int d) const;
 
   /// Whether stage [u, v) on d GPUs fits when `in_flight` = S - k microbatches are retained:
   /// state/d + in_flight * activations/d <= device memory.
@@ -44,10 +47,16 @@ class layer_costs {
   int gpus_per_node_;
   memory_model memory_;
   std::vector<std::vector<double>> time_prefix_;  // [width index][v]
+  std::vector<std::vector<double>> forward_prefix_;
+  std::vector<std::vector<double>> backward_prefix_;
   std::vector<std::int64_t> param_prefix_;
   std::vector<double> state_prefix_;
   std::vector<double> act_prefix_;
 };
+
+/// The paper's closed form below ranks templates only (DESIGN §4): it underestimates the 1F1B
+/// makespan for Nb < 4S and goes negative for Nb < S. Predicted times use pipeline_time
+/// (makespan.hpp).
 
 /// Index of the pipeline's bottleneck: the last stage with maximal latency (k*).
 int bottleneck_stage(std::span<const double> stage_ms);
@@ -57,13 +66,5 @@ double iteration_time(std::span<const double> stage_ms, int num_microbatches);
 
 /// T with Nb = 4S, the value templates are ranked by.
 double ranking_time(std::span<const double> stage_ms);
-
-/// T(Nb) is linear in Nb: intercept + Nb * slope (slope = w*).
-struct linear_time {
-  double intercept = 0;
-  double slope = 0;
-  double at(int num_microbatches) const { return intercept + slope * num_microbatches; }
-};
-linear_time iteration_time_line(std::span<const double> stage_ms);
 
 }  // namespace oobleck::planning

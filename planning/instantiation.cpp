@@ -12,16 +12,9 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 /// Microbatches template `t` can take while finishing strictly before `limit`, at most `most`.
-std::int64_t capacity_below(const linear_time& t, double limit, int most) {
+std::int64_t capacity_below(const template_option& t, double limit, int most) {
   if (limit == kInf) return most;
-  if (t.slope <= 0) return t.intercept < limit ? most : 0;
-  double guess = std::ceil((limit - t.intercept) / t.slope) - 1;
-  if (guess < 0) return 0;
-  if (guess > most) guess = most;
-  auto n = static_cast<std::int64_t>(guess);
-  while (n > 0 && !(t.at(static_cast<int>(n)) < limit)) --n;
-  while (n < most && t.at(static_cast<int>(n + 1)) < limit) ++n;
-  return n;
+  return t.time.most_below(limit, most);
 }
 
 /// Knapsack over (nodes used, pipelines used): the combination of exactly `nodes` nodes with the
@@ -97,7 +90,7 @@ instantiation distribute(std::span<const template_option> templates, std::vector
     return templates[a].nodes != templates[b].nodes ? templates[a].nodes > templates[b].nodes : a < b;
   });
   instantiation out;
-  std::vector<linear_time> lines;
+  std::vector<pipeline_time> lines;
   for (int j : picked) {
     out.template_nodes.push_back(templates[j].nodes);
     lines.push_back(templates[j].time);
@@ -118,7 +111,7 @@ std::optional<instantiation> instantiate(std::span<const template_option> templa
   double limit = kInf;
   while (true) {
     for (std::size_t j = 0; j < templates.size(); ++j)
-      capacity[j] = capacity_below(templates[j].time, limit, num_microbatches);
+      capacity[j] = capacity_below(templates[j], limit, num_microbatches);
     auto picked = knapsack.solve(capacity, num_microbatches);
     if (!picked) break;
     auto candidate = distribute(templates, std::move(*picked), num_microbatches);

@@ -10,10 +10,10 @@
 
 namespace oobleck::planning {
 
-/// A template as instantiation sees it: its node count and T(Nb).
+/// A template as instantiation sees it: its node count and predicted T(Nb).
 struct template_option {
   int nodes = 0;
-  linear_time time;
+  pipeline_time time;
 };
 
 struct instantiation {
@@ -23,7 +23,7 @@ struct instantiation {
 
 /// The instantiation of exactly `nodes` nodes with >= min_pipelines pipelines (and no more
 /// pipelines than microbatches) whose step time after distribute_batch is minimal; nullopt when
-/// no such combination exists.
+/// no such combination exists. Exact for any nondecreasing T(Nb), as the 1F1B makespan is.
 ///
 /// Not an enumeration of partitions: for a threshold T, a pipeline of template j can take
 /// cap_j(T) microbatches finishing below T, and a knapsack DP over (nodes, pipelines) maximises the

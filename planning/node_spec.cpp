@@ -1,6 +1,7 @@
 #include "planning/node_spec.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "planning/profile.hpp"
@@ -46,6 +47,28 @@ std::vector<int> covered_node_counts(const std::vector<int>& template_sizes, int
   for (int m = std::max(lo, 1); m <= hi; ++m)
     if (reach[m][top]) out.push_back(m);
   return out;
+}
+
+int largest_covered_node_count(const std::vector<int>& template_sizes, int min_pipelines, int max_pipelines,
+                               int nodes) {
+  const int top = std::max(min_pipelines, 1);
+  if (nodes < 1 || max_pipelines < top) return 0;
+  // fewest[m][q]: fewest pipelines covering m nodes among covers of saturated count q (<= top).
+  constexpr int kNone = std::numeric_limits<int>::max();
+  std::vector<std::vector<int>> fewest(nodes + 1, std::vector<int>(top + 1, kNone));
+  fewest[0][0] = 0;
+  for (int m = 0; m < nodes; ++m)
+    for (int q = 0; q <= top; ++q) {
+      if (fewest[m][q] == kNone) continue;
+      for (int n : template_sizes)
+        if (n >= 1 && m + n <= nodes) {
+          int& next = fewest[m + n][std::min(q + 1, top)];
+          next = std::min(next, fewest[m][q] + 1);
+        }
+    }
+  for (int m = nodes; m >= 1; --m)
+    if (fewest[m][top] <= max_pipelines) return m;
+  return 0;
 }
 
 }  // namespace oobleck::planning

@@ -19,4 +19,9 @@ node_specification specify_nodes(const std::vector<bool>& feasible, int num_laye
 /// Node counts in [lo, hi] that sums of >= min_pipelines template sizes cover exactly.
 std::vector<int> covered_node_counts(const std::vector<int>& template_sizes, int min_pipelines, int lo, int hi);
 
+/// The largest node count <= nodes that a sum of between min_pipelines (>= 1) and max_pipelines
+/// template sizes covers exactly; 0 when none does.
+int largest_covered_node_count(const std::vector<int>& template_sizes, int min_pipelines, int max_pipelines,
+                               int nodes);
+
 }  // namespace oobleck::planning

@@ -20,7 +20,6 @@ std::vector<double> pipeline_template::stage_ms() const {
   return w;
 }
 
-linear_time pipeline_template::time_line() const { return iteration_time_line(stage_ms()); }
 
 std::pair<int, int> pipeline_template::node_layers(int node) const {
   int first = -1, end = -1;
@@ -180,7 +179,15 @@ std::vector<std::optional<pipeline_template>> template_generator::generate(int l
       pipeline_template t;
       t.nodes = lo + i;
       t.stages = dp.trace_full(lo + i, stages);
+      std::vector<double> forward, backward;
+      for (auto& s : t.stages) {
+        s.forward_ms = costs_.forward_ms(s.first_layer, s.end_layer, s.gpus);
+        s.backward_ms = costs_.backward_ms(s.first_layer, s.end_layer, s.gpus);
+        forward.push_back(s.forward_ms);
+        backward.push_back(s.backward_ms);
+      }
       t.iteration_ms = ranking_time(t.stage_ms());
+      t.time = pipeline_time::one_f_one_b(forward, backward);
       result[i] = std::move(t);
     }
   }

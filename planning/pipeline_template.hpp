@@ -5,29 +5,31 @@
 #include <vector>
 
 #include "planning/cost_model.hpp"
+#include "planning/makespan.hpp"
 
 namespace oobleck::planning {
 
 /// One stage: layers [first_layer, end_layer) on `gpus` GPUs of node `node` (0-based within the
-/// pipeline), taking `ms` per microbatch forward + backward.
+/// pipeline), taking `ms` per microbatch forward + backward (`forward_ms` + `backward_ms`).
 struct stage_spec {
   int node = 0;
   int gpus = 0;
   int first_layer = 0;
   int end_layer = 0;
   double ms = 0;
+  double forward_ms = 0;
+  double backward_ms = 0;
 };
 
 /// How n nodes run the whole model: stages in order, contiguous layers, each inside one node.
 struct pipeline_template {
   int nodes = 0;
   std::vector<stage_spec> stages;
-  double iteration_ms = 0;  ///< T with Nb = 4S, the ranking value
+  double iteration_ms = 0;  ///< the paper's T with Nb = 4S: what templates are ranked by, not a prediction
+  pipeline_time time;       ///< predicted time: the 1F1B makespan of the stages (set by the generator)
 
   std::vector<double> stage_ms() const;
-  /// T(Nb) of this template.
-  linear_time time_line() const;
-  double time_ms(int num_microbatches) const { return time_line().at(num_microbatches); }
+  double time_ms(int num_microbatches) const { return time.at(num_microbatches); }
   /// Layers [u, v) held by pipeline node i (union of its stages; empty range if none).
   std::pair<int, int> node_layers(int node) const;
 };

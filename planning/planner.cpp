@@ -14,7 +14,7 @@ const pipeline_template* template_set::find(int nodes) const {
 
 std::vector<template_option> template_set::options() const {
   std::vector<template_option> out;
-  for (const auto& t : templates) out.push_back({t.nodes, t.time_line()});
+  for (const auto& t : templates) out.push_back({t.nodes, t.time});
   return out;
 }
 

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "planning/batch_distribution.hpp"
+#include "planning/instantiation.hpp"
 #include "planning/node_spec.hpp"
 
 namespace oobleck::planning {
@@ -24,18 +26,42 @@ int largest_size(const template_set& t) { return t.templates.back().nodes; }
 /// Layers [u, v) each node holds in a configuration.
 using holding_map = std::map<int, std::pair<int, int>>;
 
+/// Precondition: inconsistency() found nothing, so every pipeline has its template.
 holding_map holdings(const template_set& templates, const std::vector<pipeline_instance>& ps) {
   holding_map out;
   for (const auto& p : ps) {
     const auto* t = templates.find(p.template_nodes);
+    if (!t) continue;
     for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) out[p.nodes[i]] = t->node_layers(i);
   }
   return out;
 }
 
+/// What makes a configuration unreadable (a pipeline on a template the job does not have, or on
+/// another number of nodes than its template; a node in two places); empty when it is sound.
+std::string inconsistency(const template_set& templates, const cluster_state& state) {
+  std::set<int> seen;
+  auto twice = [&](int n) { return !seen.insert(n).second; };
+  for (std::size_t i = 0; i < state.pipelines.size(); ++i) {
+    const auto& p = state.pipelines[i];
+    const std::string which = "pipeline " + std::to_string(i);
+    if (!templates.find(p.template_nodes))
+      return which + " runs a template of " + std::to_string(p.template_nodes) + " nodes, which the job does not have";
+    if (static_cast<int>(p.nodes.size()) != p.template_nodes)
+      return which + " has " + std::to_string(p.nodes.size()) + " nodes for a template of " +
+             std::to_string(p.template_nodes);
+    for (int n : p.nodes)
+      if (twice(n)) return "node " + std::to_string(n) + " is in two places";
+  }
+  for (int n : state.idle_nodes)
+    if (twice(n)) return "node " + std::to_string(n) + " is in two places";
+  return {};
+}
+
 /// Rules (1)-(4). Returns the drafts; `rules` says which applied.
 std::vector<draft> apply_rules(const template_set& templates, std::vector<node_list> groups,
-                               const std::vector<bool>& shrank, node_list pool, std::vector<reconfiguration_rule>& rules) {
+                               const std::vector<bool>& shrank, node_list pool, int max_pipelines,
+                               std::vector<reconfiguration_rule>& rules) {
   const int n0 = smallest_size(templates);
   const int n_max = largest_size(templates);
   auto has = [&](int n) { return templates.find(n) != nullptr; };
@@ -92,7 +118,7 @@ std::vector<draft> apply_rules(const template_set& templates, std::vector<node_l
   }
   // (4) free nodes (joined, idle, merged) form new pipelines, then enlarge the smallest ones.
   const bool had_free = !pool.empty();
-  while (static_cast<int>(pool.size()) >= n0) {
+  while (static_cast<int>(pool.size()) >= n0 && static_cast<int>(kept.size()) < max_pipelines) {
     int size = std::min(static_cast<int>(pool.size()), n_max);
     // Leave either nothing or enough for another pipeline; leftovers below n0 enlarge others.
     while (size > n0 && !has(size)) --size;
@@ -113,20 +139,19 @@ std::vector<draft> apply_rules(const template_set& templates, std::vector<node_l
   if (had_free && (rules.empty() || rules.back() != reconfiguration_rule::merge))
     rules.push_back(reconfiguration_rule::join);
   if (rules.empty()) rules.push_back(reconfiguration_rule::unchanged);  // e.g. only idle nodes were lost
-  if (!pool.empty()) kept.clear();  // unused nodes: let the re-plan decide
-  return kept;
+  return kept;  // nodes left in the pool stay idle unless the caller re-plans
 }
 
-/// Re-instantiates the whole cluster, keeping each old pipeline's survivors together.
-std::vector<draft> replan(const reconfiguration_context& ctx, std::vector<node_list> groups, node_list pool,
-                          int alive) {
-  int used = 0;
-  const auto inst = instantiate_or_shrink(ctx.templates, alive, ctx.fault_tolerance + 1, ctx.num_microbatches,
-                                          ctx.microbatch_size, &used);
+/// Re-instantiates the whole cluster on `usable` nodes, keeping each old pipeline's survivors
+/// together; nullopt if no instantiation exists (the caller checked that one does).
+std::optional<std::vector<draft>> replan(const reconfiguration_context& ctx, std::vector<node_list> groups,
+                                         node_list pool, int usable) {
+  const auto inst = instantiate(ctx.templates.options(), usable, ctx.fault_tolerance + 1, ctx.num_microbatches);
+  if (!inst) return std::nullopt;
   std::sort(groups.begin(), groups.end(), [](const node_list& a, const node_list& b) { return a.size() > b.size(); });
   std::vector<draft> out;
   std::size_t next_group = 0;
-  for (int size : inst.template_nodes) {
+  for (int size : inst->template_nodes) {
     draft d;
     if (next_group < groups.size()) {
       auto& g = groups[next_group++];
@@ -137,10 +162,11 @@ std::vector<draft> replan(const reconfiguration_context& ctx, std::vector<node_l
     out.push_back(std::move(d));
   }
   for (; next_group < groups.size(); ++next_group) pool.insert(pool.end(), groups[next_group].begin(), groups[next_group].end());
+  std::size_t next_free = 0;
   for (std::size_t i = 0; i < out.size(); ++i)
-    while (static_cast<int>(out[i].nodes.size()) < inst.template_nodes[i]) {
-      out[i].nodes.push_back(pool.front());
-      pool.erase(pool.begin());
+    while (static_cast<int>(out[i].nodes.size()) < inst->template_nodes[i]) {
+      if (next_free == pool.size()) return std::nullopt;  // more nodes planned than alive: cannot happen
+      out[i].nodes.push_back(pool[next_free++]);
     }
   return out;
 }
@@ -199,9 +225,32 @@ const char* to_string(reconfiguration_rule r) {
 }
 
 reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_state& current,
-                            std::span<const int> lost_ids, std::span<const int> joined) {
+                            std::span<const int> lost_ids, std::span<const int> joined_ids) {
   reconfiguration out;
-  const std::set<int> lost(lost_ids.begin(), lost_ids.end());
+  auto stop = [&](std::string why) {
+    out.action = reconfiguration_action::checkpoint_and_stop;
+    out.reason = std::move(why);
+    return out;
+  };
+  // Inputs no job produces: answered, never thrown or dereferenced blindly.
+  if (ctx.templates.templates.empty()) return stop("the job has no pipeline templates");
+  if (ctx.num_microbatches < ctx.fault_tolerance + 1)
+    return stop(std::to_string(ctx.num_microbatches) + " microbatches per step cannot feed f + 1 = " +
+                std::to_string(ctx.fault_tolerance + 1) + " pipelines");
+  if (auto why = inconsistency(ctx.templates, current); !why.empty())
+    return stop("the current configuration is inconsistent: " + why);
+
+  // A loss reported for a node that is not in the configuration (reported twice) and a join of a
+  // node that already is are no-ops.
+  std::set<int> present(current.idle_nodes.begin(), current.idle_nodes.end());
+  for (const auto& p : current.pipelines) present.insert(p.nodes.begin(), p.nodes.end());
+  std::set<int> lost;
+  for (int n : lost_ids)
+    if (present.count(n)) lost.insert(n);
+  node_list joined;
+  for (int n : joined_ids)
+    if (!present.count(n) && std::find(joined.begin(), joined.end(), n) == joined.end()) joined.push_back(n);
+
   std::vector<node_list> groups;
   std::vector<bool> shrank;
   int alive = 0;
@@ -220,11 +269,6 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
   pool.insert(pool.end(), joined.begin(), joined.end());
   alive += static_cast<int>(pool.size());
 
-  auto stop = [&](std::string why) {
-    out.action = reconfiguration_action::checkpoint_and_stop;
-    out.reason = std::move(why);
-    return out;
-  };
   // (5) A layer none of whose holders survived cannot be recovered from a replica.
   const auto old_hold = holdings(ctx.templates, current.pipelines);
   const auto holders = surviving_holders(old_hold, lost, ctx.costs.num_layers());
@@ -234,6 +278,13 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
   const int need = (ctx.fault_tolerance + 1) * n0;
   if (alive < need)
     return stop(std::to_string(alive) + " nodes remain, fewer than (f + 1) * n0 = " + std::to_string(need));
+  // The most nodes f + 1 to B/b pipelines can use; the rest stay idle (DESIGN §4).
+  const int max_pipelines = std::min(ctx.num_microbatches, alive);
+  const int usable =
+      largest_covered_node_count(ctx.templates.sizes(), ctx.fault_tolerance + 1, max_pipelines, alive);
+  if (usable == 0)  // (f + 1) pipelines of n0 nodes always fit here; kept so the function stays total
+    return stop("no combination of " + std::to_string(ctx.fault_tolerance + 1) + " to " +
+                std::to_string(max_pipelines) + " pipelines fits " + std::to_string(alive) + " nodes");
 
   const bool changed = !lost.empty() || !joined.empty();
   std::vector<draft> drafts;
@@ -241,27 +292,27 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
     out.rules.push_back(reconfiguration_rule::unchanged);
     for (const auto& g : groups) drafts.push_back({g});
   } else {
-    drafts = apply_rules(ctx.templates, groups, shrank, pool, out.rules);
+    drafts = apply_rules(ctx.templates, groups, shrank, pool, max_pipelines, out.rules);
   }
-  // The rules must use every node the templates can cover, with >= f + 1 pipelines, no more
-  // pipelines than microbatches; otherwise re-plan globally.
+  // The rules must give f + 1 to B/b pipelines that use as many nodes as any configuration could;
+  // otherwise re-plan globally.
   int used = 0;
   for (const auto& d : drafts) used += static_cast<int>(d.nodes.size());
-  const auto coverable = covered_node_counts(ctx.templates.sizes(), ctx.fault_tolerance + 1, alive, alive);
   const int count = static_cast<int>(drafts.size());
-  if (drafts.empty() || count < ctx.fault_tolerance + 1 || count > ctx.num_microbatches ||
-      (used < alive && !coverable.empty())) {
+  if (count < ctx.fault_tolerance + 1 || count > max_pipelines || used != usable) {
     out.rules.assign(1, reconfiguration_rule::replan);
-    drafts = replan(ctx, groups, pool, alive);
+    auto planned = replan(ctx, groups, pool, usable);
+    if (!planned) return stop("no instantiation of " + std::to_string(usable) + " nodes exists");
+    drafts = std::move(*planned);
   }
 
-  std::vector<linear_time> lines;
+  std::vector<pipeline_time> lines;
   std::set<int> in_use;
   for (const auto& d : drafts) {
     pipeline_instance p;
     p.nodes = d.nodes;
     p.template_nodes = static_cast<int>(d.nodes.size());
-    lines.push_back(ctx.templates.find(p.template_nodes)->time_line());
+    lines.push_back(ctx.templates.find(p.template_nodes)->time);
     in_use.insert(d.nodes.begin(), d.nodes.end());
     out.pipelines.push_back(std::move(p));
   }

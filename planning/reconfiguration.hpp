@@ -53,11 +53,17 @@ struct cluster_state {
 /// Applies one event. Rules, in order: (1) a pipeline that keeps >= n0 nodes is re-instantiated
 /// from the template of its remaining size; (2) one below n0 borrows nodes from pipelines that can
 /// spare them; (3) otherwise its nodes are merged with others into new pipelines; (4) joined and
-/// idle nodes form new pipelines or enlarge existing ones; if the result leaves a coverable node
-/// unused or has fewer than f + 1 pipelines, the whole cluster is re-instantiated keeping each
-/// pipeline's surviving nodes together. (5) Fewer than (f + 1) n0 nodes, or a layer whose every
-/// holder was lost, means checkpoint and stop. Surviving nodes keep their pipeline where possible so
-/// little state moves; copies spread bytes over the surviving holders of each layer.
+/// idle nodes form new pipelines (while there are fewer than B/b) or enlarge existing ones; if the
+/// result does not have f + 1 to B/b pipelines using as many nodes as such pipelines can, the whole
+/// cluster is re-instantiated keeping each pipeline's surviving nodes together. Nodes no pipeline
+/// can use stay idle (`idle_nodes`). (5) Fewer than (f + 1) n0 nodes, or a layer whose every holder
+/// was lost, means checkpoint and stop. Surviving nodes keep their pipeline where possible so little
+/// state moves; copies spread bytes over the surviving holders of each layer.
+///
+/// Total: never throws. A lost id not in the configuration and a joined id already in it are
+/// ignored; an inconsistent configuration (a pipeline without its template, a node in two places)
+/// or a context no job has (no templates, B/b < f + 1) is answered with checkpoint and stop and the
+/// reason.
 reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_state& current,
                             std::span<const int> lost, std::span<const int> joined);
 

@@ -14,6 +14,7 @@ packages=(
   nlohmann-json3-dev    # JSON codecs in messages/ (profiles, plan output)
   libtomlplusplus-dev   # job files
   libcli11-dev          # command-line flags
+  libssl-dev            # HMAC-SHA256 and SHA-256 of the admission protocol
   libopenblas0
 )
 

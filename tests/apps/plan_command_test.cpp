@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <sstream>
 #include <sys/wait.h>
 
@@ -92,6 +93,41 @@ TEST_CASE("--json keeps the documented key order on one line") {
   }
 }
 
+TEST_CASE("few microbatches per pipeline: no predicted step is shorter than one microbatch's trip") {
+  // 4 microbatches over 4 two-node pipelines: one each, fewer than the stages. The paper's closed
+  // form predicted less than the forward and backward trip through the stages.
+  const auto r = plan({"--profile", kProfile, "--nodes", "8", "--fault-tolerance", "1", "--global-batch", "16",
+                       "--microbatch", "4", "--json"});
+  REQUIRE(r.code == 0);
+  const auto v = json::parse(r.out);
+  std::map<std::int64_t, double> trip;  // template nodes -> sum of stage latencies
+  for (const auto& t : v.at("templates")) {
+    double sum = 0;
+    for (const auto& s : t.at("stages")) sum += s.at("ms").get<double>();
+    trip[t.at("nodes").get<std::int64_t>()] = sum;
+    CHECK(t.at("makespan_4s_ms").get<double>() >= t.at("iteration_ms").get<double>() * (1 - 1e-12));
+  }
+  const auto& inst = v.at("instantiation");
+  REQUIRE(inst.at("pipelines").size() == 4);
+  for (const auto& p : inst.at("pipelines")) {
+    CHECK(p.at("microbatches") == 1);
+    CHECK(p.at("time_ms").get<double>() >= trip.at(p.at("template_nodes").get<std::int64_t>()) * (1 - 1e-12));
+  }
+}
+
+TEST_CASE("a join beyond what B/b pipelines can use leaves nodes idle, not an error") {
+  // 4 microbatches: at most 4 pipelines of at most 6 nodes, so 4 of the 28 nodes stay idle.
+  const auto r = plan({"--profile", kProfile, "--nodes", "8", "--fault-tolerance", "1", "--global-batch", "16",
+                       "--microbatch", "4", "--join", "20", "--json"});
+  CHECK(r.err.empty());
+  REQUIRE(r.code == 0);
+  const auto v = json::parse(r.out);
+  const auto& event = v.at("events").at(0);
+  CHECK(event.at("action") == "continue");
+  CHECK(event.at("pipelines").size() == 4);
+  CHECK(event.at("idle_nodes").size() == 4);
+}
+
 TEST_CASE("the readable report shows templates, instantiation and events") {
   const auto r = plan(job({"--fail", "2"}));
   REQUIRE(r.code == 0);
@@ -160,10 +196,11 @@ struct exit_and_output {
   std::string out;
 };
 
-// The real binary, so the exit status is main's; `timeout` turns a hang into a failure.
+// The real binary, so the exit status is main's. timeout(1): pclose() waits for the child, so a
+// hung binary would hang the test; it exits 124 instead.
 exit_and_output run_plan_binary(const std::string& profile) {
   const std::string cmd =
-      "timeout 20 " + std::string(OOBLECK_PLAN_BINARY) + " --profile " + profile + " --template-nodes 1 2>&1";
+      "timeout 30 " + std::string(OOBLECK_PLAN_BINARY) + " --profile " + profile + " --template-nodes 1 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::string out;

@@ -14,7 +14,7 @@ using namespace oobleck::planning;
 namespace {
 
 // min over all N_i >= 1 summing to m of max_i T_i(N_i), by enumeration.
-double exhaustive_step(const std::vector<linear_time>& lines, int m) {
+double exhaustive_step(const std::vector<pipeline_time>& lines, int m) {
   double best = std::numeric_limits<double>::infinity();
   std::vector<int> n(lines.size());
   std::function<void(std::size_t, int)> rec = [&](std::size_t i, int left) {
@@ -35,8 +35,16 @@ double exhaustive_step(const std::vector<linear_time>& lines, int m) {
   return best;
 }
 
-linear_time random_line(std::mt19937& rng) {
-  return {static_cast<double>(rng() % 20), static_cast<double>(1 + rng() % 9)};
+/// A linear T(Nb) half of the time, otherwise the 1F1B makespan of 1..4 random integer stages
+/// (convex and curved for small Nb, not a line).
+pipeline_time random_line(std::mt19937& rng) {
+  if (rng() % 2 == 0) return pipeline_time::linear(static_cast<double>(rng() % 20), static_cast<double>(1 + rng() % 9));
+  std::vector<double> f(1 + rng() % 4), b(f.size());
+  for (std::size_t s = 0; s < f.size(); ++s) {
+    f[s] = static_cast<double>(rng() % 5);
+    b[s] = static_cast<double>(1 + rng() % 8);
+  }
+  return pipeline_time::one_f_one_b(f, b);
 }
 
 }  // namespace
@@ -46,7 +54,7 @@ TEST_CASE("batch distribution equals exhaustive search") {
   for (int trial = 0; trial < 500; ++trial) {
     const int p = 1 + static_cast<int>(rng() % 4);
     const int m = p + static_cast<int>(rng() % 9);
-    std::vector<linear_time> lines;
+    std::vector<pipeline_time> lines;
     for (int i = 0; i < p; ++i) lines.push_back(random_line(rng));
     const auto got = distribute_batch(lines, m);
     CAPTURE(trial);
@@ -62,7 +70,7 @@ TEST_CASE("batch distribution equals exhaustive search") {
 }
 
 TEST_CASE("batch distribution refuses more pipelines than microbatches and recommends a batch") {
-  const std::vector<linear_time> lines(3, linear_time{1, 1});
+  const std::vector<pipeline_time> lines(3, pipeline_time::linear(1, 1));
   try {
     distribute_batch(lines, 2, 4);
     FAIL("expected refusal");
@@ -99,7 +107,7 @@ TEST_CASE("instantiation equals exhaustive search over all template counts") {
     std::function<void(int, int)> rec = [&](int j, int left) {
       if (j == count) {
         if (left != 0) return;
-        std::vector<linear_time> lines;
+        std::vector<pipeline_time> lines;
         for (int k = 0; k < count; ++k)
           for (int c = 0; c < x[k]; ++c) lines.push_back(options[k].time);
         const int p = static_cast<int>(lines.size());
@@ -131,7 +139,7 @@ TEST_CASE("instantiation equals exhaustive search over all template counts") {
 
 TEST_CASE("instantiation prefers more, shallower pipelines when they finish sooner") {
   // Template of 2 nodes: T(N) = 4 + 2N; of 4 nodes: T(N) = 8 + 1.5N (deeper pipeline, more bubble).
-  const std::vector<template_option> options{{2, {4, 2}}, {4, {8, 1.5}}};
+  const std::vector<template_option> options{{2, pipeline_time::linear(4, 2)}, {4, pipeline_time::linear(8, 1.5)}};
   const auto got = instantiate(options, 8, 2, 40);
   REQUIRE(got);
   // 4 x 2-node: 10 microbatches each -> 24. 2 x 4-node: 20 each -> 38. 2x2 + 1x4: ...
@@ -141,7 +149,7 @@ TEST_CASE("instantiation prefers more, shallower pipelines when they finish soon
 
 TEST_CASE("instantiation of 1024 nodes finishes and uses every node") {
   std::vector<template_option> options;
-  for (int n = 3; n <= 40; ++n) options.push_back({n, {10.0 * n, 100.0 / n + 1.0}});
+  for (int n = 3; n <= 40; ++n) options.push_back({n, pipeline_time::linear(10.0 * n, 100.0 / n + 1.0)});
   const auto got = instantiate(options, 1024, 3, 4096);
   REQUIRE(got);
   int used = 0;

@@ -2,14 +2,19 @@
 // Exhaustive reference implementations for small planning instances: what the fast algorithms
 // must agree with.
 
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <limits>
 #include <optional>
 #include <random>
+#include <stdexcept>
+#include <tuple>
 #include <vector>
 
 #include "planning/cost_model.hpp"
 #include "planning/profile.hpp"
+#include "planning/schedule.hpp"
 
 namespace oobleck::testing {
 
@@ -93,6 +98,42 @@ inline planning::profile random_profile(std::mt19937& rng, int layers, int gpus_
     p.layers.push_back(layer);
   }
   return p;
+}
+
+/// The makespan of the 1F1B op lists of planning::one_f_one_b, by event simulation: each stage runs
+/// its own op list in order, one op at a time; a compute op starts once the stage is free and the
+/// op it depends on has ended (F(s - 1, i) for F(s, i), B(s + 1, i) for B(s, i)); transfers take no
+/// time. Stages take turns until every list is done, so nothing here knows the schedule's shape.
+inline double simulate_1f1b(const std::vector<double>& forward_ms, const std::vector<double>& backward_ms,
+                            int microbatches) {
+  const int S = static_cast<int>(forward_ms.size());
+  std::vector<std::vector<planning::schedule_op>> ops;
+  for (int s = 0; s < S; ++s) ops.push_back(planning::one_f_one_b(s, S, microbatches));
+  std::map<std::tuple<int, int, int>, double> end;  // (kind, stage, microbatch) -> end time
+  const int fwd = static_cast<int>(planning::op_kind::forward), bwd = static_cast<int>(planning::op_kind::backward);
+  std::vector<std::size_t> pc(S, 0);
+  std::vector<double> clock(S, 0.0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < S; ++s)
+      for (; pc[s] < ops[s].size(); ++pc[s], progress = true) {
+        const auto& op = ops[s][pc[s]];
+        if (op.kind != planning::op_kind::forward && op.kind != planning::op_kind::backward) continue;
+        const bool is_fwd = op.kind == planning::op_kind::forward;
+        double ready = 0;
+        const int dep_stage = is_fwd ? s - 1 : s + 1;
+        if (dep_stage >= 0 && dep_stage < S) {
+          auto it = end.find({is_fwd ? fwd : bwd, dep_stage, op.microbatch});
+          if (it == end.end()) break;  // blocked on the other stage
+          ready = it->second;
+        }
+        clock[s] = std::max(clock[s], ready) + (is_fwd ? forward_ms[s] : backward_ms[s]);
+        end[{is_fwd ? fwd : bwd, s, op.microbatch}] = clock[s];
+      }
+  }
+  for (int s = 0; s < S; ++s)
+    if (pc[s] != ops[s].size()) throw std::logic_error("simulate_1f1b: the op lists deadlock");
+  return *std::max_element(clock.begin(), clock.end());
 }
 
 }  // namespace oobleck::testing

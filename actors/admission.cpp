@@ -1,0 +1,162 @@
+#include "actors/admission.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include "messages/protocol.hpp"
+
+namespace oobleck::actors {
+
+namespace {
+
+std::string to_hex(const unsigned char* bytes, std::size_t n) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (std::size_t i = 0; i < n; ++i) {
+    out[2 * i] = digits[bytes[i] >> 4];
+    out[2 * i + 1] = digits[bytes[i] & 15];
+  }
+  return out;
+}
+
+/// Compares in time independent of where the strings differ.
+bool equal_constant_time(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string short_hash(const std::string& h) { return h.empty() ? "(none)" : h.substr(0, 12); }
+
+}  // namespace
+
+std::string hmac_sha256_hex(std::string_view key, std::string_view message) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+            reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &len))
+    throw std::runtime_error("HMAC-SHA256 failed");
+  return to_hex(out, len);
+}
+
+std::string sha256_hex(std::string_view bytes) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (!EVP_Digest(bytes.data(), bytes.size(), out, &len, EVP_sha256(), nullptr))
+    throw std::runtime_error("SHA-256 failed");
+  return to_hex(out, len);
+}
+
+std::string random_hex(std::size_t bytes) {
+  std::string raw(bytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(bytes)) != 1)
+    throw std::runtime_error("the system's random generator failed");
+  return to_hex(reinterpret_cast<const unsigned char*>(raw.data()), bytes);
+}
+
+std::string admission_proof(std::string_view token, std::string_view nonce, std::string_view name) {
+  // Each kind of proof has its own prefix, so one can never pass for another.
+  std::string message = "register\n";
+  message += nonce;
+  message += '\n';
+  message += name;
+  return hmac_sha256_hex(token, message);
+}
+
+std::string control_proof_of(std::string_view token, std::string_view nonce) {
+  std::string message = "control\n";
+  message += nonce;
+  return hmac_sha256_hex(token, message);
+}
+
+std::string read_token_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw std::runtime_error("token file " + path + ": " + std::strerror(errno));
+  if (st.st_mode & (S_IRWXG | S_IRWXO))
+    throw std::runtime_error("token file " + path +
+                             " is accessible by group or others; run chmod 600 " + path);
+  std::ifstream in(path);
+  std::string token;
+  std::getline(in, token);
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.size() < 32)
+    throw std::runtime_error("token file " + path + " holds no token of at least 32 characters");
+  return token;
+}
+
+std::string create_token_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) throw std::runtime_error("cannot create token file " + path + ": " + std::strerror(errno));
+  const std::string token = random_hex(32);
+  const std::string line = token + "\n";
+  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  ::close(fd);
+  if (!ok) throw std::runtime_error("cannot write token file " + path);
+  return token;
+}
+
+std::string nonce_book::issue(clock::time_point now) {
+  while (!issued_.empty() && (issued_.size() >= capacity_ || now - issued_.front().at > ttl_))
+    issued_.pop_front();
+  issued_.push_back({random_hex(16), now});
+  return issued_.back().nonce;
+}
+
+bool nonce_book::consume(const std::string& nonce, clock::time_point now) {
+  auto it = std::find_if(issued_.begin(), issued_.end(),
+                         [&](const entry& e) { return e.nonce == nonce; });
+  if (it == issued_.end()) return false;
+  const bool fresh = now - it->at <= ttl_;
+  issued_.erase(it);
+  return fresh;
+}
+
+caf::error check_registration(const messages::register_node& r, const admission_policy& policy,
+                              nonce_book& nonces, nonce_book::clock::time_point now) {
+  using messages::make_error;
+  using messages::protocol_error;
+  const bool nonce_ok = nonces.consume(r.nonce, now);
+  if (r.protocol_version != policy.protocol_version)
+    return make_error(protocol_error::wrong_version,
+                      "the worker speaks protocol " + std::to_string(r.protocol_version) +
+                          ", the coordinator " + std::to_string(policy.protocol_version) +
+                          "; run the same Oobleck build on every node");
+  if (!nonce_ok)
+    return make_error(protocol_error::bad_proof, "unknown, expired or reused nonce");
+  if (!equal_constant_time(r.proof, admission_proof(policy.token, r.nonce, r.name)))
+    return make_error(protocol_error::bad_proof,
+                      "the worker's token differs from the coordinator's (check --token-file)");
+  if (!r.job_hash.empty() && r.job_hash != policy.job_hash)
+    return make_error(protocol_error::wrong_job,
+                      "the worker was started for job " + short_hash(r.job_hash) +
+                          ", the coordinator runs job " + short_hash(policy.job_hash));
+  if (r.slots < 1 || r.slots > 64 || r.name.empty() || r.name.size() > 255 || r.data.port == 0)
+    return make_error(protocol_error::bad_request,
+                      "a registration needs a name (1-255 bytes), 1-64 slots and a data port");
+  return {};
+}
+
+caf::error check_control(const messages::control_proof& p, const admission_policy& policy,
+                         nonce_book& nonces, nonce_book::clock::time_point now) {
+  using messages::make_error;
+  using messages::protocol_error;
+  if (!nonces.consume(p.nonce, now))
+    return make_error(protocol_error::bad_proof, "unknown, expired or reused nonce");
+  if (!equal_constant_time(p.proof, control_proof_of(policy.token, p.nonce)))
+    return make_error(protocol_error::bad_proof,
+                      "the request's token differs from the coordinator's (check --token-file)");
+  return {};
+}
+
+}  // namespace oobleck::actors

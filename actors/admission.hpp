@@ -1,0 +1,78 @@
+#pragma once
+// Admission of worker nodes (DESIGN §5, issue "actor runtime" item 10), as plain functions the
+// coordinator actor calls: the job token never crosses the wire. The coordinator hands out a
+// single-use random nonce; the worker answers with HMAC-SHA256(token, nonce || name) in hex; the
+// coordinator recomputes it. A wrong version, another job's config or a bad proof is refused with
+// a protocol_error that says what differs, and nothing of the running job changes.
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <caf/error.hpp>
+
+#include "messages/admission.hpp"
+
+namespace oobleck::actors {
+
+/// Lower-case hex of HMAC-SHA256(key, message).
+std::string hmac_sha256_hex(std::string_view key, std::string_view message);
+/// Lower-case hex of SHA-256(bytes): the job hash is this over the job file's text.
+std::string sha256_hex(std::string_view bytes);
+/// `bytes` bytes from the OS's cryptographic generator, in hex.
+std::string random_hex(std::size_t bytes);
+
+/// The proof a worker sends for `nonce`.
+std::string admission_proof(std::string_view token, std::string_view nonce, std::string_view name);
+
+/// The proof an operator's request carries (messages::control_proof).
+std::string control_proof_of(std::string_view token, std::string_view nonce);
+
+/// Reads the job token from `path`: one line of at least 32 characters; the file must not be
+/// readable by group or others (like ssh keys). Throws std::runtime_error saying what is wrong.
+std::string read_token_file(const std::string& path);
+/// Creates `path` (mode 0600, refusing to overwrite) holding a fresh 256-bit token; returns it.
+std::string create_token_file(const std::string& path);
+
+/// Nonces handed out and not used yet. Each is valid once, for `ttl`; at most `capacity` are
+/// outstanding (the oldest is forgotten first), so a flood of requests cannot grow the book.
+class nonce_book {
+ public:
+  using clock = std::chrono::steady_clock;
+  explicit nonce_book(std::chrono::seconds ttl = std::chrono::seconds(60), std::size_t capacity = 1024)
+      : ttl_(ttl), capacity_(capacity) {}
+  /// A fresh nonce, issued at `now`.
+  std::string issue(clock::time_point now);
+  /// True, once, for a nonce issued less than ttl before `now`.
+  bool consume(const std::string& nonce, clock::time_point now);
+  [[nodiscard]] std::size_t outstanding() const { return issued_.size(); }
+
+ private:
+  struct entry {
+    std::string nonce;
+    clock::time_point at;
+  };
+  std::chrono::seconds ttl_;
+  std::size_t capacity_;
+  std::deque<entry> issued_;
+};
+
+/// What the coordinator checks a registration against.
+struct admission_policy {
+  std::string token;
+  std::string job_hash;
+  std::uint32_t protocol_version = 0;
+};
+
+/// Checks `r` (its nonce is consumed whatever the outcome); an empty error admits it.
+caf::error check_registration(const messages::register_node& r, const admission_policy& policy,
+                              nonce_book& nonces, nonce_book::clock::time_point now);
+
+/// Checks an operator's proof (its nonce is consumed whatever the outcome).
+caf::error check_control(const messages::control_proof& p, const admission_policy& policy,
+                         nonce_book& nonces, nonce_book::clock::time_point now);
+
+}  // namespace oobleck::actors

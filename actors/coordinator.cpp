@@ -1,0 +1,167 @@
+#include "actors/coordinator.hpp"
+
+#include "actors/coordinator_training.hpp"
+
+#include <algorithm>
+
+#include <caf/actor_cast.hpp>
+#include <caf/system_messages.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/result.hpp>
+#include <caf/send.hpp>
+
+namespace oobleck::actors {
+
+using namespace oobleck::messages;
+
+namespace {
+
+void update_job_state(coordinator_pointer self) {
+  auto& st = self->state;
+  if (st.job_state != "registering" && st.job_state != "ready") return;  // training owns it
+  std::int32_t alive = 0;
+  for (auto& [id, n] : st.nodes)
+    if (n.state != "lost") ++alive;
+  const std::string next = alive >= st.deps.expected_nodes ? "ready" : "registering";
+  if (next == st.job_state) return;
+  st.job_state = next;
+  if (next == "ready") {
+    st.deps.log("ready: " + std::to_string(alive) + " node(s) admitted");
+    if (st.deps.steps > 0) form_epoch(self);
+  }
+  else
+    st.deps.log("waiting for nodes: " + std::to_string(alive) + " of " +
+                std::to_string(st.deps.expected_nodes) + " admitted");
+}
+
+caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
+  auto& st = self->state;
+  if (auto err = check_registration(r, st.deps.policy, st.nonces, st.deps.now())) {
+    ++st.refused;
+    st.deps.log("refused worker '" + r.name + "': " + describe(err));
+    return err;
+  }
+  auto monitor = caf::actor_cast<monitor_actor>(self->current_sender());
+  if (!monitor) return make_error(protocol_error::bad_request, "registration without a sender");
+  const std::int64_t id = st.next_node++;
+  self->monitor(monitor);
+  st.nodes[id] = node_entry{r.name, r.slots, r.data, monitor, "registered", {}};
+  st.deps.log("node " + std::to_string(id) + " joined: " + r.name + " (" + std::to_string(r.slots) +
+              " slot(s), data plane " + r.data.host + ":" + std::to_string(r.data.port) + ")");
+  publish(self, {event_kind::node_joined, 0, 0, id, 0, r.name});
+  // The admission must reach the node before its first epoch assignment, which this very
+  // registration may trigger: deliver it now, then update the job.
+  auto promise = self->make_response_promise<admission>();
+  promise.deliver(admission{id, st.deps.job_toml, st.deps.policy.job_hash});
+  update_job_state(self);
+  return promise;
+}
+
+void on_down(coordinator_pointer self, const caf::down_msg& dm) {
+  auto& st = self->state;
+  for (auto& [id, n] : st.nodes) {
+    if (n.state == "lost" || n.monitor.address() != dm.source) continue;
+    n.state = "lost";
+    n.lost_reason = self->system().render(dm.reason);
+    st.deps.log("node " + std::to_string(id) + " lost: " + n.name + " (" + n.lost_reason + ")");
+    publish(self, {event_kind::node_lost, st.epoch, st.step, id, 0, n.lost_reason});
+    const bool in_epoch = std::find(st.in_epoch.begin(), st.in_epoch.end(), id) != st.in_epoch.end();
+    if (in_epoch && st.job_state != "registering" && st.job_state != "ready")
+      return stop_job(self,
+                      "node " + std::to_string(id) + " was lost during training; recovery from a "
+                      "lost node is not built yet",
+                      true);
+    update_job_state(self);
+    return;
+  }
+  auto& subs = st.subscribers;
+  subs.erase(std::remove_if(subs.begin(), subs.end(),
+                            [&](const caf::actor& a) { return a.address() == dm.source; }),
+             subs.end());
+}
+
+caf::error check_operator(coordinator_pointer self, const control_proof& p) {
+  auto& st = self->state;
+  auto err = check_control(p, st.deps.policy, st.nonces, st.deps.now());
+  if (err) st.deps.log("refused an operator request: " + describe(err));
+  return err;
+}
+
+caf::result<std::string> on_inject(coordinator_pointer self, const inject_fault& f) {
+  auto& st = self->state;
+  auto it = st.nodes.find(f.node);
+  if (it == st.nodes.end() || it->second.state == "lost")
+    return make_error(protocol_error::unknown_node,
+                      "node " + std::to_string(f.node) + " is not a live node of this job");
+  self->send(it->second.monitor, f);
+  const std::string what = "sent " + to_string(f.kind) + " to node " + std::to_string(f.node) +
+                           " (" + it->second.name + ")";
+  st.deps.log(what);
+  return what;
+}
+
+}  // namespace
+
+job_status make_status(const coordinator_state& st) {
+  job_status s;
+  s.state = st.job_state;
+  s.epoch = st.epoch;
+  s.committed_steps = st.committed;
+  s.last_loss = st.last_loss;
+  s.samples_per_second = st.samples_per_second;
+  s.dropped_messages = st.dropped;
+  for (const auto& [id, n] : st.nodes) {
+    std::int32_t rank = -1;
+    for (std::size_t p = 0, r = 0; p < st.pipelines.size(); ++p)
+      for (auto node : st.pipelines[p].nodes) {
+        if (node == id && n.state != "lost") rank = static_cast<std::int32_t>(r);
+        ++r;
+      }
+    std::string state = n.state;
+    if (state != "lost" && st.epoch > 0) state = rank >= 0 ? "training" : "idle";
+    s.nodes.push_back({id, n.name, state, rank});
+  }
+  for (const auto& p : st.pipelines) s.pipelines.push_back({p.nodes, {}, p.microbatches});
+  return s;
+}
+
+coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinator_deps deps) {
+  self->state.deps = std::move(deps);
+  self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
+  return {
+      [self](nonce_request& r) -> caf::result<std::string> {
+        auto& st = self->state;
+        if (r.protocol_version != st.deps.policy.protocol_version)
+          return make_error(protocol_error::wrong_version,
+                            "the worker speaks protocol " + std::to_string(r.protocol_version) +
+                                ", the coordinator " + std::to_string(st.deps.policy.protocol_version));
+        return st.nonces.issue(st.deps.now());
+      },
+      [self](register_node& r) -> caf::result<admission> { return on_register(self, r); },
+      [self](node_ready& r) { on_node_ready(self, r); },
+      [self](node_fault& f) { on_node_fault(self, f); },
+      [self](pipeline_done& d) { on_pipeline_done(self, d); },
+      [self](step_committed& c) { on_step_committed(self, c); },
+      [self](status_atom, control_proof& p) -> caf::result<job_status> {
+        if (auto err = check_operator(self, p)) return err;
+        return make_status(self->state);
+      },
+      [self](inject_fault& f, control_proof& p) -> caf::result<std::string> {
+        if (auto err = check_operator(self, p)) return err;
+        return on_inject(self, f);
+      },
+      [self](subscribe_atom, caf::actor& who, control_proof& p) -> caf::result<std::string> {
+        if (auto err = check_operator(self, p)) return err;
+        self->monitor(who);
+        self->state.subscribers.push_back(who);
+        return std::string("subscribed");
+      },
+      [self](shutdown_atom, std::string& reason, control_proof& p) -> caf::result<std::string> {
+        if (auto err = check_operator(self, p)) return err;
+        stop_job(self, reason, false);
+        return std::string("shutting down");
+      },
+  };
+}
+
+}  // namespace oobleck::actors

@@ -1,0 +1,174 @@
+#include "actors/monitor.hpp"
+
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <caf/system_messages.hpp>
+#include <caf/exit_reason.hpp>
+
+#include "actors/admission.hpp"
+
+namespace oobleck::actors {
+
+using namespace oobleck::messages;
+
+void signal_own_process(const inject_fault& f) {
+  if (f.kind == fault_kind::kill) {
+    ::kill(::getpid(), SIGKILL);
+    return;
+  }
+  if (f.seconds > 0) {
+    // A stopped process cannot wake itself: a child does it (async-signal-safe calls only).
+    const pid_t parent = ::getpid();
+    if (::fork() == 0) {
+      timespec t{static_cast<time_t>(f.seconds),
+                 static_cast<long>((f.seconds - static_cast<time_t>(f.seconds)) * 1e9)};
+      while (::nanosleep(&t, &t) != 0) {
+      }
+      ::kill(parent, SIGCONT);
+      ::_exit(0);
+    }
+  }
+  ::kill(::getpid(), SIGSTOP);
+}
+
+namespace {
+
+void start_registration(monitor_pointer self) {
+  auto& d = self->state.deps;
+  self->request(d.coordinator, caf::infinite, nonce_request{protocol_version})
+      .then(
+          [self](std::string& nonce) {
+            auto& d = self->state.deps;
+            register_node r{protocol_version, d.job_hash, d.name,  d.slots, d.data,
+                            nonce,            admission_proof(d.token, nonce, d.name), -1};
+            self->request(d.coordinator, caf::infinite, std::move(r))
+                .then(
+                    [self](admission& a) {
+                      self->state.node = a.node;
+                      self->state.job = a;
+                      self->state.deps.log("admitted as node " + std::to_string(a.node));
+                      self->state.deps.admitted(a);
+                    },
+                    [self](caf::error& err) {
+                      self->state.deps.log("refused by the coordinator: " + describe(err));
+                      self->quit(std::move(err));
+                    });
+          },
+          [self](caf::error& err) {
+            self->state.deps.log("refused by the coordinator: " + describe(err));
+            self->quit(std::move(err));
+          });
+}
+
+void retire_stage(monitor_pointer self, const std::string& why) {
+  auto& st = self->state;
+  if (!st.stage) return;
+  st.stage->abort(why);
+  caf::anon_send_exit(st.stage->actor, caf::exit_reason::user_shutdown);
+  st.stage.reset();
+}
+
+void on_assignment(monitor_pointer self, epoch_assignment& a) {
+  auto& st = self->state;
+  if (a.epoch <= st.epoch || st.node < 0) {
+    ++st.dropped;  // stale, or (a protocol error) ahead of this node's admission
+    return;
+  }
+  retire_stage(self, "epoch " + std::to_string(a.epoch) + " replaces epoch " + std::to_string(st.epoch));
+  st.epoch = a.epoch;
+  if (a.rank < 0 || a.stages.empty()) {
+    st.deps.log("epoch " + std::to_string(a.epoch) + ": idle");
+    self->send(st.deps.coordinator, node_ready{a.epoch, st.node, {}});
+    return;
+  }
+  if (!st.deps.make_stage) {
+    self->send(st.deps.coordinator, node_fault{a.epoch, st.node, "this node cannot run stages"});
+    return;
+  }
+  try {
+    st.stage = st.deps.make_stage(st.job);
+  } catch (const std::exception& e) {
+    self->send(st.deps.coordinator, node_fault{a.epoch, st.node, std::string("cannot start a stage: ") + e.what()});
+    return;
+  }
+  const auto& s = a.stages.front();
+  st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank) + ", pipeline " +
+              std::to_string(s.pipeline) + " stage " + std::to_string(s.stage) + " of " +
+              std::to_string(s.num_stages) + ", layers [" + std::to_string(s.first_layer) + ", " +
+              std::to_string(s.end_layer) + ")");
+  const std::uint64_t e = a.epoch;
+  self->request(st.stage->actor, caf::infinite, std::move(a))
+      .then(
+          [self, e](bool) {
+            auto& st = self->state;
+            if (e != st.epoch || !st.stage) return;
+            self->send(st.deps.coordinator,
+                       node_ready{e, st.node, {caf::actor_cast<caf::actor>(st.stage->actor)}});
+          },
+          [self, e](caf::error& err) {
+            auto& st = self->state;
+            if (e != st.epoch) return;
+            st.deps.log("epoch " + std::to_string(e) + ": forming failed: " + describe(err));
+            self->send(st.deps.coordinator, node_fault{e, st.node, describe(err)});
+          });
+}
+
+void on_commit(monitor_pointer self, commit_step& c) {
+  auto& st = self->state;
+  if (c.epoch != st.epoch) {
+    ++st.dropped;
+    return;
+  }
+  if (!st.stage) {
+    self->send(st.deps.coordinator, step_committed{c.epoch, c.step, st.node, {}});
+    return;
+  }
+  self->request(st.stage->actor, caf::infinite, c)
+      .then(
+          [self](step_committed& done) {
+            done.node = self->state.node;
+            self->send(self->state.deps.coordinator, std::move(done));
+          },
+          [self, c](caf::error& err) {
+            self->send(self->state.deps.coordinator,
+                       node_fault{c.epoch, self->state.node, "commit failed: " + describe(err)});
+          });
+}
+
+}  // namespace
+
+monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
+  self->state.deps = std::move(deps);
+  if (!self->state.deps.fault) self->state.deps.fault = signal_own_process;
+  self->monitor(self->state.deps.coordinator);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    if (dm.source != self->state.deps.coordinator.address()) return;
+    self->state.deps.log("the coordinator is gone (" + self->system().render(dm.reason) +
+                         "); stopping");
+    retire_stage(self, "the coordinator is gone");
+    self->quit(caf::make_error(caf::exit_reason::remote_link_unreachable));
+  });
+  start_registration(self);
+  return {
+      [self](epoch_assignment& a) { on_assignment(self, a); },
+      [self](commit_step& c) { on_commit(self, c); },
+      [self](abort_epoch& a) {
+        if (a.epoch != self->state.epoch) return;
+        retire_stage(self, a.reason);
+      },
+      [self](inject_fault& f) {
+        self->state.deps.log("injected fault: " + to_string(f.kind) +
+                             (f.seconds > 0 ? " for " + std::to_string(f.seconds) + " s" : ""));
+        self->state.deps.fault(f);
+      },
+      [self](shutdown_atom, std::string& reason) {
+        self->state.deps.log("shut down by the coordinator: " + reason);
+        retire_stage(self, "shut down: " + reason);
+        self->quit();
+      },
+  };
+}
+
+}  // namespace oobleck::actors

@@ -1,0 +1,64 @@
+#pragma once
+// The monitor actor (DESIGN §5): one per worker process, the node's agent. It registers with the
+// coordinator (proving the job token with the coordinator's nonce), watches the coordinator (a
+// worker whose coordinator is gone says so and stops), and executes the faults operators inject.
+//
+//   registering --(admission)--> admitted --epoch_assignment{e}--> forming --(stage formed)-->
+//        |                          ^          node_ready{e} to the coordinator      |
+//        |                          +------------------------------------------------+
+//        +--(refused)--> stopped (the reason is the actor's exit reason)
+//   commit_step{e,k}: the node's stages apply the step; step_committed{e,k} with their digests.
+//   shutdown, or the coordinator down: stopped.
+//
+// The layer store, copies between epochs and abort_epoch's recovery join with fault tolerance.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include <caf/stateful_actor.hpp>
+
+#include "actors/stage.hpp"
+#include "messages/actor_interfaces.hpp"
+
+namespace oobleck::actors {
+
+struct monitor_deps {
+  messages::coordinator_actor coordinator;
+  std::string token;
+  std::string name;
+  std::int32_t slots = 1;
+  messages::endpoint data;
+  std::string job_hash;  ///< of the worker's own --config, if it was given one; empty: any job
+  std::function<void(const std::string&)> log = [](const std::string&) {};
+  /// A refused registration ends the actor with the coordinator's error as its exit reason; a lost
+/// coordinator with exit_reason::remote_link_unreachable; a shutdown normally.
+/// Called once admitted, with the node id and the job's configuration.
+  std::function<void(const messages::admission&)> admitted = [](const messages::admission&) {};
+  /// Spawns the stage actor of an epoch for the admitted job (the worker decodes the job file);
+  /// unset: the node cannot run stages (assignments with stages are answered with node_fault).
+  std::function<spawned_stage(const messages::admission&)> make_stage;
+  /// Carries out an injected fault; the default signals this very process (SIGKILL, SIGSTOP).
+  std::function<void(const messages::inject_fault&)> fault;
+};
+
+struct monitor_state {
+  monitor_deps deps;
+  std::int64_t node = -1;
+  messages::admission job;
+  std::uint64_t epoch = 0;  ///< the newest epoch assigned
+  std::optional<spawned_stage> stage;  ///< of `epoch`, once spawned
+  std::uint64_t dropped = 0;           ///< messages of older epochs
+  static inline const char* name = "oobleck.monitor";
+};
+
+using monitor_pointer = messages::monitor_actor::stateful_pointer<monitor_state>;
+
+messages::monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps);
+
+/// The default fault action: SIGKILL for a kill; SIGSTOP for a hang, with a SIGCONT from a helper
+/// process after `seconds` when it is positive.
+void signal_own_process(const messages::inject_fault& f);
+
+}  // namespace oobleck::actors

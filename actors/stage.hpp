@@ -1,0 +1,51 @@
+#pragma once
+// The stage actor (DESIGN §5): one per stage of a node in an epoch, detached (its own thread), so
+// that LibTorch compute and blocking collectives never run on CAF's cooperative workers. It owns
+// the node's data plane of the epoch (host transport and communicator) and a stage executor.
+//
+//   created --epoch_assignment--> formed (mesh connected) --stage_step--> ... --commit_step--> ...
+//
+// abort() of its data plane is callable from any thread (the monitor's), so an epoch can be torn
+// down while the stage is blocked in a collective. No LibTorch in this header.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+
+#include "messages/actor_interfaces.hpp"
+#include "runtime/gpt_config.hpp"
+#include "runtime/optimizer_options.hpp"
+
+namespace oobleck::actors {
+
+/// What a stage needs of the job (the worker's composition root decodes the job file into it).
+struct stage_job {
+  runtime::gpt_config model;
+  std::int32_t global_batch = 1;
+  std::int32_t microbatch = 1;
+  std::uint64_t sample_seed = 1;          ///< which samples form each step
+  std::int64_t corpus_bytes = 1 << 20;    ///< the generated corpus
+  std::uint64_t corpus_seed = 7;
+  runtime::adamw_options optimizer;
+  std::int32_t connect_timeout_ms = 30'000;
+};
+
+/// A spawned stage and the handle that aborts its data plane from any thread.
+struct spawned_stage {
+  messages::stage_actor actor;
+  std::function<void(const std::string&)> abort;
+};
+
+/// Spawns a detached stage actor for `job`; it forms itself on its first epoch_assignment.
+spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job);
+
+/// The same training in one process, one stage holding every layer and the whole global batch
+/// per step: what any cluster run of `job` must equal (DESIGN §5 "nothing lost" (3)). Returns the
+/// mean loss of each step.
+std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps);
+
+}  // namespace oobleck::actors

@@ -1,0 +1,88 @@
+#include "apps/cluster_common.hpp"
+
+#include <charconv>
+#include <chrono>
+#include <iostream>
+#include <stdexcept>
+#include <thread>
+
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/admission.hpp"
+#include "messages/input_error.hpp"
+
+namespace oobleck::apps {
+
+using messages::input_error;
+
+host_port parse_host_port(const std::string& flag, const std::string& text, bool allow_zero) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
+    throw input_error(flag + ": expected HOST:PORT, got '" + text + "'");
+  host_port hp;
+  hp.host = text.substr(0, colon);
+  const std::string port = text.substr(colon + 1);
+  unsigned value = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (ec != std::errc{} || end != port.data() + port.size() || value > 65535 ||
+      (value == 0 && !allow_zero))
+    throw input_error(flag + ": the port must be an integer in " + (allow_zero ? "0" : "1") +
+                      "..65535, got '" + port + "'");
+  hp.port = static_cast<std::uint16_t>(value);
+  return hp;
+}
+
+cluster_config::cluster_config() {
+  messages::add_protocol_types(*this);
+  load<caf::io::middleman>();
+  set("scheduler.max-threads", 2);
+  set("logger.verbosity", caf::atom("quiet"));
+  set("logger.console", caf::atom("none"));
+}
+
+std::function<void(const std::string&)> progress_printer(std::string who) {
+  return [who = std::move(who)](const std::string& line) {
+    std::cout << "[" << who << "] " << line << std::endl;
+  };
+}
+
+messages::coordinator_actor connect_coordinator(caf::actor_system& sys, const host_port& at,
+                                                double timeout_s,
+                                                const std::function<void(const std::string&)>& log) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  bool said = false;
+  for (;;) {
+    auto c = sys.middleman().remote_actor<messages::coordinator_actor>(at.host, at.port);
+    if (c) return *c;
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw std::runtime_error("cannot reach the coordinator at " + at.host + ":" +
+                               std::to_string(at.port) + " within " + std::to_string(timeout_s) +
+                               " s: " + sys.render(c.error()));
+    if (!said) {
+      log("waiting for the coordinator at " + at.host + ":" + std::to_string(at.port) + " (" +
+          sys.render(c.error()) + ")");
+      said = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+messages::control_proof operator_proof(caf::actor_system& sys, const messages::coordinator_actor& c,
+                                       const std::string& token) {
+  caf::scoped_actor self{sys};
+  messages::control_proof proof;
+  self->request(c, std::chrono::seconds(30), messages::nonce_request{messages::protocol_version})
+      .receive(
+          [&](std::string& nonce) {
+            proof.nonce = nonce;
+            proof.proof = actors::control_proof_of(token, nonce);
+          },
+          [&](caf::error& e) {
+            throw std::runtime_error("the coordinator refused a nonce: " + messages::describe(e));
+          });
+  return proof;
+}
+
+}  // namespace oobleck::apps

@@ -1,0 +1,44 @@
+#pragma once
+// What the cluster programs (oobleck-coordinator, oobleck-worker, oobleck-ctl) share: addresses,
+// the CAF configuration, and asking the coordinator as an operator.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
+#include "messages/actor_interfaces.hpp"
+
+namespace oobleck::apps {
+
+struct host_port {
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+/// "HOST:PORT" (PORT may be 0 where `allow_zero`); throws messages::input_error naming `flag`.
+host_port parse_host_port(const std::string& flag, const std::string& text, bool allow_zero = false);
+
+/// The CAF configuration of every cluster program: the protocol's types, the middleman, quiet
+/// logs, a small scheduler (the machine's cores belong to LibTorch).
+struct cluster_config : caf::actor_system_config {
+  cluster_config();
+};
+
+/// A progress line: "[who] text", flushed at once (other processes interleave with it).
+std::function<void(const std::string&)> progress_printer(std::string who);
+
+/// Connects to the coordinator, retrying until `timeout_s` (it may start after the worker).
+/// Throws std::runtime_error naming the address and CAF's last error.
+messages::coordinator_actor connect_coordinator(caf::actor_system& sys, const host_port& at,
+                                                double timeout_s,
+                                                const std::function<void(const std::string&)>& log);
+
+/// A fresh control proof: asks for a nonce and signs it with the token.
+messages::control_proof operator_proof(caf::actor_system& sys, const messages::coordinator_actor& c,
+                                       const std::string& token);
+
+}  // namespace oobleck::apps

@@ -1,0 +1,208 @@
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <caf/io/middleman.hpp>
+#include <nlohmann/json.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/admission.hpp"
+#include "actors/coordinator.hpp"
+#include "apps/cluster_commands.hpp"
+#include "apps/cluster_common.hpp"
+#include "apps/flags.hpp"
+#include "apps/job_file.hpp"
+#include "messages/input_error.hpp"
+#include "messages/profile_file.hpp"
+#include "planning/synthetic_profile.hpp"
+
+namespace oobleck::apps {
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw messages::input_error(path + ": cannot open the job file");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// Turns SIGINT and SIGTERM into an orderly shutdown of the coordinator (which tells every worker).
+/// The signals are blocked in every thread (set before the actor system starts its threads) and
+/// taken by sigwait on a thread of their own.
+class signal_shutdown {
+ public:
+  signal_shutdown() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGUSR1);  // our own wake-up at exit
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+  }
+  void start(caf::actor_system& sys, messages::coordinator_actor coord, std::string token,
+             std::function<void(const std::string&)> log) {
+    thread_ = std::thread([this, &sys, coord, token, log] {
+      int sig = 0;
+      sigwait(&set_, &sig);
+      if (sig == SIGUSR1) return;
+      log(std::string("received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ", shutting down");
+      try {
+        caf::scoped_actor self{sys};
+        self->request(coord, std::chrono::seconds(10), messages::shutdown_atom_v,
+                      std::string("the coordinator was stopped"), operator_proof(sys, coord, token))
+            .receive([](std::string&) {}, [](caf::error&) {});
+      } catch (...) {
+        caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+      }
+    });
+  }
+  ~signal_shutdown() { stop(); }
+  /// Ends the signal thread (before the actor system it uses goes away).
+  void stop() {
+    if (thread_.joinable()) {
+      pthread_kill(thread_.native_handle(), SIGUSR1);
+      thread_.join();
+    }
+  }
+
+ private:
+  sigset_t set_;
+  std::thread thread_;
+};
+
+/// The planner's profile of the job: its measured profile.file, else the synthetic profile of its
+/// model (planned well enough to cut the model into pipelines; predicted times are modelled).
+planning::profile job_profile(const job_file& job) {
+  if (!job.profile.file.empty()) {
+    auto p = messages::read_profile_file(job.profile.file);
+    planning::check_matches(p, {.microbatch_size = job.training.microbatch, .gpus_per_node = std::nullopt,
+                                .config_hash = job.model.hash(), .device_kind = std::nullopt});
+    return p;
+  }
+  auto p = planning::synthetic_gpt_profile(synthetic_model(job));
+  p.config_hash = job.model.hash();
+  return p;
+}
+
+/// One --metrics-out line.
+std::string step_json(const actors::step_record& r) {
+  nlohmann::json pipelines = nlohmann::json::array();
+  for (const auto& [nodes, microbatches] : r.pipelines)
+    pipelines.push_back({{"nodes", nodes}, {"microbatches", microbatches}});
+  nlohmann::json digests = nlohmann::json::object();
+  for (const auto& [layer, list] : r.layer_digests) {
+    nlohmann::json hex = nlohmann::json::array();
+    for (auto d : list) {
+      char buf[17];
+      std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(d));
+      hex.push_back(buf);
+    }
+    digests[std::to_string(layer)] = hex;
+  }
+  nlohmann::ordered_json j;
+  j["step"] = r.step;
+  j["epoch"] = r.epoch;
+  j["loss"] = r.loss;
+  j["samples"] = r.samples;
+  j["pipelines"] = pipelines;
+  j["layer_digests"] = digests;
+  j["wall_ms"] = r.wall_ms;
+  return j.dump();
+}
+
+}  // namespace
+
+int run_coordinator_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
+  CLI::App app{"oobleck-coordinator: the job's coordinator. Workers register with it (proving the\n"
+               "job token), it plans and drives the training, and operators query it (oobleck-ctl).",
+               "oobleck-coordinator"};
+  std::string listen, config, token_file = "oobleck.token";
+  std::optional<int> nodes_flag, fault_tolerance_flag;
+  std::optional<std::int64_t> steps_flag;
+  std::string metrics_out;
+  add_text(app, "--listen", listen, "HOST:PORT to accept workers and operators on (PORT 0: any free port)")
+      ->required();
+  add_text(app, "--config", config, "the job file (TOML); workers receive it when admitted")->required();
+  add_text(app, "--token-file", token_file,
+           "the job token; created (mode 0600) with a fresh random token if absent (default: oobleck.token)");
+  add_integer(app, "--nodes", nodes_flag, 1, 4096,
+              "nodes to wait for before the job starts (default: the job's cluster.nodes)");
+  add_integer(app, "--steps", steps_flag, 0, std::int64_t{1} << 40,
+              "steps to train, then stop (default: the job's training.steps; 0: admit workers and "
+              "serve status only)");
+  add_integer(app, "--fault-tolerance", fault_tolerance_flag, 0, 64,
+              "f: the plan keeps at least f+1 pipelines (default: the job's cluster.fault_tolerance)");
+  add_text(app, "--metrics-out", metrics_out, "append one JSON line per committed step to FILE");
+  if (!parse_flags(app, args, out)) return 0;
+
+  const host_port at = parse_host_port("--listen", listen, true);
+  const std::string job_text = read_text(config);
+  const job_file job = read_job_file(config);  // refuse a bad job file before anything listens
+  const int nodes = nodes_flag.value_or(job.cluster.nodes);
+  const int fault_tolerance = fault_tolerance_flag.value_or(job.cluster.fault_tolerance);
+  const std::int64_t steps = steps_flag.value_or(static_cast<std::int64_t>(job.training.steps));
+  auto log = progress_printer("coordinator");
+  std::string token;
+  if (std::ifstream(token_file).good()) {
+    token = actors::read_token_file(token_file);
+  } else {
+    token = actors::create_token_file(token_file);
+    log("created the token file " + token_file + " (mode 0600): give it to every worker");
+  }
+
+  signal_shutdown signals;  // before the actor system's threads exist
+  cluster_config cfg;
+  caf::actor_system sys{cfg};
+  actors::coordinator_deps deps;
+  deps.policy = {token, actors::sha256_hex(job_text), messages::protocol_version};
+  deps.job_toml = job_text;
+  deps.expected_nodes = nodes;
+  deps.log = log;
+  deps.profile = job_profile(job);
+  deps.job.nodes = nodes;
+  deps.job.fault_tolerance = fault_tolerance;
+  deps.job.global_batch = job.training.global_batch;
+  deps.job.microbatch = job.training.microbatch;
+  deps.job.device_memory_bytes = job.cluster.device_memory_bytes;
+  deps.steps = static_cast<std::uint64_t>(steps);
+  std::shared_ptr<std::ofstream> metrics;
+  if (!metrics_out.empty()) {
+    metrics = std::make_shared<std::ofstream>(metrics_out, std::ios::app);
+    if (!*metrics) throw messages::input_error("--metrics-out: cannot write " + metrics_out);
+    deps.on_step = [metrics](const actors::step_record& r) { *metrics << step_json(r) << std::endl; };
+  }
+  if (steps > 0) {
+    // Refuse a job that cannot be planned on the expected nodes before anyone registers.
+    planning::plan_job(deps.profile, deps.job);
+  }
+  auto coord = sys.spawn(actors::coordinator, deps);
+  auto port = sys.middleman().publish(coord, at.port, at.host.c_str(), true);
+  if (!port) {
+    caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+    throw messages::input_error("--listen: cannot listen on " + listen + ": " + sys.render(port.error()));
+  }
+  log("listening on " + at.host + ":" + std::to_string(*port) + " (job " +
+      deps.policy.job_hash.substr(0, 12) + ", protocol " + std::to_string(messages::protocol_version) +
+      "), waiting for " + std::to_string(nodes) + " node(s)");
+  signals.start(sys, coord, token, log);
+
+  caf::error reason;
+  caf::scoped_actor self{sys};
+  self->monitor(coord);
+  self->receive([&](caf::down_msg& dm) { reason = dm.reason; });
+  signals.stop();
+  if (reason && reason != caf::exit_reason::user_shutdown) {
+    std::cerr << "error: the job failed: " << messages::describe(reason) << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace oobleck::apps

@@ -1,0 +1,30 @@
+#pragma once
+// The root of every program: whatever a command throws becomes one "error: ..." line on stderr and
+// an exit status, so no program ends in std::terminate.
+//
+//   0  success (and --help)
+//   2  bad input: a flag, a job file, a profile, a job the planner cannot satisfy
+//      (CLI::ParseError, messages::input_error, planning::planning_error, std::invalid_argument)
+//   1  an internal failure: any other exception, LibTorch's (out of memory) included; the line
+//      starts "error: internal: "
+
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace oobleck::apps {
+
+/// A command: its arguments without the program name, stdout and stderr; returns the exit status.
+using command = std::function<int(const std::vector<std::string>& args, std::ostream& out, std::ostream& err)>;
+
+/// Runs body and returns its status, or the status above for what it throws (after writing the
+/// error line to err). Only the first line of an exception's what() is shown: LibTorch appends a
+/// backtrace.
+int exit_status_of(std::ostream& err, const std::function<int()>& body) noexcept;
+
+/// The whole of main(): runs the command on argv with std::cout and std::cerr. A write to stdout
+/// that fails (a full disk, a closed pipe) is an internal failure, not a silent success.
+int run_program(int argc, char** argv, const command& body) noexcept;
+
+}  // namespace oobleck::apps

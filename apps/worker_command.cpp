@@ -1,0 +1,116 @@
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <caf/scoped_actor.hpp>
+
+#include "actors/admission.hpp"
+#include "actors/monitor.hpp"
+#include "actors/stage.hpp"
+#include "apps/job_file.hpp"
+#include "apps/stage_job.hpp"
+#include "apps/cluster_commands.hpp"
+#include "apps/cluster_common.hpp"
+#include "apps/flags.hpp"
+#include "messages/input_error.hpp"
+
+namespace oobleck::apps {
+
+namespace {
+
+/// A TCP port that is free now (the data plane binds it per epoch; SO_REUSEADDR lets it rebind).
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error("cannot find a free TCP port for the data plane");
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string default_name() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return std::string(host) + "-" + std::to_string(::getpid());
+}
+
+}  // namespace
+
+int run_worker_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  CLI::App app{"oobleck-worker: one node of a job. Registers with the coordinator (proving the job\n"
+               "token), then runs what the coordinator assigns until it is shut down.\n"
+               "Exit status: 0 shut down by the coordinator; 2 bad flags or refused (token, job or\n"
+               "protocol version); 3 the coordinator went away.",
+               "oobleck-worker"};
+  std::string coordinator, token_file, name = default_name(), config, data_host;
+  int slots = 1, data_port = 0;
+  double connect_timeout = 60;
+  add_text(app, "--coordinator", coordinator, "HOST:PORT of the coordinator")->required();
+  add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")->required();
+  add_text(app, "--name", name, "this node's name in status and logs (default: HOSTNAME-PID)");
+  add_integer(app, "--slots", slots, 1, 64, "accelerator slots of this node (default 1)");
+  add_text(app, "--config", config,
+           "the job file this worker was started for; refused if the coordinator runs another job");
+  add_text(app, "--data-host", data_host,
+           "address other nodes reach this node's data plane at (default: 127.0.0.1 for a local "
+           "coordinator, else the host name)");
+  add_integer(app, "--data-port", data_port, 0, 65535, "data-plane port (default 0: a free port)");
+  add_number(app, "--connect-timeout", connect_timeout, 0,
+             "seconds to keep trying to reach the coordinator (default 60)");
+  if (!parse_flags(app, args, out)) return 0;
+
+  const host_port at = parse_host_port("--coordinator", coordinator);
+  const std::string token = actors::read_token_file(token_file);
+  std::string job_hash;
+  if (!config.empty()) {
+    std::ifstream in(config, std::ios::binary);
+    if (!in) throw messages::input_error(config + ": cannot open the job file");
+    std::ostringstream s;
+    s << in.rdbuf();
+    job_hash = actors::sha256_hex(s.str());
+  }
+  if (data_host.empty()) {
+    const bool local = at.host == "127.0.0.1" || at.host == "localhost" || at.host == "::1";
+    data_host = local ? "127.0.0.1" : default_name().substr(0, default_name().rfind('-'));
+  }
+  auto log = progress_printer("worker " + name);
+
+  cluster_config cfg;
+  caf::actor_system sys{cfg};
+  auto coord = connect_coordinator(sys, at, connect_timeout, log);
+  actors::monitor_deps deps;
+  deps.coordinator = coord;
+  deps.token = token;
+  deps.name = name;
+  deps.slots = slots;
+  deps.data = {data_host, data_port ? static_cast<std::uint16_t>(data_port) : free_port()};
+  deps.job_hash = job_hash;
+  deps.log = log;
+  deps.make_stage = [&sys](const messages::admission& a) {
+    return actors::spawn_stage(sys, stage_job_for(parse_job(a.job_toml, "the coordinator's job file")));
+  };
+  auto mon = sys.spawn(actors::monitor, deps);
+
+  caf::error reason;
+  caf::scoped_actor self{sys};
+  self->monitor(mon);
+  self->receive([&](caf::down_msg& dm) { reason = dm.reason; });
+  if (!reason) return 0;
+  if (messages::is_protocol_error(reason)) {
+    err << "error: refused by the coordinator: " << messages::describe(reason) << "\n";
+    return 2;
+  }
+  err << "error: the coordinator at " << coordinator << " went away\n";
+  return 3;
+}
+
+}  // namespace oobleck::apps

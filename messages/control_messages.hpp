@@ -1,0 +1,101 @@
+#pragma once
+// Operator-facing messages: fault injection (oobleck-ctl, oobleck-local's --fail-at / --hang-at),
+// status snapshots (oobleck-ctl status, GET /status) and the events the coordinator publishes to
+// subscriber actors (the extension point for users' own actors).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/meta/type_name.hpp>
+
+namespace oobleck::messages {
+
+enum class fault_kind : std::uint8_t {
+  kill,  ///< the node's process SIGKILLs itself (a crash)
+  hang,  ///< the node's process SIGSTOPs itself (a hang; SIGCONT after `seconds` if > 0)
+};
+
+/// Delivered to a node's monitor; `at_step`: at that step's compute (-1: now).
+struct inject_fault {
+  std::int64_t node = -1;
+  fault_kind kind = fault_kind::kill;
+  std::int64_t at_step = -1;
+  double seconds = 0;
+
+  bool operator==(const inject_fault&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, inject_fault& x) {
+  return f(caf::meta::type_name("inject_fault"), x.node, x.kind, x.at_step, x.seconds);
+}
+
+/// One node as the coordinator sees it.
+struct node_status {
+  std::int64_t node = -1;
+  std::string name;
+  std::string state;  ///< "registered", "training", "idle", "lost"
+  std::int32_t rank = -1;
+
+  bool operator==(const node_status&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_status& x) {
+  return f(caf::meta::type_name("node_status"), x.node, x.name, x.state, x.rank);
+}
+
+/// One pipeline of the current epoch: its nodes in stage order and its microbatches.
+struct pipeline_status {
+  std::vector<std::int64_t> nodes;
+  std::vector<std::int32_t> stage_layers;  ///< first layer of each stage, then the end
+  std::int32_t microbatches = 0;
+
+  bool operator==(const pipeline_status&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, pipeline_status& x) {
+  return f(caf::meta::type_name("pipeline_status"), x.nodes, x.stage_layers, x.microbatches);
+}
+
+struct job_status {
+  std::string state;  ///< "registering", "forming", "training", "reconfiguring", "stopped"
+  std::uint64_t epoch = 0;
+  std::uint64_t committed_steps = 0;
+  double last_loss = 0;
+  double samples_per_second = 0;
+  std::uint64_t dropped_messages = 0;  ///< stale epoch or step, or from a lost node
+  std::vector<node_status> nodes;
+  std::vector<pipeline_status> pipelines;
+
+  bool operator==(const job_status&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, job_status& x) {
+  return f(caf::meta::type_name("job_status"), x.state, x.epoch, x.committed_steps, x.last_loss,
+           x.samples_per_second, x.dropped_messages, x.nodes, x.pipelines);
+}
+
+enum class event_kind : std::uint8_t { node_joined, node_lost, epoch_formed, step_committed, stopped };
+
+/// Published to every subscriber actor.
+struct job_event {
+  event_kind kind = event_kind::node_joined;
+  std::uint64_t epoch = 0;
+  std::uint64_t step = 0;
+  std::int64_t node = -1;  ///< node_joined, node_lost
+  double loss = 0;         ///< step_committed
+  std::string detail;
+
+  bool operator==(const job_event&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, job_event& x) {
+  return f(caf::meta::type_name("job_event"), x.kind, x.epoch, x.step, x.node, x.loss, x.detail);
+}
+
+}  // namespace oobleck::messages

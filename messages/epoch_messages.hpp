@@ -1,0 +1,130 @@
+#pragma once
+// Forming an epoch (DESIGN §5 "Reconfiguration"): the coordinator sends every node in the job its
+// part of the epoch mapping and the copy plan; nodes abort the old data plane, form the new one,
+// copy the layers they lack and report ready with the handles of their stage actors.
+//
+//   coordinator                      monitor (every node)
+//     | -- abort_epoch{e} ---------->  |   aborts the data plane, discards the uncommitted step
+//     | <------------ epoch_aborted -- |
+//     | -- epoch_assignment{e+1} ---->  |   new transport, copies, stage views
+//     | <-------------- node_ready ---  |   (or node_fault)
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/meta/type_name.hpp>
+
+#include "messages/admission.hpp"
+
+namespace oobleck::messages {
+
+/// One stage a node runs in an epoch (ranks are the epoch's; -1: none).
+struct stage_assignment {
+  std::int32_t pipeline = 0;
+  std::int32_t stage = 0;
+  std::int32_t num_stages = 1;
+  std::int32_t first_layer = 0;
+  std::int32_t end_layer = 0;  ///< layers [first_layer, end_layer)
+  std::int32_t prev_rank = -1;
+  std::int32_t next_rank = -1;
+
+  bool operator==(const stage_assignment&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, stage_assignment& x) {
+  return f(caf::meta::type_name("stage_assignment"), x.pipeline, x.stage, x.num_stages, x.first_layer,
+           x.end_layer, x.prev_rank, x.next_rank);
+}
+
+/// One entry of the copy plan: the full state of `layer` goes from rank `source` to rank `target`.
+struct layer_copy {
+  std::int32_t layer = 0;
+  std::int32_t source = 0;
+  std::int32_t target = 0;
+
+  bool operator==(const layer_copy&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, layer_copy& x) {
+  return f(caf::meta::type_name("layer_copy"), x.layer, x.source, x.target);
+}
+
+/// What one node does in epoch `epoch`.
+struct epoch_assignment {
+  std::uint64_t epoch = 0;
+  std::uint64_t next_step = 0;          ///< the step the epoch starts with (re-run if uncommitted)
+  std::int32_t rank = -1;               ///< this node's rank; -1: idle in this epoch
+  std::vector<endpoint> peers;          ///< data-plane endpoint of every rank
+  std::vector<stage_assignment> stages; ///< this node's stages (empty when idle)
+  std::vector<std::vector<std::int32_t>> layer_groups;  ///< per layer: ranks of all its holders
+  std::vector<layer_copy> copies;       ///< the whole copy plan (each node runs its part)
+  std::vector<std::int32_t> pipeline_microbatches;  ///< batch distribution, per pipeline
+
+  bool operator==(const epoch_assignment&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, epoch_assignment& x) {
+  return f(caf::meta::type_name("epoch_assignment"), x.epoch, x.next_step, x.rank, x.peers, x.stages,
+           x.layer_groups, x.copies, x.pipeline_microbatches);
+}
+
+/// A node formed its part of the epoch: stage actor handles in the order of its assignment.
+struct node_ready {
+  std::uint64_t epoch = 0;
+  std::int64_t node = -1;
+  std::vector<caf::actor> stages;
+
+  bool operator==(const node_ready&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_ready& x) {
+  return f(caf::meta::type_name("node_ready"), x.epoch, x.node, x.stages);
+}
+
+/// Tear epoch `epoch` down: fail every pending data-plane operation, drop the uncommitted step.
+struct abort_epoch {
+  std::uint64_t epoch = 0;
+  std::string reason;
+
+  bool operator==(const abort_epoch&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, abort_epoch& x) {
+  return f(caf::meta::type_name("abort_epoch"), x.epoch, x.reason);
+}
+
+struct epoch_aborted {
+  std::uint64_t epoch = 0;
+  std::int64_t node = -1;
+
+  bool operator==(const epoch_aborted&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, epoch_aborted& x) {
+  return f(caf::meta::type_name("epoch_aborted"), x.epoch, x.node);
+}
+
+/// Something failed on a node outside the protocol's happy path (stage exception, collective
+/// error, copy failure); the coordinator reacts as to a loss of the epoch, not of the node.
+struct node_fault {
+  std::uint64_t epoch = 0;
+  std::int64_t node = -1;
+  std::string what;
+
+  bool operator==(const node_fault&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_fault& x) {
+  return f(caf::meta::type_name("node_fault"), x.epoch, x.node, x.what);
+}
+
+}  // namespace oobleck::messages

@@ -1,0 +1,80 @@
+#pragma once
+// The protocol between Oobleck's actors: its version, its error codes, and the one CAF type-ID
+// block that names every message type (the same names on every node). Every main and every test
+// fixture calls add_protocol_types(cfg) before building its actor_system.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/actor_system_config.hpp>
+#include <caf/atom.hpp>
+#include <caf/error.hpp>
+#include <caf/type_id.hpp>
+
+#include "messages/admission.hpp"
+#include "messages/control_messages.hpp"
+#include "messages/epoch_messages.hpp"
+#include "messages/step_messages.hpp"
+
+namespace oobleck::messages {
+
+/// Bumped on every incompatible change of a message; nodes of another version are refused.
+constexpr std::uint32_t protocol_version = 1;
+
+/// Expected failures returned as values (caf::error with category "oobleck").
+enum class protocol_error : std::uint8_t {
+  bad_proof = 1,       ///< the worker does not know the job token (or reused a nonce)
+  wrong_version,       ///< another protocol version
+  wrong_job,           ///< the worker was started for another job config
+  not_registering,     ///< the job does not admit this node now
+  unknown_node,        ///< a node id the coordinator never admitted, or declared lost
+  stale_epoch,         ///< a message of another epoch
+  bad_request,         ///< a malformed request (out-of-range ids, inconsistent fields)
+};
+
+caf::error make_error(protocol_error x);
+/// With a sentence for the human on the other side (carried in the error's context).
+caf::error make_error(protocol_error x, std::string context);
+std::string to_string(protocol_error x);
+std::string to_string(fault_kind x);
+std::string to_string(event_kind x);
+/// True for errors made by make_error above (category "oobleck").
+bool is_protocol_error(const caf::error& e);
+/// "bad_proof: <context>" for ours, CAF's own rendering for the others.
+std::string describe(const caf::error& e);
+/// Registers every message type of the protocol and the error category. Every main and every
+/// test fixture calls it on its config before building the actor_system.
+void add_protocol_types(caf::actor_system_config& cfg);
+
+}  // namespace oobleck::messages
+
+CAF_BEGIN_TYPE_ID_BLOCK(oobleck, caf::first_custom_type_id)
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::endpoint))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::nonce_request))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::register_node))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::admission))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::control_proof))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::stage_assignment))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::layer_copy))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::epoch_assignment))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::node_ready))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::abort_epoch))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::epoch_aborted))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::node_fault))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::run_step))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::stage_step))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::stage_done))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::pipeline_done))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::commit_step))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::layer_digest))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::step_committed))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::inject_fault))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::node_status))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::pipeline_status))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::job_status))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::job_event))
+  CAF_ADD_ATOM(oobleck, oobleck::messages, status_atom, "status")
+  CAF_ADD_ATOM(oobleck, oobleck::messages, subscribe_atom, "subscribe")
+  CAF_ADD_ATOM(oobleck, oobleck::messages, shutdown_atom, "shutdown")
+CAF_END_TYPE_ID_BLOCK(oobleck)

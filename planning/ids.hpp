@@ -1,0 +1,34 @@
+#pragma once
+// Distinct types for the three integers the runtime must never mix up (DESIGN §4): a node id is
+// stable for the life of the job (a restarted worker gets a new one), a rank is a node's number
+// in one epoch (renumbered every epoch), a layer index names a layer of the model. Each wraps an
+// int, converts from nothing implicitly and compares only with its own kind.
+
+#include <compare>
+#include <string>
+
+namespace oobleck::planning {
+
+/// A worker node, for the life of the job.
+struct node_id {
+  int value = 0;
+  auto operator<=>(const node_id&) const = default;
+};
+
+/// A node's number in one epoch: dense, 0 .. R-1.
+struct rank {
+  int value = 0;
+  auto operator<=>(const rank&) const = default;
+};
+
+/// A layer of the model, 0 .. L-1.
+struct layer_index {
+  int value = 0;
+  auto operator<=>(const layer_index&) const = default;
+};
+
+inline std::string to_string(node_id n) { return "node " + std::to_string(n.value); }
+inline std::string to_string(rank r) { return "rank " + std::to_string(r.value); }
+inline std::string to_string(layer_index l) { return "layer " + std::to_string(l.value); }
+
+}  // namespace oobleck::planning

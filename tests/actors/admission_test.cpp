@@ -1,0 +1,135 @@
+#include "actors/admission.hpp"
+
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "messages/protocol.hpp"
+
+using namespace oobleck::actors;
+using namespace oobleck::messages;
+using namespace std::chrono_literals;
+
+TEST_CASE("admission: HMAC-SHA256 and SHA-256 match their published test vectors") {
+  // RFC 4231, test case 2.
+  CHECK(hmac_sha256_hex("Jefe", "what do ya want for nothing?") ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  // FIPS 180-2, "abc".
+  CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(random_hex(16).size() == 32);
+  CHECK(random_hex(16) != random_hex(16));
+}
+
+TEST_CASE("admission: a nonce is good once, within its lifetime, and the book stays bounded") {
+  nonce_book book(10s, 4);
+  const auto t0 = nonce_book::clock::time_point{} + 1h;
+  const std::string a = book.issue(t0);
+  CHECK(book.consume(a, t0 + 1s));
+  CHECK_FALSE(book.consume(a, t0 + 2s));  // replay
+  const std::string b = book.issue(t0);
+  CHECK_FALSE(book.consume(b, t0 + 11s));  // expired
+  CHECK_FALSE(book.consume("not a nonce", t0));
+  std::set<std::string> many;
+  for (int i = 0; i < 100; ++i) many.insert(book.issue(t0));
+  CHECK(many.size() == 100);
+  CHECK(book.outstanding() <= 4);
+}
+
+namespace {
+
+struct registration_case {
+  admission_policy policy{std::string(64, 't'), "job-hash-1", protocol_version};
+  nonce_book book;
+  nonce_book::clock::time_point now = nonce_book::clock::time_point{} + 1h;
+
+  register_node good(const std::string& token) {
+    register_node r;
+    r.protocol_version = protocol_version;
+    r.job_hash = "job-hash-1";
+    r.name = "node-a";
+    r.slots = 1;
+    r.data = {"127.0.0.1", 4000};
+    r.nonce = book.issue(now);
+    r.proof = admission_proof(token, r.nonce, r.name);
+    return r;
+  }
+  std::string refusal(const register_node& r) {
+    auto err = check_registration(r, policy, book, now);
+    return err ? describe(err) : "admitted";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("admission: registrations are refused with the reason, and only a correct proof passes") {
+  registration_case c;
+  CHECK(c.refusal(c.good(c.policy.token)) == "admitted");
+
+  auto wrong_token = c.good(std::string(64, 'x'));
+  CHECK(c.refusal(wrong_token).rfind("bad_proof: the worker's token differs", 0) == 0);
+
+  auto replay = c.good(c.policy.token);
+  CHECK(c.refusal(replay) == "admitted");
+  CHECK(c.refusal(replay) == "bad_proof: unknown, expired or reused nonce");
+
+  auto renamed = c.good(c.policy.token);
+  renamed.name = "node-b";  // the proof covers the name
+  CHECK(c.refusal(renamed).rfind("bad_proof", 0) == 0);
+
+  auto other_job = c.good(c.policy.token);
+  other_job.job_hash = "job-hash-2";
+  CHECK(c.refusal(other_job) == "wrong_job: the worker was started for job job-hash-2, the coordinator runs job job-hash-1");
+
+  auto any_job = c.good(c.policy.token);
+  any_job.job_hash.clear();  // a worker without --config takes the coordinator's job
+  CHECK(c.refusal(any_job) == "admitted");
+
+  auto old = c.good(c.policy.token);
+  old.protocol_version = protocol_version + 1;
+  CHECK(c.refusal(old).rfind("wrong_version: the worker speaks protocol", 0) == 0);
+
+  auto no_port = c.good(c.policy.token);
+  no_port.data.port = 0;
+  CHECK(c.refusal(no_port).rfind("bad_request", 0) == 0);
+}
+
+TEST_CASE("admission: operator requests need a proof made with a fresh nonce") {
+  registration_case c;
+  const std::string n = c.book.issue(c.now);
+  CHECK_FALSE(check_control({n, control_proof_of(c.policy.token, n)}, c.policy, c.book, c.now));
+  CHECK(check_control({n, control_proof_of(c.policy.token, n)}, c.policy, c.book, c.now));  // reused
+  const std::string m = c.book.issue(c.now);
+  // A registration proof is not a control proof.
+  CHECK(check_control({m, admission_proof(c.policy.token, m, "control")}, c.policy, c.book, c.now));
+}
+
+TEST_CASE("admission: token files are created private and refused when readable by others") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("oobleck-token-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "token").string();
+  const std::string token = create_token_file(path);
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(read_token_file(path) == token);
+  CHECK_THROWS_WITH_AS(create_token_file(path), doctest::Contains("File exists"), std::runtime_error);
+  ::chmod(path.c_str(), 0644);
+  CHECK_THROWS_WITH_AS(read_token_file(path), doctest::Contains("chmod 600"), std::runtime_error);
+  {
+    std::ofstream(dir / "short") << "abc\n";
+    ::chmod((dir / "short").c_str(), 0600);
+  }
+  CHECK_THROWS_WITH_AS(read_token_file((dir / "short").string()), doctest::Contains("at least 32"),
+                       std::runtime_error);
+  CHECK_THROWS_WITH_AS(read_token_file((dir / "missing").string()), doctest::Contains("No such file"),
+                       std::runtime_error);
+  std::filesystem::remove_all(dir);
+}

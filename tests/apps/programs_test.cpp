@@ -1,0 +1,169 @@
+// The programs as a user meets them: every failure is one "error: ..." line and exit status 2 for
+// bad input or 1 for an internal failure, never std::terminate; --help exits 0.
+#include "apps/program_main.hpp"
+
+#include <doctest/doctest.h>
+
+#include <CLI/Error.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <unistd.h>
+
+#include "messages/input_error.hpp"
+#include "planning/profile.hpp"
+#include "support/subprocess.hpp"
+
+using oobleck::apps::exit_status_of;
+using oobleck::testing::run_process;
+
+namespace {
+
+const std::string kProfile = std::string(OOBLECK_SOURCE_DIR) + "/examples/profiles/gpt-synthetic-24l.json";
+
+int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+/// One "error: " line on stderr that says `expected`, nothing on stdout.
+void check_one_error(const oobleck::testing::process_result& r, int status, const std::string& expected) {
+  CAPTURE(r.err);
+  CHECK(r.exit_status == status);
+  CHECK(r.out.empty());
+  CHECK(r.err.rfind("error: ", 0) == 0);
+  CHECK(lines(r.err) == 1);
+  CHECK(r.err.find(expected) != std::string::npos);
+}
+
+struct temp_file {
+  std::string path;
+  temp_file(const std::string& name, const std::string& text)
+      : path("/tmp/oobleck-" + std::to_string(::getpid()) + "-" + name) {
+    std::ofstream(path) << text;
+  }
+  ~temp_file() { std::remove(path.c_str()); }
+};
+
+struct caught {
+  int status;
+  std::string err;
+};
+
+template <class F>
+caught status_of(F throw_it) {
+  std::ostringstream err;
+  const int status = exit_status_of(err, [&]() -> int {
+    throw_it();
+    return 0;
+  });
+  return {status, err.str()};
+}
+
+}  // namespace
+
+TEST_CASE("the program root turns every exception into one line and a status") {
+  CHECK(status_of([] {}).status == 0);
+  CHECK(status_of([] {}).err.empty());
+  const auto input = status_of([] { throw oobleck::messages::input_error("job.toml:3: unknown key model.x"); });
+  CHECK(input.status == 2);
+  CHECK(input.err == "error: job.toml:3: unknown key model.x\n");
+  CHECK(status_of([] { throw oobleck::planning::planning_error("f"); }).status == 2);
+  CHECK(status_of([] { throw std::invalid_argument("invalid model config"); }).status == 2);
+  CHECK(status_of([] { throw CLI::RequiredError("--profile"); }).status == 2);
+  // LibTorch's c10::Error is a std::exception whose what() goes on with a backtrace.
+  const auto internal = status_of([] { throw std::runtime_error("out of memory\nException raised from alloc_cpu"); });
+  CHECK(internal.status == 1);
+  CHECK(internal.err == "error: internal: out of memory\n");
+  const auto unknown = status_of([] { throw 42; });
+  CHECK(unknown.status == 1);
+  CHECK(unknown.err.rfind("error: internal: ", 0) == 0);
+  CHECK(lines(unknown.err) == 1);
+}
+
+TEST_CASE("--help prints the usage of every flag and exits 0") {
+  const auto plan = run_process(OOBLECK_PLAN_BINARY, {"--help"});
+  CHECK(plan.exit_status == 0);
+  CHECK(plan.err.empty());
+  for (const char* flag : {"--profile", "--nodes", "--fault-tolerance", "--global-batch", "--microbatch",
+                           "--gpus-per-node", "--device-memory", "--state-factor", "--template-nodes", "--fail",
+                           "--join", "--json"})
+    CHECK(plan.out.find(flag) != std::string::npos);
+  const auto profile = run_process(OOBLECK_PROFILE_BINARY, {"-h"});
+  CHECK(profile.exit_status == 0);
+  CHECK(profile.err.empty());
+  for (const char* flag : {"--config", "--out", "--json", "--repeats"}) CHECK(profile.out.find(flag) != std::string::npos);
+}
+
+TEST_CASE("oobleck-plan: bad flags are one error line and exit 2") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--profile", kProfile, "--template-nodes", "two"}, "--template-nodes expects an integer, got 'two'"},
+      {{"--profile", kProfile, "--template-nodes", "0x2"}, "--template-nodes expects an integer"},
+      {{"--profile", kProfile, "--template-nodes", "4294967298"}, "--template-nodes must be <= 65536"},
+      {{"--profile", kProfile, "--template-nodes", "2", "--state-factor", "nan"}, "--state-factor expects a finite"},
+      {{"--profile", kProfile, "--template-nodes", "2", "--state-factor", "0"}, "--state-factor must be >= 1e-09, got 0"},
+      {{"--profile", kProfile, "--template-nodes"}, "--template-nodes"},
+      {{"--profile", kProfile, "--template-nodes", "2", "--bogus"}, "unknown option --bogus"},
+      {{"--template-nodes", "2"}, "--profile is required"},
+      {{"--profile", "/nonexistent/profile.json", "--template-nodes", "2"}, "cannot read profile"},
+  };
+  for (const auto& [args, expected] : cases) {
+    CAPTURE(expected);
+    check_one_error(run_process(OOBLECK_PLAN_BINARY, args), 2, expected);
+  }
+}
+
+TEST_CASE("oobleck-profile: bad flags and job files are refused before LibTorch runs") {
+  const temp_file small_vocab("small-vocab.toml", "[model]\nvocab = 100\n");
+  const temp_file typo("typo.toml", "[model]\nblocks = 2\n[trainig]\nmicrobatch = 2\n");
+  const temp_file narrowing("narrowing.toml", "[training]\nmicrobatch = 4294967297\n");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--repeats", "many"}, "--repeats expects an integer, got 'many'"},
+      {{"--repeats", "0"}, "--repeats must be >= 1, got 0"},
+      {{"--repeats", "99999999999999999999"}, "--repeats must be <= 1000"},
+      {{"--json", "extra"}, "unexpected argument 'extra'"},
+      {{"--config", small_vocab.path, "--json"}, small_vocab.path + ":2: model.vocab must be >= 256"},
+      {{"--config", typo.path, "--json"}, typo.path + ":4: unknown key trainig.microbatch"},
+      {{"--config", narrowing.path, "--json"}, narrowing.path + ":2: training.microbatch must be <= 2147483647"},
+      {{"--config", "/nonexistent/job.toml", "--json"}, "cannot read job file /nonexistent/job.toml"},
+      {{"--config", "/tmp", "--json"}, "cannot read job file /tmp"},
+      {{"--out", "/nonexistent/folder/profile.capnp"}, "--out: /nonexistent/folder is not a directory"},
+  };
+  for (const auto& [args, expected] : cases) {
+    CAPTURE(expected);
+    check_one_error(run_process(OOBLECK_PROFILE_BINARY, args), 2, expected);  // no "profiling ..." line
+  }
+}
+
+TEST_CASE("oobleck-profile writes to the job's profile.file, relative to the job file, when --out is not given") {
+  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-profile-file-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string job = (dir / "job.toml").string();
+  std::ofstream(job) << "[model]\nblocks = 1\nd_model = 16\nseq_len = 8\n[training]\nmicrobatch = 2\nglobal_batch = 2\n"
+                        "[profile]\nwarmup = 0\nrepeats = 1\nfile = \"out/measured.json\"\n";
+  // The folder is checked before LibTorch runs, and the error says where the path came from.
+  check_one_error(run_process(OOBLECK_PROFILE_BINARY, {"--config", job}), 2,
+                  job + ": profile.file: " + (dir / "out").string() + " is not a directory");
+  std::filesystem::create_directories(dir / "out");
+  const auto r = run_process(OOBLECK_PROFILE_BINARY, {"--config", job});
+  CAPTURE(r.err);
+  CHECK(r.exit_status == 0);
+  std::ifstream written(dir / "out/measured.json");
+  REQUIRE(written);
+  CHECK(written.peek() == '{');  // JSON, as the name says
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("oobleck-profile: a LibTorch failure is one internal error line and exit 1") {
+  // 2^50 features: the token embedding alone is 2^60 bytes, beyond any address space, so
+  // LibTorch's allocator throws c10::Error at once (no overcommit setting can grant it).
+  const temp_file huge("huge.toml", "[model]\nd_model = 1125899906842624\nblocks = 1\n");
+  const auto r = run_process(OOBLECK_PROFILE_BINARY, {"--config", huge.path, "--json"});
+  CAPTURE(r.err);
+  CHECK(r.exit_status == 1);
+  CHECK(r.out.empty());
+  const auto at = r.err.find("error: internal: ");
+  REQUIRE(at != std::string::npos);
+  CHECK(r.err.find('\n', at) == r.err.size() - 1);  // the error is the last line, and one line
+}

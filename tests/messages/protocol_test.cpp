@@ -1,0 +1,150 @@
+// Every message of the actors' protocol survives the trip through CAF's binary serializer as a
+// type-erased message (what the middleman does between processes): a type that was not registered
+// in the type-ID block, or whose inspect() forgets a field, fails here instead of at run time.
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/message.hpp>
+
+#include "messages/actor_interfaces.hpp"
+#include "messages/protocol.hpp"
+
+using namespace oobleck::messages;
+
+namespace {
+
+struct protocol_fixture {
+  struct config : caf::actor_system_config {
+    config() {
+      add_protocol_types(*this);
+      set("scheduler.max-threads", 1);
+    }
+  };
+  config cfg;
+  caf::actor_system sys{cfg};
+
+  /// Serializes `x` inside a message and reads it back as a message.
+  template <class T>
+  T round_trip(const T& x) {
+    std::vector<char> buf;
+    caf::binary_serializer sink{sys, buf};
+    auto msg = caf::make_message(x);
+    if (auto err = sink(msg)) FAIL("serialize " << caf::type_name<T>::value << ": " << sys.render(err));
+    caf::binary_deserializer source{sys, buf};
+    caf::message out;
+    if (auto err = source(out)) FAIL("deserialize " << caf::type_name<T>::value << ": " << sys.render(err));
+    REQUIRE(out.size() == 1);
+    REQUIRE(out.match_element<T>(0));
+    return out.get_as<T>(0);
+  }
+
+  template <class T>
+  void check(const T& x) {
+    CAPTURE(caf::type_name<T>::value);
+    CHECK(round_trip(x) == x);
+    CHECK(!(T{} == x));  // the sample sets fields away from their defaults
+    CHECK(!caf::deep_to_string(x).empty());
+  }
+};
+
+endpoint sample_endpoint() { return {"10.0.0.7", 29'500}; }
+
+}  // namespace
+
+TEST_CASE_FIXTURE(protocol_fixture, "protocol: admission messages round-trip") {
+  check(sample_endpoint());
+  check(nonce_request{protocol_version});
+  check(register_node{protocol_version, "0f1e2d", "node-a", 2, sample_endpoint(), "n0nce", "c0ffee",
+                      17});
+  check(admission{5, "[model]\nlayers = 4\n", "0f1e2d"});
+  check(control_proof{"n0nce", "c0ffee"});
+}
+
+TEST_CASE_FIXTURE(protocol_fixture, "protocol: epoch messages round-trip") {
+  const stage_assignment s{1, 2, 3, 4, 8, 0, 5};
+  check(s);
+  check(layer_copy{3, 1, 4});
+  epoch_assignment a;
+  a.epoch = 7;
+  a.next_step = 42;
+  a.rank = 2;
+  a.peers = {sample_endpoint(), {"10.0.0.8", 1}};
+  a.stages = {s, {0, 0, 1, 0, 4, -1, -1}};
+  a.layer_groups = {{0, 1}, {2}, {}};
+  a.copies = {{3, 1, 4}, {0, 0, 2}};
+  a.pipeline_microbatches = {3, 5};
+  check(a);
+  check(abort_epoch{7, "node 3 lost"});
+  check(epoch_aborted{7, 3});
+  check(node_fault{7, 3, "all_reduce_sum over {0,1}: peer 1 closed the connection"});
+}
+
+TEST_CASE_FIXTURE(protocol_fixture, "protocol: actor handles inside messages round-trip") {
+  auto a = sys.spawn([]() -> caf::behavior { return {[](int) {}}; });
+  auto b = sys.spawn([]() -> caf::behavior { return {[](int) {}}; });
+  const node_ready r{3, 9, {a, b}};
+  const node_ready back = round_trip(r);
+  CHECK(back == r);
+  CHECK(back.stages.at(0) == a);
+  caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(b, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE_FIXTURE(protocol_fixture, "protocol: step messages round-trip") {
+  check(run_step{2, 11});
+  check(stage_step{2, 11, 4, 3});
+  check(stage_done{2, 11, 1, 3, 12.5, ""});
+  check(stage_done{2, 11, 1, 3, 0, "stage failed: out of memory"});
+  check(pipeline_done{2, 11, 1, 12.5, ""});
+  check(commit_step{2, 11});
+  check(layer_digest{4, 0xdeadbeefcafef00dULL});
+  check(step_committed{2, 11, 6, {{0, 1}, {1, 0xffffffffffffffffULL}}});
+}
+
+TEST_CASE_FIXTURE(protocol_fixture, "protocol: control messages round-trip, enums by value") {
+  check(inject_fault{3, fault_kind::hang, 12, 2.5});
+  CHECK(round_trip(inject_fault{3, fault_kind::kill, -1, 0}).kind == fault_kind::kill);
+  check(node_status{3, "node-c", "training", 1});
+  check(pipeline_status{{0, 3, 5}, {0, 4, 9, 12}, 6});
+  job_status js;
+  js.state = "training";
+  js.epoch = 2;
+  js.committed_steps = 30;
+  js.last_loss = 3.25;
+  js.samples_per_second = 118.5;
+  js.dropped_messages = 4;
+  js.nodes = {{0, "a", "training", 0}, {1, "b", "lost", -1}};
+  js.pipelines = {{{0}, {0, 12}, 8}};
+  check(js);
+  check(job_event{event_kind::node_lost, 2, 30, 1, 0, "down_msg"});
+  CHECK(round_trip(job_event{event_kind::stopped, 0, 0, -1, 0, ""}).kind == event_kind::stopped);
+}
+
+TEST_CASE_FIXTURE(protocol_fixture, "protocol: errors carry their category, code and sentence") {
+  const caf::error e = make_error(protocol_error::wrong_job, "the worker runs job 1a2b, not 3c4d");
+  CHECK(is_protocol_error(e));
+  CHECK(!is_protocol_error(caf::make_error(caf::sec::request_timeout)));
+  CHECK(describe(e) == "wrong_job: the worker runs job 1a2b, not 3c4d");
+  CHECK(describe(make_error(protocol_error::bad_proof)) == "bad_proof");
+  // Errors cross process boundaries too (as a request's failure).
+  caf::error back = round_trip(e);
+  CHECK(back == e);
+  CHECK(describe(back) == describe(e));
+  CHECK(sys.render(e).find("wrong_job") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(protocol_fixture, "protocol: every type of the block has a distinct registered name") {
+  const auto begin = caf::id_block::oobleck::begin;
+  const auto end = caf::id_block::oobleck::end;
+  CHECK(end - begin == 24);
+  CHECK(std::string(caf::type_name<register_node>::value) == "oobleck::messages::register_node");
+  CHECK(caf::type_id<job_event>::value == end - 1);
+}

@@ -1,0 +1,39 @@
+#pragma once
+// A program running in the background for multi-process tests: its stdout and stderr go to a log
+// file the test reads while it runs. Every wait has a deadline and fails the test instead of
+// hanging; the destructor kills (SIGKILL, SIGCONT first for a frozen one) and reaps the process.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace oobleck::testing {
+
+class background_process {
+ public:
+  background_process(const std::string& path, const std::vector<std::string>& args);
+  ~background_process();
+  background_process(const background_process&) = delete;
+  background_process& operator=(const background_process&) = delete;
+
+  /// Everything it printed so far.
+  [[nodiscard]] std::string output() const;
+  /// Waits until a line containing `text` was printed; returns that line. Throws
+  /// std::runtime_error (with the output so far) at the deadline.
+  std::string wait_for_line(const std::string& text,
+                            std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  /// Waits for the exit: the exit status, or 128 + signal. Throws at the deadline.
+  int wait_exit(std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  void signal(int sig);
+  [[nodiscard]] pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+  bool reaped_ = false;
+  int status_ = -1;
+};
+
+}  // namespace oobleck::testing
