@@ -225,7 +225,9 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   }
   for (int i = 0; i < nodes; ++i)
     procs.start((bin / "oobleck-worker").string(),
-                {"--coordinator", address, "--token-file", token, "--name", "node" + std::to_string(i)});
+                {"--coordinator", address, "--token-file", token, "--name", "node" + std::to_string(i),
+                 "--heartbeat-interval-ms", std::to_string(job.cluster.heartbeat_interval_ms),
+                 "--connection-timeout-ms", std::to_string(job.cluster.connection_timeout_ms)});
 
   while (!(coordinator_status = procs.poll(coordinator))) {
     if (stop_signal) {
