@@ -176,9 +176,20 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
         self->send(self->state.deps.coordinator, epoch_aborted{a.epoch, self->state.node});
       },
       [self](inject_fault& f) {
-        self->state.deps.log("injected fault: " + to_string(f.kind) +
-                             (f.seconds > 0 ? " for " + std::to_string(f.seconds) + " s" : ""));
-        self->state.deps.fault(f);
+        auto& st = self->state;
+        const std::string what = to_string(f.kind) + (f.seconds > 0 ? " for " + std::to_string(f.seconds) + " s" : "");
+        if (f.at_step >= 0 && st.stage && st.stage->arm) {
+          st.deps.log("fault armed: " + what + " in the middle of step " + std::to_string(f.at_step));
+          auto log = st.deps.log;
+          auto act = st.deps.fault;
+          st.stage->arm(f, [log, act, what](const inject_fault& x) {
+            log("injected fault: " + what + " (step " + std::to_string(x.at_step) + ")");
+            act(x);
+          });
+          return;
+        }
+        st.deps.log("injected fault: " + what);
+        st.deps.fault(f);
       },
       [self](shutdown_atom, std::string& reason) {
         self->state.deps.log("shut down by the coordinator: " + reason);

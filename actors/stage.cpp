@@ -52,6 +52,25 @@ struct stage_runtime {
     return nullptr;
   }
 
+  std::mutex fault_mu;
+  std::vector<std::pair<messages::inject_fault, std::function<void(const messages::inject_fault&)>>> armed;
+
+  /// Runs the faults armed for `step` (in the middle of it).
+  void fire_faults(std::uint64_t step) {
+    std::vector<std::pair<messages::inject_fault, std::function<void(const messages::inject_fault&)>>> due;
+    {
+      std::lock_guard lock(fault_mu);
+      for (auto it = armed.begin(); it != armed.end();)
+        if (it->first.at_step == static_cast<std::int64_t>(step)) {
+          due.push_back(std::move(*it));
+          it = armed.erase(it);
+        } else {
+          ++it;
+        }
+    }
+    for (auto& [f, act] : due) act(f);
+  }
+
   void abort(std::uint64_t epoch, const std::string& reason) {
     std::lock_guard lock(abort_mu);
     if (epoch < aborted_through) return;
@@ -214,6 +233,7 @@ stage_done run(stage_runtime& rt, const stage_step& order) {
                                         all.begin() + static_cast<std::ptrdiff_t>((order.first_microbatch + order.microbatches) * b));
     const auto [inputs, targets] = rt.data.batch(ids);
     done.loss_sum = rt.executor->run_step(order.microbatches, inputs, targets);
+    rt.fire_faults(order.step);
     rt.executor->reduce_gradients(rt.layer_groups);
   } catch (const std::exception& e) {
     rt.executor->discard();
@@ -278,7 +298,11 @@ spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job) {
   torch::set_num_threads(1);
   auto rt = std::make_shared<stage_runtime>(job);
   auto actor = sys.spawn<caf::detached>(stage_behavior, rt);
-  return {actor, [rt](std::uint64_t epoch, const std::string& reason) { rt->abort(epoch, reason); }};
+  return {actor, [rt](std::uint64_t epoch, const std::string& reason) { rt->abort(epoch, reason); },
+          [rt](const messages::inject_fault& f, std::function<void(const messages::inject_fault&)> act) {
+            std::lock_guard lock(rt->fault_mu);
+            rt->armed.emplace_back(f, std::move(act));
+          }};
 }
 
 }  // namespace oobleck::actors

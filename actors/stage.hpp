@@ -44,6 +44,9 @@ struct stage_job {
 struct spawned_stage {
   messages::stage_actor actor;
   std::function<void(std::uint64_t epoch, const std::string& reason)> abort;
+  /// Arms a fault for step `f.at_step`: `act(f)` runs on the stage's thread in the middle of that
+  /// step, after its compute and before its gradient all-reduce (its peers wait in collectives).
+  std::function<void(const messages::inject_fault& f, std::function<void(const messages::inject_fault&)> act)> arm;
 };
 
 /// Spawns a detached stage actor for `job`; it forms itself on its first epoch_assignment.
