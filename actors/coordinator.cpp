@@ -67,10 +67,7 @@ void on_down(coordinator_pointer self, const caf::down_msg& dm) {
     publish(self, {event_kind::node_lost, st.epoch, st.step, id, 0, n.lost_reason});
     const bool in_epoch = std::find(st.in_epoch.begin(), st.in_epoch.end(), id) != st.in_epoch.end();
     if (in_epoch && st.job_state != "registering" && st.job_state != "ready")
-      return stop_job(self,
-                      "node " + std::to_string(id) + " was lost during training; recovery from a "
-                      "lost node is not built yet",
-                      true);
+      return recover(self, id);
     update_job_state(self);
     return;
   }
@@ -140,6 +137,7 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
       [self](register_node& r) -> caf::result<admission> { return on_register(self, r); },
       [self](node_ready& r) { on_node_ready(self, r); },
       [self](node_fault& f) { on_node_fault(self, f); },
+      [](epoch_aborted&) {},  // survivors confirm the abort; the new epoch does not wait for it
       [self](pipeline_done& d) { on_pipeline_done(self, d); },
       [self](step_committed& c) { on_step_committed(self, c); },
       [self](status_atom, control_proof& p) -> caf::result<job_status> {

@@ -27,6 +27,7 @@
 #include "planning/epoch.hpp"
 #include "planning/planner.hpp"
 #include "planning/profile.hpp"
+#include "planning/reconfiguration.hpp"
 
 namespace oobleck::actors {
 
@@ -93,6 +94,12 @@ struct coordinator_state {
   double last_loss = 0;
   double samples_per_second = 0;
   std::uint64_t dropped = 0;  ///< messages of another epoch or step
+  // reconfiguration
+  planning::template_set templates;        ///< of the job, from the first plan
+  planning::cluster_state formed;          ///< the last epoch that formed everywhere: where layers are
+  planning::cluster_state forming;         ///< the configuration of the epoch being formed
+  std::vector<std::int64_t> lost_since_formed;
+  std::uint64_t reconfigurations = 0;
   nonce_book nonces;
   std::map<std::int64_t, node_entry> nodes;
   std::int64_t next_node = 0;

@@ -46,6 +46,9 @@ void run_step(coordinator_pointer self) {
 void start_training(coordinator_pointer self) {
   auto& st = self->state;
   st.job_state = "training";
+  // Every node formed the epoch: its configuration is where the layers are now.
+  st.formed = st.forming;
+  st.lost_since_formed.clear();
   for (std::size_t i = 0; i < st.pipelines.size(); ++i) {
     pipeline_deps d;
     d.epoch = st.epoch;
@@ -89,27 +92,19 @@ void stop_job(coordinator_pointer self, const std::string& reason, bool failed) 
     self->quit();
 }
 
-void form_epoch(coordinator_pointer self) {
-  auto& st = self->state;
-  const auto live = live_nodes(st);
-  planning::job_config job = st.deps.job;
-  job.nodes = static_cast<int>(live.size());
-  planning::job_plan plan;
-  try {
-    plan = planning::plan_job(st.deps.profile, job);
-  } catch (const std::exception& e) {
-    return stop_job(self, std::string("cannot plan the job on ") + std::to_string(live.size()) +
-                              " node(s): " + e.what(), true);
-  }
-  for (auto& p : plan.pipelines)
-    for (auto& n : p.nodes) n = static_cast<int>(live.at(static_cast<std::size_t>(n)));
-  for (auto& n : plan.idle_nodes) n = static_cast<int>(live.at(static_cast<std::size_t>(n)));
-  const planning::epoch ep = planning::map_epoch(plan);
+namespace {
 
+std::vector<std::int64_t> to_ids(const std::vector<int>& v) { return {v.begin(), v.end()}; }
+
+/// Sends every live node its part of `ep` and waits for them in state "forming".
+void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::vector<std::int64_t>& live) {
+  auto& st = self->state;
   st.job_state = "forming";
   ++st.epoch;
   st.ready.clear();
   st.in_epoch = live;
+  for (auto& p : st.pipelines)
+    if (p.actor) self->send_exit(p.actor, caf::exit_reason::user_shutdown);
   st.pipelines.clear();
   st.stage_nodes.assign(ep.pipelines().size(), {});
   std::int32_t first = 0;
@@ -131,6 +126,7 @@ void form_epoch(coordinator_pointer self) {
     for (auto r : ep.holders(planning::layer_index{l})) group.push_back(r.value);
     base.layer_groups.push_back(std::move(group));
   }
+  for (const auto& c : ep.copies()) base.copies.push_back({c.layer.value, c.from.value, c.to.value});
   for (const auto& p : st.pipelines) base.pipeline_microbatches.push_back(p.microbatches);
 
   for (std::int64_t id : live) {
@@ -140,18 +136,103 @@ void form_epoch(coordinator_pointer self) {
       const auto& stages = ep.stages(*r);
       for (std::size_t k = 0; k < stages.size(); ++k) {
         a.stages.push_back(to_message(stages[k]));
-        st.stage_nodes.at(static_cast<std::size_t>(stages[k].pipeline)).resize(
-            std::max<std::size_t>(st.stage_nodes[static_cast<std::size_t>(stages[k].pipeline)].size(),
-                                  static_cast<std::size_t>(stages[k].stage) + 1));
-        st.stage_nodes[static_cast<std::size_t>(stages[k].pipeline)][static_cast<std::size_t>(stages[k].stage)] = {
-            id, static_cast<std::int32_t>(k)};
+        auto& slots = st.stage_nodes.at(static_cast<std::size_t>(stages[k].pipeline));
+        slots.resize(std::max<std::size_t>(slots.size(), static_cast<std::size_t>(stages[k].stage) + 1));
+        slots[static_cast<std::size_t>(stages[k].stage)] = {id, static_cast<std::int32_t>(k)};
       }
     }
     self->send(st.nodes.at(id).monitor, std::move(a));
   }
+}
+
+}  // namespace
+
+void form_epoch(coordinator_pointer self) {
+  auto& st = self->state;
+  const auto live = live_nodes(st);
+  planning::job_config job = st.deps.job;
+  job.nodes = static_cast<int>(live.size());
+  planning::job_plan plan;
+  try {
+    plan = planning::plan_job(st.deps.profile, job);
+  } catch (const std::exception& e) {
+    return stop_job(self, std::string("cannot plan the job on ") + std::to_string(live.size()) +
+                              " node(s): " + e.what(), true);
+  }
+  for (auto& p : plan.pipelines)
+    for (auto& n : p.nodes) n = static_cast<int>(live.at(static_cast<std::size_t>(n)));
+  for (auto& n : plan.idle_nodes) n = static_cast<int>(live.at(static_cast<std::size_t>(n)));
+  st.templates = plan.templates;
+  st.formed = st.forming = {plan.pipelines, plan.idle_nodes};
+  st.lost_since_formed.clear();
+  send_epoch(self, planning::map_epoch(plan), live);
   st.deps.log("forming epoch " + std::to_string(st.epoch) + " on " + std::to_string(live.size()) +
               " node(s), " + std::to_string(st.pipelines.size()) + " pipeline(s), predicted step " +
               std::to_string(plan.step_ms) + " ms");
+}
+
+void recover(coordinator_pointer self, std::int64_t lost_node) {
+  auto& st = self->state;
+  if (st.job_state == "committing") {
+    // The commit was decided before the loss: it stands. Survivors apply it before anything of
+    // the next epoch (their stages handle messages in order); the lost node's digests are gone.
+    st.deps.log("step " + std::to_string(st.step) + " was committed before node " + std::to_string(lost_node) +
+                " was lost");
+    ++st.committed;
+    ++st.step;
+  }
+  const std::uint64_t old_epoch = st.epoch;
+  const std::string reason = "node " + std::to_string(lost_node) + " was lost";
+  for (std::int64_t id : st.in_epoch) {
+    const auto& n = st.nodes.at(id);
+    if (n.state != "lost") self->send(n.monitor, abort_epoch{old_epoch, reason});
+  }
+  st.lost_since_formed.push_back(lost_node);
+  if (st.step >= st.deps.steps) {
+    st.deps.log("training finished: " + std::to_string(st.committed) + " step(s) committed");
+    return stop_job(self, "training finished", false);
+  }
+
+  const auto started = st.deps.now();
+  const planning::layer_costs costs(st.deps.profile, planning::job_memory(st.deps.profile, st.deps.job));
+  const planning::reconfiguration_context ctx{st.templates, costs, st.deps.job.fault_tolerance,
+                                              st.deps.job.global_batch / st.deps.job.microbatch,
+                                              st.deps.job.microbatch};
+  std::vector<int> lost(st.lost_since_formed.begin(), st.lost_since_formed.end());
+  const auto r = planning::reconfigure(ctx, st.formed, lost, {});
+  if (r.action == planning::reconfiguration_action::checkpoint_and_stop)
+    return stop_job(self, "cannot continue after losing node(s)" + [&] {
+      std::string ids;
+      for (int n : lost) ids += " " + std::to_string(n);
+      return ids;
+    }() + ": " + r.reason + " (checkpointing is not built yet: the job's state is lost)", true);
+  const planning::epoch ep = planning::map_epoch(st.templates, r);
+  std::vector<std::int64_t> live;
+  for (const auto& p : r.pipelines) for (int n : p.nodes) live.push_back(n);
+  for (int n : r.idle_nodes) live.push_back(n);
+  std::sort(live.begin(), live.end());
+  live.erase(std::unique(live.begin(), live.end()), live.end());
+  // Nodes alive but outside the new configuration (none today: the policy keeps every survivor)
+  // still learn the epoch, so they leave the old one.
+  for (std::int64_t id : live_nodes(st))
+    if (!std::binary_search(live.begin(), live.end(), id)) live.insert(std::upper_bound(live.begin(), live.end(), id), id);
+  ++st.reconfigurations;
+  st.forming = {r.pipelines, r.idle_nodes};
+  std::int64_t bytes = 0;
+  for (const auto& c : r.copies) bytes += c.bytes;
+  std::string rules;
+  for (auto rule : r.rules) rules += std::string(rules.empty() ? "" : "+") + planning::to_string(rule);
+  send_epoch(self, ep, live);
+  const double plan_ms = std::chrono::duration<double, std::milli>(st.deps.now() - started).count();
+  st.deps.log("reconfigured after losing node(s)" + [&] {
+    std::string ids;
+    for (int n : lost) ids += " " + std::to_string(n);
+    return ids;
+  }() + " (" + rules + ", " + std::to_string(plan_ms) + " ms): epoch " + std::to_string(st.epoch) + ", " +
+              std::to_string(st.pipelines.size()) + " pipeline(s), " + std::to_string(r.copies.size()) +
+              " layer copies (" + std::to_string(bytes) + " bytes); step " + std::to_string(st.step) +
+              " runs again");
+  publish(self, {event_kind::epoch_formed, st.epoch, st.step, -1, 0, "reconfigured: " + rules});
 }
 
 void on_node_ready(coordinator_pointer self, node_ready& r) {

@@ -11,6 +11,10 @@ namespace oobleck::actors {
 /// Plans the job on the live nodes and sends every node its epoch assignment.
 void form_epoch(coordinator_pointer self);
 void on_node_ready(coordinator_pointer self, messages::node_ready& r);
+/// A node of the running epoch is lost: epoch bump, every survivor aborts its data plane, the
+/// reconfiguration policy decides the new pipelines and the copy plan, the uncommitted step
+/// re-runs in the new epoch (DESIGN §5 "Reconfiguration"). A commit already decided stands.
+void recover(coordinator_pointer self, std::int64_t lost_node);
 void on_node_fault(coordinator_pointer self, messages::node_fault& f);
 void on_pipeline_done(coordinator_pointer self, messages::pipeline_done& d);
 void on_step_committed(coordinator_pointer self, messages::step_committed& c);

@@ -7,6 +7,8 @@
 #include <caf/system_messages.hpp>
 #include <caf/exit_reason.hpp>
 
+#include <limits>
+
 #include "actors/admission.hpp"
 
 namespace oobleck::actors {
@@ -35,6 +37,8 @@ void signal_own_process(const inject_fault& f) {
 
 namespace {
 
+void start_stage(monitor_pointer self);
+
 void start_registration(monitor_pointer self) {
   auto& d = self->state.deps;
   self->request(d.coordinator, caf::infinite, nonce_request{protocol_version})
@@ -48,6 +52,7 @@ void start_registration(monitor_pointer self) {
                     [self](admission& a) {
                       self->state.node = a.node;
                       self->state.job = a;
+                      start_stage(self);
                       self->state.deps.log("admitted as node " + std::to_string(a.node));
                       self->state.deps.admitted(a);
                     },
@@ -65,9 +70,20 @@ void start_registration(monitor_pointer self) {
 void retire_stage(monitor_pointer self, const std::string& why) {
   auto& st = self->state;
   if (!st.stage) return;
-  st.stage->abort(why);
+  st.stage->abort(std::numeric_limits<std::uint64_t>::max(), why);
   caf::anon_send_exit(st.stage->actor, caf::exit_reason::user_shutdown);
   st.stage.reset();
+}
+
+/// The node's stage slot, started once the job is known.
+void start_stage(monitor_pointer self) {
+  auto& st = self->state;
+  if (!st.deps.make_stage) return;
+  try {
+    st.stage = st.deps.make_stage(st.job);
+  } catch (const std::exception& e) {
+    st.deps.log(std::string("cannot start a stage: ") + e.what());
+  }
 }
 
 void on_assignment(monitor_pointer self, epoch_assignment& a) {
@@ -76,36 +92,36 @@ void on_assignment(monitor_pointer self, epoch_assignment& a) {
     ++st.dropped;  // stale, or (a protocol error) ahead of this node's admission
     return;
   }
-  retire_stage(self, "epoch " + std::to_string(a.epoch) + " replaces epoch " + std::to_string(st.epoch));
   st.epoch = a.epoch;
-  if (a.rank < 0 || a.stages.empty()) {
+  if (!st.stage) {
+    if (a.rank < 0) {
+      self->send(st.deps.coordinator, node_ready{a.epoch, st.node, {}});
+    } else {
+      self->send(st.deps.coordinator, node_fault{a.epoch, st.node, "this node cannot run stages"});
+    }
+    return;
+  }
+  if (a.rank < 0) {
     st.deps.log("epoch " + std::to_string(a.epoch) + ": idle");
-    self->send(st.deps.coordinator, node_ready{a.epoch, st.node, {}});
-    return;
+  } else if (a.stages.empty()) {
+    st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank) + ", sends copies only");
+  } else {
+    const auto& s = a.stages.front();
+    st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank) + ", pipeline " +
+                std::to_string(s.pipeline) + " stage " + std::to_string(s.stage) + " of " +
+                std::to_string(s.num_stages) + ", layers [" + std::to_string(s.first_layer) + ", " +
+                std::to_string(s.end_layer) + ")");
   }
-  if (!st.deps.make_stage) {
-    self->send(st.deps.coordinator, node_fault{a.epoch, st.node, "this node cannot run stages"});
-    return;
-  }
-  try {
-    st.stage = st.deps.make_stage(st.job);
-  } catch (const std::exception& e) {
-    self->send(st.deps.coordinator, node_fault{a.epoch, st.node, std::string("cannot start a stage: ") + e.what()});
-    return;
-  }
-  const auto& s = a.stages.front();
-  st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank) + ", pipeline " +
-              std::to_string(s.pipeline) + " stage " + std::to_string(s.stage) + " of " +
-              std::to_string(s.num_stages) + ", layers [" + std::to_string(s.first_layer) + ", " +
-              std::to_string(s.end_layer) + ")");
   const std::uint64_t e = a.epoch;
+  const bool runs_stage = a.rank >= 0 && !a.stages.empty();
   self->request(st.stage->actor, caf::infinite, std::move(a))
       .then(
-          [self, e](bool) {
+          [self, e, runs_stage](bool) {
             auto& st = self->state;
             if (e != st.epoch || !st.stage) return;
-            self->send(st.deps.coordinator,
-                       node_ready{e, st.node, {caf::actor_cast<caf::actor>(st.stage->actor)}});
+            std::vector<caf::actor> stages;
+            if (runs_stage) stages.push_back(caf::actor_cast<caf::actor>(st.stage->actor));
+            self->send(st.deps.coordinator, node_ready{e, st.node, std::move(stages)});
           },
           [self, e](caf::error& err) {
             auto& st = self->state;
@@ -155,13 +171,25 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
       [self](epoch_assignment& a) { on_assignment(self, a); },
       [self](commit_step& c) { on_commit(self, c); },
       [self](abort_epoch& a) {
-        if (a.epoch != self->state.epoch) return;
-        retire_stage(self, a.reason);
+        // At once, from this thread: the stage may be blocked in a collective with a dead peer.
+        if (self->state.stage) self->state.stage->abort(a.epoch, a.reason);
+        self->send(self->state.deps.coordinator, epoch_aborted{a.epoch, self->state.node});
       },
       [self](inject_fault& f) {
-        self->state.deps.log("injected fault: " + to_string(f.kind) +
-                             (f.seconds > 0 ? " for " + std::to_string(f.seconds) + " s" : ""));
-        self->state.deps.fault(f);
+        auto& st = self->state;
+        const std::string what = to_string(f.kind) + (f.seconds > 0 ? " for " + std::to_string(f.seconds) + " s" : "");
+        if (f.at_step >= 0 && st.stage && st.stage->arm) {
+          st.deps.log("fault armed: " + what + " in the middle of step " + std::to_string(f.at_step));
+          auto log = st.deps.log;
+          auto act = st.deps.fault;
+          st.stage->arm(f, [log, act, what](const inject_fault& x) {
+            log("injected fault: " + what + " (step " + std::to_string(x.at_step) + ")");
+            act(x);
+          });
+          return;
+        }
+        st.deps.log("injected fault: " + what);
+        st.deps.fault(f);
       },
       [self](shutdown_atom, std::string& reason) {
         self->state.deps.log("shut down by the coordinator: " + reason);

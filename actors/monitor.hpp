@@ -36,8 +36,9 @@ struct monitor_deps {
 /// coordinator with exit_reason::remote_link_unreachable; a shutdown normally.
 /// Called once admitted, with the node id and the job's configuration.
   std::function<void(const messages::admission&)> admitted = [](const messages::admission&) {};
-  /// Spawns the stage actor of an epoch for the admitted job (the worker decodes the job file);
-  /// unset: the node cannot run stages (assignments with stages are answered with node_fault).
+  /// Spawns the node's stage actor (one slot, for the worker's life) for the admitted job (the
+  /// worker decodes the job file); unset: the node cannot run stages (assignments with stages
+  /// are answered with node_fault).
   std::function<spawned_stage(const messages::admission&)> make_stage;
   /// Carries out an injected fault; the default signals this very process (SIGKILL, SIGSTOP).
   std::function<void(const messages::inject_fault&)> fault;
@@ -48,7 +49,7 @@ struct monitor_state {
   std::int64_t node = -1;
   messages::admission job;
   std::uint64_t epoch = 0;  ///< the newest epoch assigned
-  std::optional<spawned_stage> stage;  ///< of `epoch`, once spawned
+  std::optional<spawned_stage> stage;  ///< the node's stage slot, once admitted
   std::uint64_t dropped = 0;           ///< messages of older epochs
   static inline const char* name = "oobleck.monitor";
 };

@@ -18,8 +18,8 @@ using namespace oobleck::messages;
 
 namespace {
 
-/// The stage's data plane and executor for one epoch. The transport may be aborted from another
-/// thread; everything else is touched by the stage's own thread only.
+/// The stage's layers and, per epoch, its data plane and executor. The transport may be aborted
+/// from another thread (under `abort_mu`); everything else is touched by the stage's thread only.
 struct stage_runtime {
   explicit stage_runtime(stage_job j)
       : job(std::move(j)),
@@ -30,19 +30,53 @@ struct stage_runtime {
   runtime::token_dataset data;
   runtime::sampler samples;
   epoch_assignment assignment;
-  std::mutex abort_mu;  // guards `transport` for abort() from the monitor's thread
-  std::unique_ptr<runtime::host_transport> transport;
-  bool aborted = false;
-  std::string abort_reason;
+  bool formed_once = false;  ///< layers exist (built from their seed at the job's first epoch)
+
+  std::mutex abort_mu;
+  std::unique_ptr<runtime::host_transport> transport;  // written under abort_mu
+  std::uint64_t aborted_through = 0;                   // guarded: epochs <= this are aborted
+  std::string abort_reason;                            // guarded
+
   std::unique_ptr<runtime::host_communicator> comm;
   std::unique_ptr<runtime::stage_executor> executor;
+  /// Executors of earlier epochs, newest last, kept until an epoch has formed everywhere (its
+  /// first step arrives): a reconfiguration that fails part-way must still find every layer
+  /// where the last formed epoch put it. Their communicators are gone; only their layers are read.
+  std::vector<std::unique_ptr<runtime::stage_executor>> retained;
   std::vector<std::vector<int>> layer_groups;
 
-  void abort(const std::string& reason) {
+  /// The newest retained executor holding `layer`, if any.
+  runtime::stage_executor* holder_of(int layer) {
+    for (auto it = retained.rbegin(); it != retained.rend(); ++it)
+      if (layer >= (*it)->position().first_layer && layer < (*it)->position().end_layer) return it->get();
+    return nullptr;
+  }
+
+  std::mutex fault_mu;
+  std::vector<std::pair<messages::inject_fault, std::function<void(const messages::inject_fault&)>>> armed;
+
+  /// Runs the faults armed for `step` (in the middle of it).
+  void fire_faults(std::uint64_t step) {
+    std::vector<std::pair<messages::inject_fault, std::function<void(const messages::inject_fault&)>>> due;
+    {
+      std::lock_guard lock(fault_mu);
+      for (auto it = armed.begin(); it != armed.end();)
+        if (it->first.at_step == static_cast<std::int64_t>(step)) {
+          due.push_back(std::move(*it));
+          it = armed.erase(it);
+        } else {
+          ++it;
+        }
+    }
+    for (auto& [f, act] : due) act(f);
+  }
+
+  void abort(std::uint64_t epoch, const std::string& reason) {
     std::lock_guard lock(abort_mu);
-    aborted = true;
+    if (epoch < aborted_through) return;
+    aborted_through = epoch;
     abort_reason = reason;
-    if (transport) transport->abort(reason);
+    if (transport && transport->epoch() <= epoch) transport->abort(reason);
   }
 };
 
@@ -76,10 +110,83 @@ struct stage_state {
 
 using stage_pointer = stage_actor::stateful_pointer<stage_state>;
 
+/// A layer's full state in a fixed order: parameters, first moments, second moments, and its
+/// update count as a one-element tensor.
+std::vector<torch::Tensor> layer_state(runtime::stage_executor& ex, int layer) {
+  std::vector<torch::Tensor> out = ex.parameters(layer);
+  auto& st = ex.optimizer_state(layer);
+  out.insert(out.end(), st.exp_avg.begin(), st.exp_avg.end());
+  out.insert(out.end(), st.exp_avg_sq.begin(), st.exp_avg_sq.end());
+  return out;
+}
+
+/// Copies `from`'s state of `layer` into `to`'s (same shapes).
+void install_state(runtime::stage_executor& to, int layer, const std::vector<torch::Tensor>& from, std::int64_t step) {
+  torch::NoGradGuard no_grad;
+  const auto into = layer_state(to, layer);
+  if (into.size() != from.size()) throw std::logic_error("layer " + std::to_string(layer) + ": state sizes differ");
+  for (std::size_t i = 0; i < into.size(); ++i) into[i].copy_(from[i]);
+  to.optimizer_state(layer).step = step;
+}
+
+/// Tags of the copy plan's messages: far above the executor's (which count microbatches).
+int copy_tag(int layer, std::size_t tensor) { return (1 << 24) + layer * 256 + static_cast<int>(tensor); }
+
+/// Runs this rank's part of the copy plan: every send first (they never wait for the receiver),
+/// then every receive straight into the new executor's layers.
+void run_copies(stage_runtime& rt, const epoch_assignment& a, std::vector<char>& installed) {
+  for (const auto& c : a.copies) {
+    if (c.source != a.rank) continue;
+    runtime::stage_executor* old = rt.holder_of(c.layer);
+    if (!old)
+      throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " from rank " +
+                             std::to_string(a.rank) + ", which does not hold it");
+    auto state = layer_state(*old, c.layer);
+    state.push_back(torch::tensor({old->optimizer_state(c.layer).step}, torch::kInt64));
+    for (std::size_t i = 0; i < state.size(); ++i) rt.comm->send(state[i].contiguous(), c.target, copy_tag(c.layer, i));
+  }
+  for (const auto& c : a.copies) {
+    if (c.target != a.rank) continue;
+    if (!rt.executor) throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " to rank " +
+                                             std::to_string(a.rank) + ", which runs no stage");
+    auto shapes = layer_state(*rt.executor, c.layer);
+    std::vector<torch::Tensor> received;
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      auto t = torch::empty_like(shapes[i]).contiguous();
+      rt.comm->recv(t, c.source, copy_tag(c.layer, i));
+      received.push_back(t);
+    }
+    auto step = torch::zeros({1}, torch::kInt64);
+    rt.comm->recv(step, c.source, copy_tag(c.layer, shapes.size()));
+    install_state(*rt.executor, c.layer, received, step.item<std::int64_t>());
+    installed.at(static_cast<std::size_t>(c.layer)) = 1;
+  }
+}
+
 bool form(stage_runtime& rt, const epoch_assignment& a) {
-  if (a.rank < 0 || a.rank >= static_cast<std::int32_t>(a.peers.size()) || a.stages.size() != 1)
-    throw std::invalid_argument("a stage needs a rank among the peers and exactly one stage");
+  if (a.stages.size() > 1) throw std::invalid_argument("a stage slot runs at most one stage per epoch");
+  if (a.rank >= static_cast<std::int32_t>(a.peers.size()))
+    throw std::invalid_argument("rank " + std::to_string(a.rank) + " is not among the epoch's peers");
+  // The old epoch ends here: its uncommitted gradients go, its mesh closes. Its layers stay
+  // (retained) until an epoch has formed everywhere.
+  if (rt.executor) {
+    rt.executor->discard();
+    rt.retained.push_back(std::move(rt.executor));
+  }
+  rt.comm.reset();
+  {
+    std::lock_guard lock(rt.abort_mu);
+    rt.transport.reset();
+    if (a.epoch <= rt.aborted_through)
+      throw std::runtime_error("epoch " + std::to_string(a.epoch) + " was aborted: " + rt.abort_reason);
+  }
   rt.assignment = a;
+  rt.layer_groups.clear();
+  if (a.rank < 0) {  // idle: the layers it held are no longer needed
+    rt.retained.clear();
+    return true;
+  }
+
   runtime::transport_config cfg;
   cfg.rank = a.rank;
   cfg.epoch = a.epoch;
@@ -87,15 +194,31 @@ bool form(stage_runtime& rt, const epoch_assignment& a) {
   for (const auto& p : a.peers) cfg.peers.push_back({p.host, p.port});
   {
     std::lock_guard lock(rt.abort_mu);
-    if (rt.aborted) throw std::runtime_error("aborted before forming: " + rt.abort_reason);
     rt.transport = std::make_unique<runtime::host_transport>(cfg);
+    if (a.epoch <= rt.aborted_through) rt.transport->abort(rt.abort_reason);
   }
   rt.transport->connect();
   rt.comm = std::make_unique<runtime::host_communicator>(*rt.transport);
-  const auto& s = a.stages[0];
-  runtime::stage_position pos{s.first_layer, s.end_layer, s.stage, s.num_stages, s.prev_rank, s.next_rank};
-  rt.executor = std::make_unique<runtime::stage_executor>(rt.job.model, pos, *rt.comm, options_of(rt.job));
-  rt.layer_groups.clear();
+
+  std::vector<char> installed(static_cast<std::size_t>(rt.job.model.num_layers()), 0);
+  if (!a.stages.empty()) {
+    const auto& s = a.stages[0];
+    runtime::stage_position pos{s.first_layer, s.end_layer, s.stage, s.num_stages, s.prev_rank, s.next_rank};
+    rt.executor = std::make_unique<runtime::stage_executor>(rt.job.model, pos, *rt.comm, options_of(rt.job));
+    // Layers this node keeps move across in memory.
+    for (int l = s.first_layer; l < s.end_layer; ++l)
+      if (auto* old = rt.holder_of(l)) {
+        install_state(*rt.executor, l, layer_state(*old, l), old->optimizer_state(l).step);
+        installed[static_cast<std::size_t>(l)] = 1;
+      }
+  }
+  run_copies(rt, a, installed);
+  if (rt.executor && rt.formed_once)
+    for (int l = a.stages[0].first_layer; l < a.stages[0].end_layer; ++l)
+      if (!installed[static_cast<std::size_t>(l)])
+        throw std::logic_error("epoch " + std::to_string(a.epoch) + ": layer " + std::to_string(l) +
+                               " is neither kept nor copied to rank " + std::to_string(a.rank));
+  rt.formed_once = true;
   for (const auto& g : a.layer_groups) rt.layer_groups.emplace_back(g.begin(), g.end());
   return true;
 }
@@ -110,6 +233,7 @@ stage_done run(stage_runtime& rt, const stage_step& order) {
                                         all.begin() + static_cast<std::ptrdiff_t>((order.first_microbatch + order.microbatches) * b));
     const auto [inputs, targets] = rt.data.batch(ids);
     done.loss_sum = rt.executor->run_step(order.microbatches, inputs, targets);
+    rt.fire_faults(order.step);
     rt.executor->reduce_gradients(rt.layer_groups);
   } catch (const std::exception& e) {
     rt.executor->discard();
@@ -130,14 +254,15 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
       },
       [self](stage_step& order) -> stage_done {
         auto& rt = *self->state.rt;
-        if (!rt.executor || order.epoch != rt.assignment.epoch)
+        if (!rt.executor || order.epoch != rt.assignment.epoch || rt.assignment.stages.empty())
           return {order.epoch, order.step, -1, -1, 0, "the stage is not formed for epoch " + std::to_string(order.epoch)};
+        rt.retained.clear();  // a step of this epoch: it formed everywhere
         return run(rt, order);
       },
       [self](commit_step& c) -> step_committed {
         auto& rt = *self->state.rt;
         step_committed out{c.epoch, c.step, -1, {}};
-        if (!rt.executor) return out;
+        if (!rt.executor || c.epoch != rt.assignment.epoch) return out;
         rt.executor->commit();
         const auto& s = rt.assignment.stages.at(0);
         for (int l = s.first_layer; l < s.end_layer; ++l)
@@ -173,7 +298,11 @@ spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job) {
   torch::set_num_threads(1);
   auto rt = std::make_shared<stage_runtime>(job);
   auto actor = sys.spawn<caf::detached>(stage_behavior, rt);
-  return {actor, [rt](const std::string& reason) { rt->abort(reason); }};
+  return {actor, [rt](std::uint64_t epoch, const std::string& reason) { rt->abort(epoch, reason); },
+          [rt](const messages::inject_fault& f, std::function<void(const messages::inject_fault&)> act) {
+            std::lock_guard lock(rt->fault_mu);
+            rt->armed.emplace_back(f, std::move(act));
+          }};
 }
 
 }  // namespace oobleck::actors

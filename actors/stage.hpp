@@ -1,12 +1,17 @@
 #pragma once
-// The stage actor (DESIGN §5): one per stage of a node in an epoch, detached (its own thread), so
-// that LibTorch compute and blocking collectives never run on CAF's cooperative workers. It owns
-// the node's data plane of the epoch (host transport and communicator) and a stage executor.
+// The stage actor (DESIGN §5): one per slot of a worker, for the worker's whole life, detached (its
+// own thread), so that LibTorch compute and blocking collectives never run on CAF's cooperative
+// workers. It holds the node's layers across epochs (parameters and AdamW state), and per epoch
+// the data plane (host transport and communicator) and a stage executor over its layer range.
 //
-//   created --epoch_assignment--> formed (mesh connected) --stage_step--> ... --commit_step--> ...
+//   idle --epoch_assignment{e}--> forming: the old epoch's uncommitted gradients are dropped, the
+//        new mesh connects, the copy plan runs (full layer state, over the new mesh), kept layers
+//        move into the new range --> formed --stage_step / commit_step--> ... --assignment{e+1}-->
 //
-// abort() of its data plane is callable from any thread (the monitor's), so an epoch can be torn
-// down while the stage is blocked in a collective. No LibTorch in this header.
+// Messages are handled in order, so a commit decided before a failure is applied before the next
+// epoch forms. abort() is callable from any thread (the monitor's): it fails every pending
+// data-plane operation of epochs <= e at once, so the stage never stays blocked on a dead peer.
+// No LibTorch in this header.
 
 #include <cstdint>
 #include <functional>
@@ -34,10 +39,14 @@ struct stage_job {
   std::int32_t connect_timeout_ms = 30'000;
 };
 
-/// A spawned stage and the handle that aborts its data plane from any thread.
+/// A spawned stage and the handle that aborts its data plane (epochs <= the given one) from any
+/// thread.
 struct spawned_stage {
   messages::stage_actor actor;
-  std::function<void(const std::string&)> abort;
+  std::function<void(std::uint64_t epoch, const std::string& reason)> abort;
+  /// Arms a fault for step `f.at_step`: `act(f)` runs on the stage's thread in the middle of that
+  /// step, after its compute and before its gradient all-reduce (its peers wait in collectives).
+  std::function<void(const messages::inject_fault& f, std::function<void(const messages::inject_fault&)> act)> arm;
 };
 
 /// Spawns a detached stage actor for `job`; it forms itself on its first epoch_assignment.

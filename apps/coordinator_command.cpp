@@ -159,6 +159,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
 
   signal_shutdown signals;  // before the actor system's threads exist
   cluster_config cfg;
+  cfg.set_heartbeat(job.cluster.heartbeat_interval_ms, job.cluster.connection_timeout_ms);
   caf::actor_system sys{cfg};
   actors::coordinator_deps deps;
   deps.policy = {token, actors::sha256_hex(job_text), messages::protocol_version};

@@ -18,7 +18,10 @@
 #include <iostream>
 #include <thread>
 
+#include "actors/admission.hpp"
+#include "actors/injector.hpp"
 #include "apps/cluster_commands.hpp"
+#include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
 #include "apps/job_file.hpp"
 #include "messages/input_error.hpp"
@@ -124,6 +127,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   std::string config, metrics_out;
   double timeout = 600;
   bool print_default = false;
+  std::vector<std::string> fail_at, hang_at;
   add_integer(app, "--nodes", nodes_flag, 1, 64, "worker processes (default: the job's cluster.nodes, 6 for the default job)");
   add_text(app, "--config", config, "the job file (default: the built-in default job)");
   add_integer(app, "--steps", steps_flag, 1, std::int64_t{1} << 40,
@@ -131,6 +135,14 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   add_integer(app, "--fault-tolerance", fault_tolerance_flag, 0, 64, "f (default: the job's cluster.fault_tolerance)");
   add_text(app, "--metrics-out", metrics_out, "one JSON line per committed step to FILE");
   add_number(app, "--timeout", timeout, 1, "give up (and stop every process) after this many seconds (default 600)");
+  app.add_option("--fail-at", fail_at,
+                 "STEP:ID[,ID...]: those nodes' processes kill themselves (SIGKILL) in the middle of "
+                 "step STEP (repeatable)")
+      ->type_name("STEP:IDS");
+  app.add_option("--hang-at", hang_at,
+                 "STEP:ID[,ID...]: those nodes' processes freeze (SIGSTOP) in the middle of step STEP; "
+                 "the heartbeat timeout declares them lost (repeatable)")
+      ->type_name("STEP:IDS");
   app.add_flag("--print-default-job", print_default, "print the default job file and exit (a start for your own)");
   if (!parse_flags(app, args, out)) return 0;
   if (print_default) {
@@ -152,9 +164,24 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     std::ofstream(job_path) << default_job;
   }
   const job_file job = read_job_file(job_path);  // a bad job file is refused here, before any process starts
+  std::vector<messages::inject_fault> faults;
+  auto add_faults = [&](const std::string& flag, const std::string& spec, messages::fault_kind kind) {
+    const auto colon = spec.find(':');
+    if (colon == std::string::npos) throw messages::input_error(flag + ": expected STEP:ID[,ID...], got '" + spec + "'");
+    const auto step = parse_id_list(flag, spec.substr(0, colon));
+    if (step.size() != 1) throw messages::input_error(flag + ": expected one step before ':', got '" + spec + "'");
+    for (int id : parse_id_list(flag, spec.substr(colon + 1)))
+      faults.push_back({id, kind, step[0], 0});
+  };
+  for (const auto& f : fail_at) add_faults("--fail-at", f, messages::fault_kind::kill);
+  for (const auto& h : hang_at) add_faults("--hang-at", h, messages::fault_kind::hang);
   const int nodes = nodes_flag.value_or(job.cluster.nodes);
   const std::int64_t steps = steps_flag.value_or(static_cast<std::int64_t>(job.training.steps));
   const int fault_tolerance = fault_tolerance_flag.value_or(job.cluster.fault_tolerance);
+  for (const auto& f : faults)
+    if (f.node >= nodes)
+      throw messages::input_error("node " + std::to_string(f.node) + " does not exist: the job's nodes are 0.." +
+                                  std::to_string(nodes - 1));
   if (!metrics_out.empty()) std::ofstream(metrics_out, std::ios::trunc);  // fresh file per run
   const std::string token = (dir / "token").string();
   const auto bin = own_directory();
@@ -223,9 +250,22 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // The failure injector: an actor of this process, subscribed to the coordinator's events.
+  std::unique_ptr<cluster_config> caf_cfg;
+  std::unique_ptr<caf::actor_system> caf_sys;
+  if (!faults.empty()) {
+    caf_cfg = std::make_unique<cluster_config>();
+    caf_sys = std::make_unique<caf::actor_system>(*caf_cfg);
+    const auto coord = connect_coordinator(*caf_sys, parse_host_port("coordinator", address), 10,
+                                           [](const std::string&) {});
+    actors::injector_deps d{coord, actors::read_token_file(token), faults, progress_printer("injector")};
+    caf_sys->spawn(actors::injector, d);
+  }
   for (int i = 0; i < nodes; ++i)
     procs.start((bin / "oobleck-worker").string(),
-                {"--coordinator", address, "--token-file", token, "--name", "node" + std::to_string(i)});
+                {"--coordinator", address, "--token-file", token, "--name", "node" + std::to_string(i),
+                 "--heartbeat-interval-ms", std::to_string(job.cluster.heartbeat_interval_ms),
+                 "--connection-timeout-ms", std::to_string(job.cluster.connection_timeout_ms)});
 
   while (!(coordinator_status = procs.poll(coordinator))) {
     if (stop_signal) {

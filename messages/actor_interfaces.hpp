@@ -23,7 +23,8 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<nonce_request>::with<std::string>,
     caf::replies_to<register_node>::with<admission>,
     // Epoch formation and the step protocol.
-    caf::reacts_to<node_ready>, caf::reacts_to<node_fault>, caf::reacts_to<pipeline_done>,
+    caf::reacts_to<node_ready>, caf::reacts_to<epoch_aborted>, caf::reacts_to<node_fault>,
+    caf::reacts_to<pipeline_done>,
     caf::reacts_to<step_committed>,
     // Operators: each request carries a proof of the token made with a fresh nonce.
     caf::replies_to<status_atom, control_proof>::with<job_status>,

@@ -160,6 +160,26 @@ TEST_CASE("cluster: hang-node freezes the node's process until its SIGCONT") {
   CHECK(c.p->wait_exit() == 0);
 }
 
+TEST_CASE("cluster: a hung worker is declared lost by the heartbeat timeout") {
+  cluster_dir d;
+  d.write("job.toml", "[cluster]\nheartbeat_interval_ms = 100\nconnection_timeout_ms = 1000\n");
+  coordinator_process c(d, 2);
+  auto w0 = worker(d, c, "w0", "token", {"--heartbeat-interval-ms", "100", "--connection-timeout-ms", "1000"});
+  w0->wait_for_line("admitted as node 0");
+  auto w1 = worker(d, c, "w1", "token", {"--heartbeat-interval-ms", "100", "--connection-timeout-ms", "1000"});
+  w1->wait_for_line("admitted as node 1");
+  const auto start = std::chrono::steady_clock::now();
+  w1->signal(SIGSTOP);  // frozen: its process and its connection stay open, it just says nothing
+  c.p->wait_for_line("node 1 lost: w1", std::chrono::seconds(20));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  MESSAGE("a frozen worker was declared lost after " << seconds << " s (timeout 1 s)");
+  CHECK(seconds >= 0.9);  // not before the configured silence
+  // The healthy worker, idle all along, was not.
+  const auto s = status(d, c);
+  CHECK(s["nodes"][0]["state"] == "registered");
+  CHECK(s["nodes"][1]["state"] == "lost");
+}
+
 TEST_CASE("cluster: a worker whose coordinator dies says so and exits 3") {
   cluster_dir d;
   coordinator_process c(d, 1);

@@ -27,11 +27,13 @@ const std::string token(64, 'k');
 /// What one fake stage saw, and how it misbehaves.
 struct fake_stage_record {
   epoch_assignment assignment;
+  std::vector<std::uint64_t> epochs;      ///< every assignment's epoch, in order
+  std::vector<std::uint64_t> aborted;     ///< abort() calls, by epoch
   std::vector<stage_step> steps;
   std::vector<commit_step> commits;
   std::optional<std::uint64_t> fail_at;   ///< reply to this step with an error
   std::optional<std::uint64_t> hold_at;   ///< never reply to this step
-  bool aborted = false;
+  std::optional<std::uint64_t> hold_commit_at;  ///< never reply to this step's commit
 };
 
 using stage_pointer = stage_actor::stateful_pointer<fake_stage_record*>;
@@ -40,20 +42,24 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
   return {
       [rec](epoch_assignment& a) -> bool {
         rec->assignment = a;
+        rec->epochs.push_back(a.epoch);
         return true;
       },
       [self, rec](stage_step& s) -> caf::result<stage_done> {
         rec->steps.push_back(s);
         const auto& st = rec->assignment.stages.at(0);
-        if (rec->hold_at && *rec->hold_at == s.step) return self->make_response_promise<stage_done>();
+        if (rec->hold_at && *rec->hold_at == s.step && rec->epochs.size() == 1)
+          return self->make_response_promise<stage_done>();
         stage_done d{s.epoch, s.step, st.pipeline, st.stage, 0, {}};
         if (st.stage + 1 == st.num_stages) d.loss_sum = 2.0 * s.microbatches;
         if (rec->fail_at && *rec->fail_at == s.step) d.error = "injected stage failure";
         return d;
       },
-      [rec](commit_step& c) -> step_committed {
+      [self, rec](commit_step& c) -> caf::result<step_committed> {
         rec->commits.push_back(c);
+        if (rec->hold_commit_at && *rec->hold_commit_at == c.step) return self->make_response_promise<step_committed>();
         step_committed out{c.epoch, c.step, -1, {}};
+        if (rec->assignment.stages.empty()) return out;
         const auto& st = rec->assignment.stages.at(0);
         for (int l = st.first_layer; l < st.end_layer; ++l) out.digests.push_back({l, 1000u + static_cast<unsigned>(c.step)});
         return out;
@@ -108,7 +114,7 @@ struct fixture {
   }
 
   /// A worker whose stages are fakes; `setup` adjusts each fake before it runs.
-  void add_worker(const std::string& name, std::function<void(fake_stage_record&)> setup = {}) {
+  monitor_actor add_worker(const std::string& name, std::function<void(fake_stage_record&)> setup = {}) {
     monitor_deps d;
     d.coordinator = coord;
     d.token = token;
@@ -119,10 +125,11 @@ struct fixture {
       if (setup) setup(*rec);
       spawned_stage s;
       s.actor = sys.spawn(fake_stage, rec);
-      s.abort = [rec](const std::string&) { rec->aborted = true; };
+      s.abort = [rec](std::uint64_t epoch, const std::string&) { rec->aborted.push_back(epoch); };
       return s;
     };
     monitors.push_back(sys.spawn(monitor, std::move(d)));
+    return monitors.back();
   }
 
   job_status status() {
@@ -209,4 +216,62 @@ TEST_CASE("step protocol: a stage error stops the job with the reason instead of
   CHECK(f.logged("injected stage failure"));
   // The failed step was never committed anywhere.
   for (const auto& rec : f.stages) CHECK(rec->commits.size() == 2);
+}
+
+TEST_CASE("recovery: a node lost in the middle of a step: survivors abort, a new epoch forms, the step runs again") {
+  fixture f(4, 5);
+  std::vector<monitor_actor> m;
+  for (int i = 0; i < 4; ++i)
+    m.push_back(f.add_worker("w" + std::to_string(i), [i](fake_stage_record& r) {
+      if (i == 3) r.hold_at = 1;  // node 3 never finishes step 1 of the first epoch
+    }));
+  f.sched.run();
+  REQUIRE(f.records.size() == 1);
+  REQUIRE(f.status().state == "training");
+  caf::anon_send_exit(m[3], caf::exit_reason::kill);  // its process dies
+  f.sched.run();
+  CHECK(f.logged("node 3 lost"));
+  CHECK(f.logged("reconfigured after losing node(s) 3"));
+  CHECK(f.logged("step 1 runs again"));
+  CHECK(f.logged("training finished: 5 step(s) committed"));
+  REQUIRE(f.records.size() == 5);
+  for (std::size_t k = 0; k < 5; ++k) CHECK(f.records[k].step == k);
+  CHECK(f.records[0].epoch == 1);
+  CHECK(f.records[1].epoch == 2);  // step 1 committed in the new epoch
+  for (std::size_t k = 1; k < 5; ++k)
+    for (const auto& p : f.records[k].pipelines)
+      for (auto n : p.first) CHECK(n != 3);  // ... on the survivors
+  for (std::size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    const auto& rec = *f.stages[i];
+    REQUIRE(!rec.aborted.empty());
+    CHECK(rec.aborted.front() == 1);  // the old epoch's data plane, at once (later: the shutdown)
+    CHECK(rec.epochs == std::vector<std::uint64_t>{1, 2});
+  }
+}
+
+TEST_CASE("recovery: a commit decided before the loss stands; the next step runs in the new epoch") {
+  fixture f(4, 4);
+  std::vector<monitor_actor> m;
+  for (int i = 0; i < 4; ++i)
+    m.push_back(f.add_worker("w" + std::to_string(i), [i](fake_stage_record& r) {
+      if (i == 2) r.hold_commit_at = 1;  // node 2 dies while applying the commit of step 1
+    }));
+  f.sched.run();
+  REQUIRE(f.status().state == "committing");
+  caf::anon_send_exit(m[2], caf::exit_reason::kill);
+  f.sched.run();
+  CHECK(f.logged("step 1 was committed before node 2 was lost"));
+  CHECK(f.logged("step 2 runs again"));
+  CHECK(f.logged("training finished: 4 step(s) committed"));
+  // Every survivor applied the commit of step 1 exactly once, and never re-ran step 1.
+  for (std::size_t i : {0u, 1u, 3u}) {
+    CAPTURE(i);
+    const auto& rec = *f.stages[i];
+    int commits_of_1 = 0, runs_of_1 = 0;
+    for (const auto& c : rec.commits) commits_of_1 += c.step == 1;
+    for (const auto& s : rec.steps) runs_of_1 += s.step == 1;
+    if (!rec.steps.empty()) CHECK(runs_of_1 == 1);
+    CHECK(commits_of_1 == 1);
+  }
 }
