@@ -6,7 +6,6 @@
 #include "planning/batch_distribution.hpp"
 #include "planning/makespan.hpp"
 #include "planning/planner.hpp"
-#include "sim/varuna_policy.hpp"
 
 namespace oobleck::sim {
 
@@ -19,33 +18,51 @@ bamboo_policy::bamboo_policy(const sim_job& job, const recovery_costs& costs, do
   for (auto& l : doubled.layers) l.activation_bytes *= 2;
   planning::job_config config{.nodes = job.nodes, .global_batch = job.global_batch,
                               .microbatch = job.bamboo_microbatch, .state_factor = 2 * job.state_factor};
-  const planning::layer_costs costs_model(doubled, planning::job_memory(doubled, config));
-  planning::template_generator generator(costs_model);
-  const int most = std::min(doubled.num_layers(), job.nodes);
-  layouts_.resize(most + 1);
+  const planning::layer_costs model(doubled, planning::job_memory(doubled, config));
+  // Bamboo partitions layers uniformly (DeepSpeed's pipeline module), not by memory: the stages
+  // near the front, with the most microbatches in flight, run out of memory first.
+  const int layers = doubled.num_layers(), width = doubled.gpus_per_node;
+  const int most = std::min(layers, job.nodes);
   node_times_.resize(most + 1);
-  if (most >= 2) {
-    auto all = generator.generate(2, most);
-    for (int p = 2; p <= most; ++p) {
-      layouts_[p] = std::move(all[p - 2]);
-      if (!layouts_[p]) continue;
-      node_times_[p].assign(p, {0.0, 0.0});
-      for (const auto& s : layouts_[p]->stages) {
-        node_times_[p][s.node].first += s.forward_ms;
-        node_times_[p][s.node].second += s.backward_ms;
+  for (int p = 2; p <= most; ++p) {
+    std::vector<std::pair<double, double>> times;
+    int u = 0;
+    for (int k = 0; k < p; ++k) {
+      const int v = u + layers / p + (k >= p - layers % p ? 1 : 0);
+      if (!model.stage_fits(u, v, width, p - k)) {
+        times.clear();
+        break;
       }
+      times.push_back({model.forward_ms(u, v, width), model.backward_ms(u, v, width)});
+      u = v;
     }
+    node_times_[p] = std::move(times);
   }
   state_bytes_ = state_bytes(job_.bamboo_profile, job.state_factor);
-  if (fastest_grid(layouts_, job.nodes, num_microbatches_).depth == 0)
+  if (fastest_grid(job.nodes).depth == 0)
     never_runs_ = "out of memory: Bamboo's doubled state and activations of " + job_.bamboo_profile.model +
                   " at microbatch " + std::to_string(job.bamboo_microbatch) + " fit no layout of 2 to " +
                   std::to_string(most) + " nodes";
 }
 
-double bamboo_policy::step_ms(const std::vector<pipeline>& ps, bool redundant) const {
+grid bamboo_policy::fastest_grid(int n) const {
+  grid best;
+  for (int p = 2; p < static_cast<int>(node_times_.size()) && p <= n; ++p) {
+    if (node_times_[p].empty()) continue;
+    const int d = std::min(n / p, num_microbatches_);
+    if (d < 1) continue;
+    std::vector<pipeline> fresh(d);
+    for (auto& f : fresh)
+      for (int s = 0; s < p; ++s) f.push_back({-1, {s}});
+    const double step = step_ms(p, fresh, true);
+    if (best.depth == 0 || step < best.step_ms) best = {p, d, step};
+  }
+  return best;
+}
+
+double bamboo_policy::step_ms(int depth, const std::vector<pipeline>& ps, bool redundant) const {
   if (ps.empty()) return 0;
-  const auto& times = node_times_[depth_];
+  const auto& times = node_times_[depth];
   const int d = static_cast<int>(ps.size());
   double step = 0;
   for (int i = 0; i < d; ++i) {
@@ -59,7 +76,7 @@ double bamboo_policy::step_ms(const std::vector<pipeline>& ps, bool redundant) c
       }
       // A node that runs one stage also runs its successor's forward; one that took a stage over
       // has no replica left to recompute.
-      if (redundant && m.stages.size() == 1) f += rc_.bamboo_redundancy_factor * times[(m.stages[0] + 1) % depth_].first;
+      if (redundant && m.stages.size() == 1) f += rc_.bamboo_redundancy_factor * times[(m.stages[0] + 1) % depth].first;
       fwd.push_back(f);
       bwd.push_back(b);
     }
@@ -70,7 +87,7 @@ double bamboo_policy::step_ms(const std::vector<pipeline>& ps, bool redundant) c
 }
 
 void bamboo_policy::launch(bool restart) {
-  const grid g = fastest_grid(layouts_, static_cast<int>(alive_.size()), num_microbatches_);
+  const grid g = fastest_grid(static_cast<int>(alive_.size()));
   pipelines_.clear();
   if (g.depth == 0) {
     clock_.stop();
@@ -86,9 +103,9 @@ void bamboo_policy::launch(bool restart) {
     pipelines_.push_back(std::move(p));
   }
   if (restart) clock_.pause(activity::restart, restart_ms(rc_, state_bytes_));
-  const double with = step_ms(pipelines_, true);
+  const double with = step_ms(depth_, pipelines_, true);
   clock_.run({.step_ms = with, .samples_per_step = static_cast<double>(job_.global_batch),
-              .redundant_ms = with - step_ms(pipelines_, false), .nodes = g.nodes()});
+              .redundant_ms = with - step_ms(depth_, pipelines_, false), .nodes = g.nodes()});
   record(restart ? "restart" : "start", g.nodes(), with,
          std::to_string(g.pipelines) + " x " + std::to_string(g.depth));
   running_ = true;
@@ -133,11 +150,11 @@ void bamboo_policy::on_change(const std::vector<int>& ready, const std::vector<i
     return;
   }
   clock_.pause(activity::reconfiguration, rc_.bamboo_takeover_ms);
-  const double with = step_ms(pipelines_, true);
+  const double with = step_ms(depth_, pipelines_, true);
   int nodes = 0;
   for (const auto& p : pipelines_) nodes += static_cast<int>(p.size());
   clock_.run({.step_ms = with, .samples_per_step = static_cast<double>(job_.global_batch),
-              .redundant_ms = with - step_ms(pipelines_, false), .nodes = nodes});
+              .redundant_ms = with - step_ms(depth_, pipelines_, false), .nodes = nodes});
   record("takeover", nodes, with, std::to_string(lost.size()) + " stage(s) taken over by predecessors");
 }
 

@@ -1,6 +1,7 @@
 #pragma once
-// Bamboo-like redundant computation (Thorpe et al., NSDI'23). Pipelines of depth p >= 2 (layouts
-// from the planner on Bamboo's own profile: its microbatch, no activation checkpointing), each
+// Bamboo-like redundant computation (Thorpe et al., NSDI'23). Pipelines of depth p >= 2 with
+// layers split uniformly (DeepSpeed's partitioning, which Bamboo builds on; times and memory from
+// the planner's cost model on Bamboo's own profile: its microbatch, no activation checkpointing), each
 // node holding its stage and a replica of its successor's (the last node holds the first's):
 // twice the state and, for the redundant forward, twice the activations (Oobleck paper §6.3: "an
 // additional copy of model states for redundant computation and activations"). A layout that does
@@ -21,8 +22,8 @@
 #include <vector>
 
 #include "planning/cost_model.hpp"
-#include "planning/pipeline_template.hpp"
 #include "sim/policy.hpp"
+#include "sim/varuna_policy.hpp"
 
 namespace oobleck::sim {
 
@@ -41,8 +42,10 @@ class bamboo_policy : public policy {
   using pipeline = std::vector<member>;
 
   const std::vector<pipeline>& pipelines() const { return pipelines_; }
-  /// Step time of these pipelines (ms), with or without the redundant forwards.
-  double step_ms(const std::vector<pipeline>& ps, bool redundant) const;
+  /// Step time of pipelines of this depth (ms), with or without the redundant forwards.
+  double step_ms(int depth, const std::vector<pipeline>& ps, bool redundant) const;
+  /// Fastest grid of fresh pipelines on at most n nodes (depth 0: none fits).
+  grid fastest_grid(int n) const;
 
  private:
   void launch(bool restart);
@@ -53,8 +56,7 @@ class bamboo_policy : public policy {
   int num_microbatches_ = 0;
   int depth_ = 0;
   double state_bytes_ = 0;
-  std::vector<std::optional<planning::pipeline_template>> layouts_;  // [depth]
-  std::vector<std::vector<std::pair<double, double>>> node_times_;  // [depth][node] = (fwd, bwd)
+  std::vector<std::vector<std::pair<double, double>>> node_times_;  // [depth][stage] = (fwd, bwd); empty: OOM
   std::set<int> alive_;
   std::vector<pipeline> pipelines_;
   bool running_ = false;

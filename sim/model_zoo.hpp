@@ -60,7 +60,7 @@ struct device_spec {
   /// Sustained fraction of peak for large GEMMs, and the tokens per microbatch at which half of it
   /// is reached. Chosen once for all five models so that Oobleck's failure-free throughput on 30
   /// nodes lands near the paper's (see bench/RESULTS.md, Table 2), not fitted per model.
-  double max_efficiency = 0.30;
+  double max_efficiency = 0.24;
   double half_efficiency_tokens = 1024;
   double memory_efficiency = 0.7;         ///< of memory_bandwidth, for the embedding lookups
   double tensor_parallel_overhead = 0.08; ///< extra time per doubling of a stage's width (M > 1)
