@@ -69,15 +69,32 @@ planning::profile analytical_profile(const model_spec& m, int microbatch, bool c
   const double lookup_ms = 3 * tokens * h * 4 / (dev.memory_bandwidth * dev.memory_efficiency) * 1e3;
   add("embedding", lookup_ms, 2 * lookup_ms, (v + s + (m.bert ? 2 : 0)) * h, checkpointing ? tokens * 8 : tokens * h * 4 * 2);
   const double block_flops = 24 * tokens * h * h + 4 * tokens * s * h;
+  // The a x s x s attention scores pass through memory about 8 times in the forward (written by
+  // the QK^T GEMM, scaled and masked, softmax, dropout and its mask, read by the second GEMM),
+  // 4 bytes each: without a fused attention kernel (2023's HuggingFace models) this is
+  // memory-bound and, at s = 2048, costs as much as the block's GEMMs.
+  const double attention_ms = 8 * 4 * a * s * tokens / (dev.memory_bandwidth * dev.memory_efficiency) * 1e3;
+  const double block_ms = block_flops / flops_per_ms + attention_ms;
   const double block_acts = checkpointing ? tokens * h * 4 : 2 * (34 * tokens * h + 5 * a * s * tokens);
   for (int i = 0; i < m.blocks; ++i)
-    add("block" + std::to_string(i), block_flops / flops_per_ms, backward_factor * block_flops / flops_per_ms,
-        12 * h * h + 13 * h, block_acts);
+    add("block" + std::to_string(i), block_ms, backward_factor * block_ms, 12 * h * h + 13 * h, block_acts);
   const double head_flops = 2 * tokens * h * v + (m.bert ? 2 * tokens * h * h : 0);
   add("head", head_flops / flops_per_ms, backward_factor * head_flops / flops_per_ms,
       v * h + 2 * h + (m.bert ? h * h + h : 0), checkpointing ? tokens * h * 4 : tokens * (h + 2 * v) * 4);
   planning::validate(p);
   return p;
+}
+
+sim_job paper_job(const model_spec& model, int nodes, int fault_tolerance, const device_spec& device) {
+  sim_job job;
+  job.nodes = nodes;
+  job.fault_tolerance = fault_tolerance;
+  job.global_batch = model.global_batch;
+  job.microbatch = model.microbatch;
+  job.bamboo_microbatch = model.bamboo_microbatch > 0 ? model.bamboo_microbatch : 1;
+  job.profile = analytical_profile(model, job.microbatch, true, device);
+  job.bamboo_profile = analytical_profile(model, job.bamboo_microbatch, false, device);
+  return job;
 }
 
 }  // namespace oobleck::sim

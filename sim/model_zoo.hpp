@@ -7,9 +7,12 @@
 //   forward FLOPs  block 24 b s h^2 + 4 b s^2 h (Megatron-LM's count; BERT's too: masking does not
 //                  skip work); head 2 b s h V (+ 2 b s h^2 for BERT's transform layer); embedding
 //                  lookups are memory-bound: 3 passes over b s h fp32 values at the memory bandwidth.
+//   attention      the a s^2 b scores are memory-bound (no fused attention kernel): 8 passes of 4
+//                  bytes each in the forward, at the memory bandwidth, added to each block.
 //   backward       2x forward; 3x with activation checkpointing (the forward is recomputed).
 //   time           FLOPs / (peak x efficiency), efficiency = max_efficiency x m / (m + half_tokens)
-//                  with m = b s tokens per microbatch: small GEMMs use the GPU poorly.
+//                  with m = b s tokens per microbatch: small GEMMs use the GPU poorly; plus the
+//                  memory-bound parts / (bandwidth x memory_efficiency).
 //   parameters     block 12 h^2 + 13 h; embedding (V + s) h (+ 2 h token types for BERT); head V h + 2 h
 //                  (the tied embedding is duplicated on the last stage, as Megatron-LM does), plus
 //                  h^2 + h for BERT's transform; fp32 (the paper trains in TF32), 4 bytes each.
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "planning/profile.hpp"
+#include "sim/policy.hpp"
 
 namespace oobleck::sim {
 
@@ -60,7 +64,7 @@ struct device_spec {
   /// Sustained fraction of peak for large GEMMs, and the tokens per microbatch at which half of it
   /// is reached. Chosen once for all five models so that Oobleck's failure-free throughput on 30
   /// nodes lands near the paper's (see bench/RESULTS.md, Table 2), not fitted per model.
-  double max_efficiency = 0.24;
+  double max_efficiency = 0.41;
   double half_efficiency_tokens = 1024;
   double memory_efficiency = 0.7;         ///< of memory_bandwidth, for the embedding lookups
   double tensor_parallel_overhead = 0.08; ///< extra time per doubling of a stage's width (M > 1)
@@ -71,5 +75,9 @@ struct device_spec {
 /// Layers: embedding, one per transformer block, head.
 planning::profile analytical_profile(const model_spec& model, int microbatch, bool activation_checkpointing,
                                      const device_spec& device = {});
+
+/// The paper's job for `model`: Table 1's batches, analytical profiles for Oobleck and Varuna
+/// (activation checkpointing) and Bamboo (its microbatch, 1 where Table 1 says "X", none).
+sim_job paper_job(const model_spec& model, int nodes, int fault_tolerance, const device_spec& device = {});
 
 }  // namespace oobleck::sim

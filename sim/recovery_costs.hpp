@@ -25,13 +25,13 @@ struct recovery_costs {
   /// Writing a checkpoint: fixed + training state / storage bandwidth. Fitted to the Oobleck
   /// artifact's Varuna checkpoint times (simulations/varuna_simulator.py: BERT-large 15.8 s,
   /// GPT-3 2.7B 50 s, 6.7B 120 s) with 16 bytes of state per parameter: 10 s + bytes / 1 GB/s
-  /// gives 15.4 s, 53 s and 117 s.
+  /// gives 15.9 s, 54.5 s and 119.8 s for sim/model_zoo's models.
   double checkpoint_fixed_ms = 10000;
   double storage_bytes_per_s = 1e9;
   /// A restart: framework re-initialisation and rendezvous, then loading the state. The artifact
   /// charges 60-70 s for the small models and 465 s / 581 s for GPT-3 2.7B / 6.7B (its
-  /// local_rendezvous_timeout minus the checkpoint time): 60 s + bytes / 0.2 GB/s gives 86 s,
-  /// 277 s and 596 s.
+  /// local_rendezvous_timeout minus the checkpoint time): 60 s + bytes / 0.2 GB/s gives 89 s,
+  /// 282 s and 609 s (the 2.7B restart is the one the fit misses).
   double restart_fixed_ms = 60000;
   double load_bytes_per_s = 0.2e9;
 

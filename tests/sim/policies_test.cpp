@@ -31,7 +31,7 @@ const char* kFourNodes = "0,add,n1\n0,add,n2\n0,add,n3\n0,add,n4\n";
 
 }  // namespace
 
-TEST_CASE("oobleck: a loss costs detection, planning and the step in progress; the batch spreads over the rest") {
+TEST_CASE("oobleck: a loss costs detection, planning and the step in progress, the batch spreads over the rest") {
   // 4 pipelines x 1 microbatch: 3000 ms steps. Node n4 leaves at 10000 during step 4 (9000-12000):
   // 1000 ms lost, 500 + 1000 ms recovery, then 3 pipelines take 2 + 1 + 1 microbatches: 6000 ms
   // steps from 11500 (17500, 23500, 29500) and half a step... 500/6000 of one at 30000.
@@ -153,7 +153,7 @@ TEST_CASE("varuna: joins that make a faster grid checkpoint at a step boundary a
   }
 }
 
-TEST_CASE("bamboo: redundant forwards lengthen every step; a predecessor takes a lost stage over") {
+TEST_CASE("bamboo: redundant forwards lengthen every step, a predecessor takes a lost stage over") {
   // Two 2-stage pipelines (forward 1000 + 1000 redundant, backward 2000 per stage), 2 microbatches
   // each: 1F1B makespan 12000 ms, 9000 without the redundant forwards. Node 1 (stage 1 of
   // pipeline 0) leaves at 15000: 3000 ms of the step lost, detection 500 + takeover 1000; node 0

@@ -10,7 +10,7 @@ namespace {
 double part(const timeline& t, activity a) { return t.breakdown()[static_cast<int>(a)]; }
 }  // namespace
 
-TEST_CASE("whole steps count; a failure loses the step in progress; a pause then resumes training") {
+TEST_CASE("whole steps count, a failure loses the step in progress, a pause then resumes training") {
   timeline t(0);
   t.run({.step_ms = 100, .samples_per_step = 8, .nodes = 2});
   t.advance_to(1050);
@@ -40,7 +40,7 @@ TEST_CASE("a join lets the step in progress finish before its pause") {
   CHECK(part(t, activity::reconfiguration) == 30);
 }
 
-TEST_CASE("checkpoints every k steps are durable points; a fallback loses what came after the last") {
+TEST_CASE("checkpoints every k steps are durable points, a fallback loses what came after the last") {
   timeline t(0);
   t.run({.step_ms = 100, .samples_per_step = 1});
   t.checkpoint_every(3, 40);
@@ -55,7 +55,7 @@ TEST_CASE("checkpoints every k steps are durable points; a fallback loses what c
   CHECK(part(t, activity::effective) == 300);
 }
 
-TEST_CASE("a pause cut by a failure keeps the time it took; a step open at the end counts pro rata") {
+TEST_CASE("a pause cut by a failure keeps the time it took, a step open at the end counts pro rata") {
   timeline t(0);
   t.pause(activity::restart, 1000);
   t.run({.step_ms = 100, .samples_per_step = 10, .redundant_ms = 20});

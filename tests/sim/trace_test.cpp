@@ -46,7 +46,7 @@ TEST_CASE("bad traces name the line and the problem") {
   CHECK(error_of("99999999999999999999,add,a\n").find("t.csv line 1: time out of range") == 0);
 }
 
-TEST_CASE("nodes are ready after the delay; the starting cluster at once; one removed before ready is never seen") {
+TEST_CASE("nodes are ready after the delay, the starting cluster at once, one removed before ready is never seen") {
   const auto events = parse_trace("0,add,a\n0,add,b\n1000,add,c\n2000,add,d\n30000,remove,d\n60000,remove,a\n", "t");
   const auto t = to_cluster_trace(events, {.ready_delay_ms = 45000});
   REQUIRE(t.changes.size() == 3);
@@ -73,7 +73,7 @@ TEST_CASE("nodes are ready after the delay; the starting cluster at once; one re
   }
 }
 
-TEST_CASE("a node ready and removed at the same time is ready first; a re-added name is a new node") {
+TEST_CASE("a node ready and removed at the same time is ready first, a re-added name is a new node") {
   const auto t = to_cluster_trace(parse_trace("0,add,a\n10,add,b\n55,remove,b\n70,add,b\n", "t"),
                                   {.ready_delay_ms = 45});
   REQUIRE(t.changes.size() == 3);
