@@ -109,17 +109,21 @@ sim::sim_job make_job(const sim_options& o) {
   job.state_factor = o.state_factor;
   if (!o.model.empty()) {
     const auto& m = sim::find_model(o.model);
-    job.global_batch = o.global_batch.value_or(m.global_batch);
-    job.microbatch = o.microbatch.value_or(m.microbatch);
-    job.bamboo_microbatch = o.bamboo_microbatch.value_or(m.bamboo_microbatch > 0 ? m.bamboo_microbatch : 1);
     sim::device_spec device;
     if (o.gpus_per_node) {
       if (!planning::is_power_of_two(*o.gpus_per_node))
         throw input_error("--gpus-per-node must be a power of two, got " + std::to_string(*o.gpus_per_node));
       device.gpus_per_node = *o.gpus_per_node;
     }
-    job.profile = sim::analytical_profile(m, job.microbatch, true, device);
-    job.bamboo_profile = sim::analytical_profile(m, job.bamboo_microbatch, false, device);
+    sim::model_spec spec = m;
+    if (o.global_batch) spec.global_batch = *o.global_batch;
+    if (o.microbatch) spec.microbatch = *o.microbatch;
+    if (o.bamboo_microbatch) spec.bamboo_microbatch = *o.bamboo_microbatch;
+    job = sim::paper_job(spec, 0, *o.fault_tolerance, device);
+    job.state_factor = o.state_factor;
+    if (job.global_batch % job.bamboo_microbatch != 0)
+      throw input_error("global batch " + std::to_string(job.global_batch) +
+                        " is not a multiple of Bamboo's microbatch " + std::to_string(job.bamboo_microbatch));
     return job;
   }
   job.global_batch = *o.global_batch;
