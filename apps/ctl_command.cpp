@@ -26,8 +26,8 @@ nlohmann::json to_json(const job_status& s) {
   return {{"state", s.state},
           {"epoch", s.epoch},
           {"committed_steps", s.committed_steps},
-          {"last_loss", s.last_loss},
-          {"samples_per_second", s.samples_per_second},
+          {"last_loss", static_cast<double>(s.last_loss)},
+          {"samples_per_second", static_cast<double>(s.samples_per_second)},
           {"dropped_messages", s.dropped_messages},
           {"nodes", nodes},
           {"pipelines", pipelines}};

@@ -9,6 +9,8 @@
 
 #include <caf/meta/type_name.hpp>
 
+#include "messages/wire_double.hpp"
+
 namespace oobleck::messages {
 
 enum class fault_kind : std::uint8_t {
@@ -21,7 +23,7 @@ struct inject_fault {
   std::int64_t node = -1;
   fault_kind kind = fault_kind::kill;
   std::int64_t at_step = -1;
-  double seconds = 0;
+  wire_double seconds = 0;
 
   bool operator==(const inject_fault&) const = default;
 };
@@ -64,8 +66,8 @@ struct job_status {
   std::string state;  ///< "registering", "forming", "training", "reconfiguring", "stopped"
   std::uint64_t epoch = 0;
   std::uint64_t committed_steps = 0;
-  double last_loss = 0;
-  double samples_per_second = 0;
+  wire_double last_loss = 0;
+  wire_double samples_per_second = 0;
   std::uint64_t dropped_messages = 0;  ///< stale epoch or step, or from a lost node
   std::vector<node_status> nodes;
   std::vector<pipeline_status> pipelines;
@@ -87,7 +89,7 @@ struct job_event {
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;
   std::int64_t node = -1;  ///< node_joined, node_lost
-  double loss = 0;         ///< step_committed
+  wire_double loss = 0;    ///< step_committed
   std::string detail;
 
   bool operator==(const job_event&) const = default;

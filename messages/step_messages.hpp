@@ -15,6 +15,8 @@
 
 #include <caf/meta/type_name.hpp>
 
+#include "messages/wire_double.hpp"
+
 namespace oobleck::messages {
 
 /// Coordinator -> pipeline actor: run step `step` of epoch `epoch`.
@@ -53,7 +55,7 @@ struct stage_done {
   std::uint64_t step = 0;
   std::int32_t pipeline = 0;
   std::int32_t stage = 0;
-  double loss_sum = 0;  ///< sum of microbatch losses, last stage only
+  wire_double loss_sum = 0;  ///< sum of microbatch losses, last stage only
   std::string error;    ///< empty on success
 
   bool operator==(const stage_done&) const = default;
@@ -69,7 +71,7 @@ struct pipeline_done {
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;
   std::int32_t pipeline = 0;
-  double loss_sum = 0;
+  wire_double loss_sum = 0;
   std::string error;  ///< empty on success
 
   bool operator==(const pipeline_done&) const = default;

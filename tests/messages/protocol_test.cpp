@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -147,4 +149,21 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: every type of the block has a dis
   CHECK(end - begin == 24);
   CHECK(std::string(caf::type_name<register_node>::value) == "oobleck::messages::register_node");
   CHECK(caf::type_id<job_event>::value == end - 1);
+}
+
+TEST_CASE_FIXTURE(protocol_fixture, "protocol: infinities and NaNs cross the wire (CAF's own float encoding never returns)") {
+  // Found by fuzz/caf_message: CAF 0.17's pack754 loops forever on an infinity or a NaN, so a
+  // diverging loss or a crafted `seconds` hung the sender. Doubles travel as their bits now.
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const auto done = round_trip(stage_done{1, 2, 0, 3, nan, ""});
+  CHECK(std::isnan(static_cast<double>(done.loss_sum)));
+  CHECK(round_trip(pipeline_done{1, 2, 0, -inf, ""}).loss_sum == -inf);
+  CHECK(round_trip(inject_fault{1, fault_kind::hang, 3, inf}).seconds == inf);
+  job_status s;
+  s.last_loss = nan;
+  s.samples_per_second = inf;
+  CHECK(round_trip(s) == s);  // bitwise
+  CHECK(round_trip(job_event{event_kind::step_committed, 1, 2, -1, 1e308, ""}).loss == 1e308);
+  CHECK(round_trip(stage_done{1, 2, 0, 3, 0.1, ""}).loss_sum == 0.1);  // exact, not re-encoded
 }
