@@ -1,5 +1,9 @@
 #include "actors/coordinator.hpp"
 
+#include "actors/coordinator_training.hpp"
+
+#include <algorithm>
+
 #include <caf/actor_cast.hpp>
 #include <caf/system_messages.hpp>
 #include <caf/event_based_actor.hpp>
@@ -12,21 +16,19 @@ using namespace oobleck::messages;
 
 namespace {
 
-void publish(coordinator_pointer self, job_event event) {
-  // Subscribers are untyped (users write them); typed actors reach them anonymously.
-  for (auto& s : self->state.subscribers) caf::anon_send(s, event);
-}
-
 void update_job_state(coordinator_pointer self) {
   auto& st = self->state;
+  if (st.job_state != "registering" && st.job_state != "ready") return;  // training owns it
   std::int32_t alive = 0;
   for (auto& [id, n] : st.nodes)
     if (n.state != "lost") ++alive;
   const std::string next = alive >= st.deps.expected_nodes ? "ready" : "registering";
   if (next == st.job_state) return;
   st.job_state = next;
-  if (next == "ready")
+  if (next == "ready") {
     st.deps.log("ready: " + std::to_string(alive) + " node(s) admitted");
+    if (st.deps.steps > 0) form_epoch(self);
+  }
   else
     st.deps.log("waiting for nodes: " + std::to_string(alive) + " of " +
                 std::to_string(st.deps.expected_nodes) + " admitted");
@@ -47,8 +49,12 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   st.deps.log("node " + std::to_string(id) + " joined: " + r.name + " (" + std::to_string(r.slots) +
               " slot(s), data plane " + r.data.host + ":" + std::to_string(r.data.port) + ")");
   publish(self, {event_kind::node_joined, 0, 0, id, 0, r.name});
+  // The admission must reach the node before its first epoch assignment, which this very
+  // registration may trigger: deliver it now, then update the job.
+  auto promise = self->make_response_promise<admission>();
+  promise.deliver(admission{id, st.deps.job_toml, st.deps.policy.job_hash});
   update_job_state(self);
-  return admission{id, st.deps.job_toml, st.deps.policy.job_hash};
+  return promise;
 }
 
 void on_down(coordinator_pointer self, const caf::down_msg& dm) {
@@ -58,7 +64,10 @@ void on_down(coordinator_pointer self, const caf::down_msg& dm) {
     n.state = "lost";
     n.lost_reason = self->system().render(dm.reason);
     st.deps.log("node " + std::to_string(id) + " lost: " + n.name + " (" + n.lost_reason + ")");
-    publish(self, {event_kind::node_lost, 0, 0, id, 0, n.lost_reason});
+    publish(self, {event_kind::node_lost, st.epoch, st.step, id, 0, n.lost_reason});
+    const bool in_epoch = std::find(st.in_epoch.begin(), st.in_epoch.end(), id) != st.in_epoch.end();
+    if (in_epoch && st.job_state != "registering" && st.job_state != "ready")
+      return recover(self, id);
     update_job_state(self);
     return;
   }
@@ -93,7 +102,23 @@ caf::result<std::string> on_inject(coordinator_pointer self, const inject_fault&
 job_status make_status(const coordinator_state& st) {
   job_status s;
   s.state = st.job_state;
-  for (const auto& [id, n] : st.nodes) s.nodes.push_back({id, n.name, n.state, -1});
+  s.epoch = st.epoch;
+  s.committed_steps = st.committed;
+  s.last_loss = st.last_loss;
+  s.samples_per_second = st.samples_per_second;
+  s.dropped_messages = st.dropped;
+  for (const auto& [id, n] : st.nodes) {
+    std::int32_t rank = -1;
+    for (std::size_t p = 0, r = 0; p < st.pipelines.size(); ++p)
+      for (auto node : st.pipelines[p].nodes) {
+        if (node == id && n.state != "lost") rank = static_cast<std::int32_t>(r);
+        ++r;
+      }
+    std::string state = n.state;
+    if (state != "lost" && st.epoch > 0) state = rank >= 0 ? "training" : "idle";
+    s.nodes.push_back({id, n.name, state, rank});
+  }
+  for (const auto& p : st.pipelines) s.pipelines.push_back({p.nodes, {}, p.microbatches});
   return s;
 }
 
@@ -110,6 +135,11 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
         return st.nonces.issue(st.deps.now());
       },
       [self](register_node& r) -> caf::result<admission> { return on_register(self, r); },
+      [self](node_ready& r) { on_node_ready(self, r); },
+      [self](node_fault& f) { on_node_fault(self, f); },
+      [](epoch_aborted&) {},  // survivors confirm the abort; the new epoch does not wait for it
+      [self](pipeline_done& d) { on_pipeline_done(self, d); },
+      [self](step_committed& c) { on_step_committed(self, c); },
       [self](status_atom, control_proof& p) -> caf::result<job_status> {
         if (auto err = check_operator(self, p)) return err;
         return make_status(self->state);
@@ -126,11 +156,7 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
       },
       [self](shutdown_atom, std::string& reason, control_proof& p) -> caf::result<std::string> {
         if (auto err = check_operator(self, p)) return err;
-        self->state.deps.log("shutting down: " + reason);
-        for (auto& [id, n] : self->state.nodes)
-          if (n.state != "lost") self->send(n.monitor, shutdown_atom_v, reason);
-        publish(self, {event_kind::stopped, 0, 0, -1, 0, reason});
-        self->quit();
+        stop_job(self, reason, false);
         return std::string("shutting down");
       },
   };

@@ -4,11 +4,14 @@
 // loss (its process crashed, or the connection timed out) arrives here as a down message, and
 // publishes what happens to subscriber actors (the extension point for users' own actors).
 //
-//   registering --(every expected node admitted)--> ready
-//        ^                                            |
-//        +------------(a node is lost)----------------+
-//
-// The training states (forming an epoch, training, reconfiguring) join with the training path.
+//   registering --(every expected node admitted)--> ready --(steps > 0)--> forming
+//        ^                                            |                      | every node_ready
+//        +------------(a node is lost)----------------+                      v
+//                                                                  training: run_step{e,k} to
+//   finished <--(k == steps)-- committing <--(every pipeline_done)-- every pipeline actor;
+//                                  | every step_committed: digests checked, next step
+//   A node lost while forming or training stops the job (failed): recovery is the fault-tolerance
+//   work, not built yet.
 
 #include <chrono>
 #include <cstdint>
@@ -21,8 +24,23 @@
 
 #include "actors/admission.hpp"
 #include "messages/actor_interfaces.hpp"
+#include "planning/epoch.hpp"
+#include "planning/planner.hpp"
+#include "planning/profile.hpp"
+#include "planning/reconfiguration.hpp"
 
 namespace oobleck::actors {
+
+/// One committed step, for metrics (--metrics-out writes one JSON line each).
+struct step_record {
+  std::uint64_t step = 0;
+  std::uint64_t epoch = 0;
+  double loss = 0;  ///< mean over the global batch
+  std::int64_t samples = 0;
+  std::vector<std::pair<std::vector<std::int64_t>, std::int32_t>> pipelines;  ///< nodes, microbatches
+  std::map<std::int32_t, std::vector<std::uint64_t>> layer_digests;  ///< per layer: every holder's
+  double wall_ms = 0;
+};
 
 /// What the coordinator is built with (the composition root fills it).
 struct coordinator_deps {
@@ -32,6 +50,12 @@ struct coordinator_deps {
   /// Progress lines for humans (stdout in oobleck-coordinator).
   std::function<void(const std::string&)> log = [](const std::string&) {};
   std::function<nonce_book::clock::time_point()> now = [] { return nonce_book::clock::now(); };
+  /// Training: the profile the planner uses, the job (its node count is set when an epoch forms),
+  /// and the steps to run (0: admission only, no training).
+  planning::profile profile;
+  planning::job_config job;
+  std::uint64_t steps = 0;
+  std::function<void(const step_record&)> on_step = [](const step_record&) {};
 };
 
 /// One admitted node.
@@ -44,8 +68,38 @@ struct node_entry {
   std::string lost_reason;
 };
 
+/// A pipeline of the current epoch.
+struct running_pipeline {
+  std::vector<std::int64_t> nodes;  ///< in stage order
+  std::int32_t first_microbatch = 0;
+  std::int32_t microbatches = 0;
+  messages::pipeline_actor actor;
+};
+
 struct coordinator_state {
   coordinator_deps deps;
+  // training
+  std::uint64_t epoch = 0;
+  std::uint64_t step = 0;  ///< the step running or next to run
+  std::uint64_t committed = 0;
+  std::vector<std::int64_t> in_epoch;  ///< nodes assigned in this epoch (ranked or idle)
+  std::map<std::int64_t, std::vector<caf::actor>> ready;  ///< node_ready so far: stage handles
+  std::vector<std::vector<std::pair<std::int64_t, std::int32_t>>> stage_nodes;  ///< [pipeline][stage]: node, index in its node_ready
+  std::vector<running_pipeline> pipelines;
+  std::size_t pipelines_pending = 0;
+  double loss_sum = 0;
+  std::map<std::int64_t, bool> commits_pending;
+  step_record record;
+  nonce_book::clock::time_point step_started;
+  double last_loss = 0;
+  double samples_per_second = 0;
+  std::uint64_t dropped = 0;  ///< messages of another epoch or step
+  // reconfiguration
+  planning::template_set templates;        ///< of the job, from the first plan
+  planning::cluster_state formed;          ///< the last epoch that formed everywhere: where layers are
+  planning::cluster_state forming;         ///< the configuration of the epoch being formed
+  std::vector<std::int64_t> lost_since_formed;
+  std::uint64_t reconfigurations = 0;
   nonce_book nonces;
   std::map<std::int64_t, node_entry> nodes;
   std::int64_t next_node = 0;

@@ -7,6 +7,8 @@
 #include <caf/system_messages.hpp>
 #include <caf/exit_reason.hpp>
 
+#include <limits>
+
 #include "actors/admission.hpp"
 
 namespace oobleck::actors {
@@ -35,6 +37,8 @@ void signal_own_process(const inject_fault& f) {
 
 namespace {
 
+void start_stage(monitor_pointer self);
+
 void start_registration(monitor_pointer self) {
   auto& d = self->state.deps;
   self->request(d.coordinator, caf::infinite, nonce_request{protocol_version})
@@ -47,6 +51,8 @@ void start_registration(monitor_pointer self) {
                 .then(
                     [self](admission& a) {
                       self->state.node = a.node;
+                      self->state.job = a;
+                      start_stage(self);
                       self->state.deps.log("admitted as node " + std::to_string(a.node));
                       self->state.deps.admitted(a);
                     },
@@ -61,6 +67,92 @@ void start_registration(monitor_pointer self) {
           });
 }
 
+void retire_stage(monitor_pointer self, const std::string& why) {
+  auto& st = self->state;
+  if (!st.stage) return;
+  st.stage->abort(std::numeric_limits<std::uint64_t>::max(), why);
+  caf::anon_send_exit(st.stage->actor, caf::exit_reason::user_shutdown);
+  st.stage.reset();
+}
+
+/// The node's stage slot, started once the job is known.
+void start_stage(monitor_pointer self) {
+  auto& st = self->state;
+  if (!st.deps.make_stage) return;
+  try {
+    st.stage = st.deps.make_stage(st.job);
+  } catch (const std::exception& e) {
+    st.deps.log(std::string("cannot start a stage: ") + e.what());
+  }
+}
+
+void on_assignment(monitor_pointer self, epoch_assignment& a) {
+  auto& st = self->state;
+  if (a.epoch <= st.epoch || st.node < 0) {
+    ++st.dropped;  // stale, or (a protocol error) ahead of this node's admission
+    return;
+  }
+  st.epoch = a.epoch;
+  if (!st.stage) {
+    if (a.rank < 0) {
+      self->send(st.deps.coordinator, node_ready{a.epoch, st.node, {}});
+    } else {
+      self->send(st.deps.coordinator, node_fault{a.epoch, st.node, "this node cannot run stages"});
+    }
+    return;
+  }
+  if (a.rank < 0) {
+    st.deps.log("epoch " + std::to_string(a.epoch) + ": idle");
+  } else if (a.stages.empty()) {
+    st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank) + ", sends copies only");
+  } else {
+    const auto& s = a.stages.front();
+    st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank) + ", pipeline " +
+                std::to_string(s.pipeline) + " stage " + std::to_string(s.stage) + " of " +
+                std::to_string(s.num_stages) + ", layers [" + std::to_string(s.first_layer) + ", " +
+                std::to_string(s.end_layer) + ")");
+  }
+  const std::uint64_t e = a.epoch;
+  const bool runs_stage = a.rank >= 0 && !a.stages.empty();
+  self->request(st.stage->actor, caf::infinite, std::move(a))
+      .then(
+          [self, e, runs_stage](bool) {
+            auto& st = self->state;
+            if (e != st.epoch || !st.stage) return;
+            std::vector<caf::actor> stages;
+            if (runs_stage) stages.push_back(caf::actor_cast<caf::actor>(st.stage->actor));
+            self->send(st.deps.coordinator, node_ready{e, st.node, std::move(stages)});
+          },
+          [self, e](caf::error& err) {
+            auto& st = self->state;
+            if (e != st.epoch) return;
+            st.deps.log("epoch " + std::to_string(e) + ": forming failed: " + describe(err));
+            self->send(st.deps.coordinator, node_fault{e, st.node, describe(err)});
+          });
+}
+
+void on_commit(monitor_pointer self, commit_step& c) {
+  auto& st = self->state;
+  if (c.epoch != st.epoch) {
+    ++st.dropped;
+    return;
+  }
+  if (!st.stage) {
+    self->send(st.deps.coordinator, step_committed{c.epoch, c.step, st.node, {}});
+    return;
+  }
+  self->request(st.stage->actor, caf::infinite, c)
+      .then(
+          [self](step_committed& done) {
+            done.node = self->state.node;
+            self->send(self->state.deps.coordinator, std::move(done));
+          },
+          [self, c](caf::error& err) {
+            self->send(self->state.deps.coordinator,
+                       node_fault{c.epoch, self->state.node, "commit failed: " + describe(err)});
+          });
+}
+
 }  // namespace
 
 monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
@@ -71,17 +163,37 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
     if (dm.source != self->state.deps.coordinator.address()) return;
     self->state.deps.log("the coordinator is gone (" + self->system().render(dm.reason) +
                          "); stopping");
+    retire_stage(self, "the coordinator is gone");
     self->quit(caf::make_error(caf::exit_reason::remote_link_unreachable));
   });
   start_registration(self);
   return {
+      [self](epoch_assignment& a) { on_assignment(self, a); },
+      [self](commit_step& c) { on_commit(self, c); },
+      [self](abort_epoch& a) {
+        // At once, from this thread: the stage may be blocked in a collective with a dead peer.
+        if (self->state.stage) self->state.stage->abort(a.epoch, a.reason);
+        self->send(self->state.deps.coordinator, epoch_aborted{a.epoch, self->state.node});
+      },
       [self](inject_fault& f) {
-        self->state.deps.log("injected fault: " + to_string(f.kind) +
-                             (f.seconds > 0 ? " for " + std::to_string(f.seconds) + " s" : ""));
-        self->state.deps.fault(f);
+        auto& st = self->state;
+        const std::string what = to_string(f.kind) + (f.seconds > 0 ? " for " + std::to_string(f.seconds) + " s" : "");
+        if (f.at_step >= 0 && st.stage && st.stage->arm) {
+          st.deps.log("fault armed: " + what + " in the middle of step " + std::to_string(f.at_step));
+          auto log = st.deps.log;
+          auto act = st.deps.fault;
+          st.stage->arm(f, [log, act, what](const inject_fault& x) {
+            log("injected fault: " + what + " (step " + std::to_string(x.at_step) + ")");
+            act(x);
+          });
+          return;
+        }
+        st.deps.log("injected fault: " + what);
+        st.deps.fault(f);
       },
       [self](shutdown_atom, std::string& reason) {
         self->state.deps.log("shut down by the coordinator: " + reason);
+        retire_stage(self, "shut down: " + reason);
         self->quit();
       },
   };

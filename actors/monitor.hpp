@@ -3,18 +3,23 @@
 // coordinator (proving the job token with the coordinator's nonce), watches the coordinator (a
 // worker whose coordinator is gone says so and stops), and executes the faults operators inject.
 //
-//   registering --(admission)--> admitted --(shutdown | coordinator down)--> stopped
-//        |
+//   registering --(admission)--> admitted --epoch_assignment{e}--> forming --(stage formed)-->
+//        |                          ^          node_ready{e} to the coordinator      |
+//        |                          +------------------------------------------------+
 //        +--(refused)--> stopped (the reason is the actor's exit reason)
+//   commit_step{e,k}: the node's stages apply the step; step_committed{e,k} with their digests.
+//   shutdown, or the coordinator down: stopped.
 //
-// Epoch assignments, the layer store and stage actors join with the training path.
+// The layer store, copies between epochs and abort_epoch's recovery join with fault tolerance.
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include <caf/stateful_actor.hpp>
 
+#include "actors/stage.hpp"
 #include "messages/actor_interfaces.hpp"
 
 namespace oobleck::actors {
@@ -31,6 +36,10 @@ struct monitor_deps {
 /// coordinator with exit_reason::remote_link_unreachable; a shutdown normally.
 /// Called once admitted, with the node id and the job's configuration.
   std::function<void(const messages::admission&)> admitted = [](const messages::admission&) {};
+  /// Spawns the node's stage actor (one slot, for the worker's life) for the admitted job (the
+  /// worker decodes the job file); unset: the node cannot run stages (assignments with stages
+  /// are answered with node_fault).
+  std::function<spawned_stage(const messages::admission&)> make_stage;
   /// Carries out an injected fault; the default signals this very process (SIGKILL, SIGSTOP).
   std::function<void(const messages::inject_fault&)> fault;
 };
@@ -38,6 +47,10 @@ struct monitor_deps {
 struct monitor_state {
   monitor_deps deps;
   std::int64_t node = -1;
+  messages::admission job;
+  std::uint64_t epoch = 0;  ///< the newest epoch assigned
+  std::optional<spawned_stage> stage;  ///< the node's stage slot, once admitted
+  std::uint64_t dropped = 0;           ///< messages of older epochs
   static inline const char* name = "oobleck.monitor";
 };
 

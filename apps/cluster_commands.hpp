@@ -15,6 +15,8 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
 /// Exit status: 0 shut down by the coordinator, 2 refused (bad token, job or version) or bad
 /// flags, 3 the coordinator went away.
 int run_worker_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+/// Runs a coordinator and --nodes workers on this machine; the coordinator's exit status.
+int run_local_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 }  // namespace oobleck::apps

@@ -41,6 +41,11 @@ cluster_config::cluster_config() {
   set("logger.console", caf::atom("none"));
 }
 
+void cluster_config::set_heartbeat(int interval_ms, int timeout_ms) {
+  set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(interval_ms)});
+  set("middleman.connection-timeout", caf::timespan{std::chrono::milliseconds(timeout_ms)});
+}
+
 std::function<void(const std::string&)> progress_printer(std::string who) {
   return [who = std::move(who)](const std::string& line) {
     std::cout << "[" << who << "] " << line << std::endl;

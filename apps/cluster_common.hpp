@@ -26,6 +26,10 @@ host_port parse_host_port(const std::string& flag, const std::string& text, bool
 /// logs, a small scheduler (the machine's cores belong to LibTorch).
 struct cluster_config : caf::actor_system_config {
   cluster_config();
+  /// CAF's middleman heartbeat: every connection carries a heartbeat each `interval_ms`, and a
+  /// connection silent for `timeout_ms` is closed, so a hung process or a cut link becomes a
+  /// down message like a crash. Call before the actor system is built.
+  void set_heartbeat(int interval_ms, int timeout_ms);
 };
 
 /// A progress line: "[who] text", flushed at once (other processes interleave with it).

@@ -1,10 +1,15 @@
 #include <signal.h>
 
+#include <cstdio>
 #include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include <caf/io/middleman.hpp>
+#include <nlohmann/json.hpp>
 #include <caf/scoped_actor.hpp>
 
 #include "actors/admission.hpp"
@@ -14,6 +19,8 @@
 #include "apps/flags.hpp"
 #include "apps/job_file.hpp"
 #include "messages/input_error.hpp"
+#include "messages/profile_file.hpp"
+#include "planning/synthetic_profile.hpp"
 
 namespace oobleck::apps {
 
@@ -70,6 +77,46 @@ class signal_shutdown {
   std::thread thread_;
 };
 
+/// The planner's profile of the job: its measured profile.file, else the synthetic profile of its
+/// model (planned well enough to cut the model into pipelines; predicted times are modelled).
+planning::profile job_profile(const job_file& job) {
+  if (!job.profile.file.empty()) {
+    auto p = messages::read_profile_file(job.profile.file);
+    planning::check_matches(p, {.microbatch_size = job.training.microbatch, .gpus_per_node = std::nullopt,
+                                .config_hash = job.model.hash(), .device_kind = std::nullopt});
+    return p;
+  }
+  auto p = planning::synthetic_gpt_profile(synthetic_model(job));
+  p.config_hash = job.model.hash();
+  return p;
+}
+
+/// One --metrics-out line.
+std::string step_json(const actors::step_record& r) {
+  nlohmann::json pipelines = nlohmann::json::array();
+  for (const auto& [nodes, microbatches] : r.pipelines)
+    pipelines.push_back({{"nodes", nodes}, {"microbatches", microbatches}});
+  nlohmann::json digests = nlohmann::json::object();
+  for (const auto& [layer, list] : r.layer_digests) {
+    nlohmann::json hex = nlohmann::json::array();
+    for (auto d : list) {
+      char buf[17];
+      std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(d));
+      hex.push_back(buf);
+    }
+    digests[std::to_string(layer)] = hex;
+  }
+  nlohmann::ordered_json j;
+  j["step"] = r.step;
+  j["epoch"] = r.epoch;
+  j["loss"] = r.loss;
+  j["samples"] = r.samples;
+  j["pipelines"] = pipelines;
+  j["layer_digests"] = digests;
+  j["wall_ms"] = r.wall_ms;
+  return j.dump();
+}
+
 }  // namespace
 
 int run_coordinator_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
@@ -77,18 +124,30 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
                "job token), it plans and drives the training, and operators query it (oobleck-ctl).",
                "oobleck-coordinator"};
   std::string listen, config, token_file = "oobleck.token";
-  int nodes = 1;
+  std::optional<int> nodes_flag, fault_tolerance_flag;
+  std::optional<std::int64_t> steps_flag;
+  std::string metrics_out;
   add_text(app, "--listen", listen, "HOST:PORT to accept workers and operators on (PORT 0: any free port)")
       ->required();
   add_text(app, "--config", config, "the job file (TOML); workers receive it when admitted")->required();
   add_text(app, "--token-file", token_file,
            "the job token; created (mode 0600) with a fresh random token if absent (default: oobleck.token)");
-  add_integer(app, "--nodes", nodes, 1, 4096, "nodes to wait for before the job starts (default 1)");
+  add_integer(app, "--nodes", nodes_flag, 1, 4096,
+              "nodes to wait for before the job starts (default: the job's cluster.nodes)");
+  add_integer(app, "--steps", steps_flag, 0, std::int64_t{1} << 40,
+              "steps to train, then stop (default: the job's training.steps; 0: admit workers and "
+              "serve status only)");
+  add_integer(app, "--fault-tolerance", fault_tolerance_flag, 0, 64,
+              "f: the plan keeps at least f+1 pipelines (default: the job's cluster.fault_tolerance)");
+  add_text(app, "--metrics-out", metrics_out, "append one JSON line per committed step to FILE");
   if (!parse_flags(app, args, out)) return 0;
 
   const host_port at = parse_host_port("--listen", listen, true);
   const std::string job_text = read_text(config);
-  read_job_file(config);  // refuse a bad job file before anything listens
+  const job_file job = read_job_file(config);  // refuse a bad job file before anything listens
+  const int nodes = nodes_flag.value_or(job.cluster.nodes);
+  const int fault_tolerance = fault_tolerance_flag.value_or(job.cluster.fault_tolerance);
+  const std::int64_t steps = steps_flag.value_or(static_cast<std::int64_t>(job.training.steps));
   auto log = progress_printer("coordinator");
   std::string token;
   if (std::ifstream(token_file).good()) {
@@ -100,12 +159,30 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
 
   signal_shutdown signals;  // before the actor system's threads exist
   cluster_config cfg;
+  cfg.set_heartbeat(job.cluster.heartbeat_interval_ms, job.cluster.connection_timeout_ms);
   caf::actor_system sys{cfg};
   actors::coordinator_deps deps;
   deps.policy = {token, actors::sha256_hex(job_text), messages::protocol_version};
   deps.job_toml = job_text;
   deps.expected_nodes = nodes;
   deps.log = log;
+  deps.profile = job_profile(job);
+  deps.job.nodes = nodes;
+  deps.job.fault_tolerance = fault_tolerance;
+  deps.job.global_batch = job.training.global_batch;
+  deps.job.microbatch = job.training.microbatch;
+  deps.job.device_memory_bytes = job.cluster.device_memory_bytes;
+  deps.steps = static_cast<std::uint64_t>(steps);
+  std::shared_ptr<std::ofstream> metrics;
+  if (!metrics_out.empty()) {
+    metrics = std::make_shared<std::ofstream>(metrics_out, std::ios::app);
+    if (!*metrics) throw messages::input_error("--metrics-out: cannot write " + metrics_out);
+    deps.on_step = [metrics](const actors::step_record& r) { *metrics << step_json(r) << std::endl; };
+  }
+  if (steps > 0) {
+    // Refuse a job that cannot be planned on the expected nodes before anyone registers.
+    planning::plan_job(deps.profile, deps.job);
+  }
   auto coord = sys.spawn(actors::coordinator, deps);
   auto port = sys.middleman().publish(coord, at.port, at.host.c_str(), true);
   if (!port) {
@@ -117,11 +194,15 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
       "), waiting for " + std::to_string(nodes) + " node(s)");
   signals.start(sys, coord, token, log);
 
+  caf::error reason;
   caf::scoped_actor self{sys};
   self->monitor(coord);
-  self->receive([](caf::down_msg&) {});
+  self->receive([&](caf::down_msg& dm) { reason = dm.reason; });
   signals.stop();
-  log("stopped");
+  if (reason && reason != caf::exit_reason::user_shutdown) {
+    std::cerr << "error: the job failed: " << messages::describe(reason) << "\n";
+    return 1;
+  }
   return 0;
 }
 

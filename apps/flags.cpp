@@ -15,10 +15,19 @@ namespace {
 
 CLI::Option* last_wins(CLI::Option* opt) { return opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast); }
 
+/// Where std::from_chars starts reading `text`: past one leading '+' (accepted as the flags always
+/// did; from_chars itself refuses it), but not in "+-4" or a lone "+". from_chars reads the same
+/// under every C locale, unlike std::stod, which took the decimal point from LC_NUMERIC.
+const char* number_start(const std::string& text) {
+  const char* first = text.data();
+  if (text.size() > 1 && text[0] == '+' && text[1] != '-') ++first;
+  return first;
+}
+
 std::int64_t to_integer(const std::string& flag, const std::string& text, std::int64_t min, std::int64_t max) {
   std::int64_t x = 0;
   const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, x);
+  const auto [ptr, ec] = std::from_chars(number_start(text), end, x);
   if (ec == std::errc::result_out_of_range) {
     if (text.front() == '-') throw input_error(flag + " must be >= " + std::to_string(min) + ", got " + text);
     throw input_error(flag + " must be <= " + std::to_string(max) + ", got " + text);
@@ -41,13 +50,14 @@ CLI::Option* add_number(CLI::App& app, const std::string& name, double& target, 
   auto parse = [name, min, &target](const std::string& v) {
     double x = 0;
     const char* end = v.data() + v.size();
-    const auto [ptr, ec] = std::from_chars(v.data(), end, x);
+    const auto [ptr, ec] = std::from_chars(number_start(v), end, x);
     if (ec != std::errc() || ptr != end || !std::isfinite(x))
       throw input_error(name + " expects a finite number, got '" + v + "'");
     if (x < min) {
+      // %g of the C locale whatever LC_NUMERIC says (snprintf would print 0,5 under de_DE).
       char bound[32];
-      std::snprintf(bound, sizeof bound, "%g", min);
-      throw input_error(name + " must be >= " + bound + ", got " + v);
+      const auto printed = std::to_chars(bound, bound + sizeof bound, min, std::chars_format::general, 6);
+      throw input_error(name + " must be >= " + std::string(bound, printed.ptr) + ", got " + v);
     }
     target = x;
   };
@@ -65,7 +75,7 @@ std::vector<int> parse_id_list(const std::string& flag, const std::string& text)
     const auto comma = text.find(',', start);
     const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     int id = 0;
-    const auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), id);
+    const auto [ptr, ec] = std::from_chars(number_start(item), item.data() + item.size(), id);
     if (item.empty() || ec != std::errc() || ptr != item.data() + item.size() || id < 0)
       throw input_error(flag + " expects comma-separated node ids, got '" + text + "'");
     out.push_back(id);

@@ -1,7 +1,8 @@
 #pragma once
 // Command-line flags through CLI11, with the checks its own conversions lack: an integer is the
-// whole argument in base 10 (CLI11 reads "010" as octal and saturates a 64-bit overflow) and lies
-// in its documented range; a number is finite. Errors name the flag (messages::input_error).
+// whole argument in base 10 (CLI11 reads "010" as octal and saturates a 64-bit overflow), one
+// leading '+' allowed, and lies in its documented range; a number is finite and read the same
+// under every C locale (std::from_chars). Errors name the flag (messages::input_error).
 // Every flag takes "--flag value" or "--flag=value"; a flag given twice keeps its last value,
 // except those the caller marks trigger_on_parse(), whose callback sees every occurrence in order.
 

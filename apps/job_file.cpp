@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <memory>
@@ -22,14 +24,45 @@ using messages::input_error;
 
 namespace {
 
+constexpr std::int64_t kMax64 = std::numeric_limits<std::int64_t>::max();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string format(double x) {
+  std::ostringstream s;
+  s << x;
+  return s.str();
+}
+
+/// A range of numbers, each end open or closed; infinite ends are not printed.
+struct range {
+  double lo = -kInf, hi = kInf;
+  bool lo_open = false, hi_open = false;
+
+  bool contains(double x) const {
+    return (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+  }
+  std::string describe() const {
+    if (hi == kInf) return std::string(lo_open ? "> " : ">= ") + format(lo);
+    if (lo == -kInf) return std::string(hi_open ? "< " : "<= ") + format(hi);
+    return std::string("in ") + (lo_open ? "(" : "[") + format(lo) + ", " + format(hi) + (hi_open ? ")" : "]");
+  }
+};
+
 class decoder {
  public:
-  explicit decoder(std::string_view origin) : origin_(origin) {}
+  decoder(std::string_view origin, const toml::table& root) : origin_(origin), root_(root) {}
 
   [[noreturn]] void fail(const toml::node& at, const std::string& what) const {
     throw input_error(origin_ + ":" + std::to_string(at.source().begin.line) + ": " + what);
   }
   [[noreturn]] void fail(const std::string& what) const { throw input_error(origin_ + ": " + what); }
+
+  /// A rule across keys: at the line of the first of `keys` that the file sets.
+  [[noreturn]] void fail_rule(std::initializer_list<const char*> keys, const std::string& what) const {
+    for (const char* key : keys)
+      if (const toml::node* at = root_.at_path(key).node()) fail(*at, what);
+    fail(what);
+  }
 
   std::int64_t integer(const toml::node& v, const std::string& key, std::int64_t min, std::int64_t max,
                        const std::string& why = "") const {
@@ -40,13 +73,21 @@ class decoder {
     return x->get();
   }
 
-  double number(const toml::node& v, const std::string& key) const {
+  /// A float or an integer (TOML's `0` is an integer; a user writing lr = 1 means a number).
+  double number(const toml::node& v, const std::string& key, const range& r = {}) const {
     double x = 0;
     if (const auto* f = v.as_floating_point()) x = f->get();
     else if (const auto* i = v.as_integer()) x = static_cast<double>(i->get());
     else fail(v, key + ": expected a number, got " + type_of(v));
     if (!std::isfinite(x)) fail(v, key + " must be finite");
+    if (!r.contains(x)) fail(v, key + " must be " + r.describe() + ", got " + format(x));
     return x;
+  }
+
+  std::string text(const toml::node& v, const std::string& key) const {
+    const auto* s = v.as_string();
+    if (!s) fail(v, key + ": expected a string, got " + type_of(v));
+    return s->get();
   }
 
  private:
@@ -57,23 +98,37 @@ class decoder {
   }
 
   std::string origin_;
+  const toml::table& root_;
 };
 
 using setter = std::function<void(const decoder&, const toml::node&, const std::string& key)>;
 
+setter int64_in(std::int64_t& target, std::int64_t min, std::int64_t max = kMax64) {
+  return [&target, min, max](const decoder& d, const toml::node& v, const std::string& key) {
+    target = d.integer(v, key, min, max);
+  };
+}
+setter uint64_in(std::uint64_t& target, std::int64_t min) {
+  return [&target, min](const decoder& d, const toml::node& v, const std::string& key) {
+    target = static_cast<std::uint64_t>(d.integer(v, key, min, kMax64));
+  };
+}
+/// An int knob never narrows: 2^32 + 1 is refused, not read as 1.
+setter int_in(int& target, int min, int max = INT_MAX) {
+  return [&target, min, max](const decoder& d, const toml::node& v, const std::string& key) {
+    target = static_cast<int>(d.integer(v, key, min, max));
+  };
+}
+setter number_in(double& target, range r) {
+  return [&target, r](const decoder& d, const toml::node& v, const std::string& key) { target = d.number(v, key, r); };
+}
+setter text_of(std::string& target) {
+  return [&target](const decoder& d, const toml::node& v, const std::string& key) { target = d.text(v, key); };
+}
+
 /// Every key of the schema, by its path.
 std::map<std::string, setter> schema(job_file& job) {
-  constexpr std::int64_t kMax64 = std::numeric_limits<std::int64_t>::max();
-  auto int64_in = [](std::int64_t& target, std::int64_t min) {
-    return [&target, min](const decoder& d, const toml::node& v, const std::string& key) {
-      target = d.integer(v, key, min, std::numeric_limits<std::int64_t>::max());
-    };
-  };
-  auto int_in = [](int& target, int min) {
-    return [&target, min](const decoder& d, const toml::node& v, const std::string& key) {
-      target = static_cast<int>(d.integer(v, key, min, INT_MAX));
-    };
-  };
+  auto& lr = job.optimizer.lr;
   return {
       {"model.vocab",
        [&](const decoder& d, const toml::node& v, const std::string& key) {
@@ -83,24 +138,86 @@ std::map<std::string, setter> schema(job_file& job) {
       {"model.heads", int64_in(job.model.heads, 1)},
       {"model.blocks", int64_in(job.model.blocks, 1)},
       {"model.seq_len", int64_in(job.model.seq_len, 1)},
-      {"model.dropout",
-       [&](const decoder& d, const toml::node& v, const std::string& key) { job.model.dropout = d.number(v, key); }},
-      {"model.seed",
+      {"model.dropout", number_in(job.model.dropout, {})},  // its range is runtime::validate's
+      {"model.seed", uint64_in(job.model.seed, 0)},
+
+      {"data.corpus_bytes", int64_in(job.data.corpus_bytes, 2, 1LL << 30)},
+      {"data.corpus_seed", uint64_in(job.data.corpus_seed, 0)},
+
+      {"training.steps", uint64_in(job.training.steps, 1)},
+      {"training.global_batch", int_in(job.training.global_batch, 1)},
+      {"training.microbatch", int_in(job.training.microbatch, 1)},
+      {"training.seed", uint64_in(job.training.seed, 0)},
+
+      {"optimizer.lr", number_in(lr.peak, {.lo = 0, .lo_open = true})},
+      {"optimizer.beta1", number_in(job.optimizer.beta1, {.lo = 0, .hi = 1, .hi_open = true})},
+      {"optimizer.beta2", number_in(job.optimizer.beta2, {.lo = 0, .hi = 1, .hi_open = true})},
+      {"optimizer.eps", number_in(job.optimizer.eps, {.lo = 0, .lo_open = true})},
+      {"optimizer.weight_decay", number_in(job.optimizer.weight_decay, {.lo = 0})},
+      {"optimizer.schedule",
        [&](const decoder& d, const toml::node& v, const std::string& key) {
-         job.model.seed = static_cast<std::uint64_t>(d.integer(v, key, 0, kMax64));
+         const std::string name = d.text(v, key);
+         const auto decay = runtime::parse_lr_decay(name);
+         if (!decay) d.fail(v, key + " must be \"constant\", \"linear\" or \"cosine\", got \"" + name + "\"");
+         lr.decay = *decay;
        }},
-      {"training.microbatch", int_in(job.microbatch, 1)},
-      {"training.global_batch", int_in(job.global_batch, 1)},
-      {"cluster.device_memory_bytes", int64_in(job.device_memory_bytes, 1)},
-      {"profile.warmup", int_in(job.profile_warmup, 0)},
-      {"profile.repeats", int_in(job.profile_repeats, 1)},
+      {"optimizer.warmup_steps", uint64_in(lr.warmup_steps, 0)},
+      {"optimizer.min_lr", number_in(lr.min_lr, {.lo = 0})},
+
+      {"cluster.nodes", int_in(job.cluster.nodes, 1, 4096)},
+      {"cluster.fault_tolerance", int_in(job.cluster.fault_tolerance, 0, 4095)},
+      {"cluster.device_memory_bytes", int64_in(job.cluster.device_memory_bytes, 1)},
+      {"cluster.heartbeat_interval_ms", int_in(job.cluster.heartbeat_interval_ms, 1, 3'600'000)},
+      {"cluster.connection_timeout_ms", int_in(job.cluster.connection_timeout_ms, 1, 24 * 3'600'000)},
+
+      {"checkpoint.dir", text_of(job.checkpoint.dir)},
+      {"checkpoint.every", uint64_in(job.checkpoint.every, 0)},
+
+      {"http.port", int_in(job.http.port, 0, 65535)},
+
+      {"profile.warmup", int_in(job.profile.warmup, 0)},
+      {"profile.repeats", int_in(job.profile.repeats, 1)},
+      {"profile.file", text_of(job.profile.file)},
   };
+}
+
+/// The rules that tie keys together, checked once every key is read.
+void check_rules(const decoder& d, const job_file& job) {
+  try {
+    runtime::validate(job.model);
+  } catch (const std::invalid_argument& e) {
+    d.fail(e.what());
+  }
+  const auto& t = job.training;
+  if (t.global_batch % t.microbatch != 0)
+    d.fail_rule({"training.global_batch", "training.microbatch"},
+                "training.global_batch " + std::to_string(t.global_batch) +
+                    " is not a multiple of training.microbatch " + std::to_string(t.microbatch));
+  if (job.data.corpus_bytes < job.model.seq_len + 1)
+    d.fail_rule({"data.corpus_bytes", "model.seq_len"},
+                "data.corpus_bytes " + std::to_string(job.data.corpus_bytes) +
+                    " holds no sample: it must be >= model.seq_len + 1 = " + std::to_string(job.model.seq_len + 1));
+  const auto& lr = job.optimizer.lr;
+  if (lr.min_lr > lr.peak)
+    d.fail_rule({"optimizer.min_lr", "optimizer.lr"},
+                "optimizer.min_lr " + format(lr.min_lr) + " is above optimizer.lr " + format(lr.peak));
+  const auto& c = job.cluster;
+  if (c.nodes < c.fault_tolerance + 1)
+    d.fail_rule({"cluster.nodes", "cluster.fault_tolerance"},
+                "cluster.nodes " + std::to_string(c.nodes) + " cannot hold cluster.fault_tolerance + 1 = " +
+                    std::to_string(c.fault_tolerance + 1) + " pipelines");
+  if (c.connection_timeout_ms < 2LL * c.heartbeat_interval_ms)
+    d.fail_rule({"cluster.connection_timeout_ms", "cluster.heartbeat_interval_ms"},
+                "cluster.connection_timeout_ms " + std::to_string(c.connection_timeout_ms) +
+                    " must be >= 2 * cluster.heartbeat_interval_ms = " + std::to_string(2LL * c.heartbeat_interval_ms) +
+                    " (one late heartbeat must not lose a node)");
+  if (job.checkpoint.every > 0 && job.checkpoint.dir.empty())
+    d.fail_rule({"checkpoint.every"}, "checkpoint.every needs checkpoint.dir");
 }
 
 }  // namespace
 
 job_file parse_job(std::string_view text, std::string_view origin) {
-  const decoder d(origin);
   toml::table root;
   try {
     root = toml::parse(text, origin);
@@ -108,6 +225,7 @@ job_file parse_job(std::string_view text, std::string_view origin) {
     throw input_error(std::string(origin) + ":" + std::to_string(e.source().begin.line) + ": " +
                       std::string(e.description()));
   }
+  const decoder d(origin, root);
   job_file job;
   const auto keys = schema(job);
   for (const auto& [section_key, section] : root) {
@@ -125,14 +243,8 @@ job_file parse_job(std::string_view text, std::string_view origin) {
       it->second(d, value, path);
     }
   }
-  try {
-    runtime::validate(job.model);
-  } catch (const std::invalid_argument& e) {
-    d.fail(e.what());
-  }
-  if (job.global_batch % job.microbatch != 0)
-    d.fail("training.global_batch " + std::to_string(job.global_batch) + " is not a multiple of training.microbatch " +
-           std::to_string(job.microbatch));
+  job.optimizer.lr.total_steps = job.training.steps;
+  check_rules(d, job);
   return job;
 }
 
@@ -145,7 +257,28 @@ job_file read_job_file(const std::string& path) {
   while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, n);
   // fopen succeeds on a directory; reading it is the error.
   if (std::ferror(f.get())) throw input_error("cannot read job file " + path + ": " + std::strerror(errno));
-  return parse_job(text, path);
+  job_file job = parse_job(text, path);
+  const auto folder = std::filesystem::path(path).parent_path();
+  for (std::string* p : {&job.profile.file, &job.checkpoint.dir})
+    if (!p->empty() && std::filesystem::path(*p).is_relative()) *p = (folder / *p).string();
+  return job;
+}
+
+planning::synthetic_gpt synthetic_model(const job_file& job) {
+  auto narrow = [](std::int64_t x, const char* key) {
+    if (x > INT_MAX)
+      throw input_error(std::string(key) + " " + std::to_string(x) + " is too large for a synthetic profile");
+    return static_cast<int>(x);
+  };
+  return {.layers = narrow(job.model.blocks + 2, "model.blocks"),
+          .hidden = narrow(job.model.d_model, "model.d_model"),
+          .heads = narrow(job.model.heads, "model.heads"),
+          .sequence = narrow(job.model.seq_len, "model.seq_len"),
+          .vocab = narrow(job.model.vocab, "model.vocab"),
+          .microbatch = job.training.microbatch,
+          .gpus_per_node = 1,
+          .device_tflops = 0.02,
+          .device_memory_bytes = job.cluster.device_memory_bytes};
 }
 
 }  // namespace oobleck::apps

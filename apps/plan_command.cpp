@@ -93,9 +93,10 @@ int template_only(const plan_options& o, const planning::profile& prof, std::ost
   if (!t)
     throw planning_error("no layout of " + std::to_string(*o.template_nodes) + " nodes fits the model in memory");
   if (o.json) {
-    out << planning::json::dump(planning::json::object{{"templates", planning::json::array{template_to_json(*t)}},
-                                                       {"planning_ms", ms}})
-        << "\n";
+    nlohmann::ordered_json doc = nlohmann::ordered_json::object();
+    doc["templates"] = nlohmann::ordered_json::array({template_to_json(*t)});
+    doc["planning_ms"] = ms;
+    out << json_line(doc) << "\n";
   } else {
     out << "template for " << *o.template_nodes << " nodes (" << ms << " ms to plan):\n";
     print_template(out, *t);
@@ -145,7 +146,7 @@ int run_plan_command(const std::vector<std::string>& args, std::ostream& out, st
       if (o.template_nodes) return template_only(o, prof, out);
       const planning::job_plan plan = planning::plan_job(prof, o.job);
       const auto events = replay(o, prof, plan);
-      if (o.json) out << planning::json::dump(plan_to_json(plan, events, o.job.global_batch)) << "\n";
+      if (o.json) out << json_line(plan_to_json(plan, events, o.job.global_batch)) << "\n";
       else print_plan(out, prof, o.job, plan, events);
       return 0;
     } catch (const std::bad_alloc&) {

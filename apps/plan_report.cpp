@@ -5,17 +5,14 @@
 
 namespace oobleck::apps {
 
-using planning::json::array;
-using planning::json::object;
-using planning::json::value;
+using value = nlohmann::ordered_json;
 
 namespace {
 
-value ints(const std::vector<int>& xs) {
-  array a;
-  for (int x : xs) a.emplace_back(x);
-  return a;
-}
+value object() { return value::object(); }
+value array() { return value::array(); }
+
+value ints(const std::vector<int>& xs) { return value(xs); }
 
 double samples_per_s(int global_batch, double step_ms) { return step_ms > 0 ? global_batch * 1000.0 / step_ms : 0; }
 
@@ -46,64 +43,89 @@ void print_pipelines(std::ostream& out, const std::vector<planning::pipeline_ins
 
 }  // namespace
 
+std::string json_line(const value& v) { return v.dump(-1, ' ', false, value::error_handler_t::replace); }
+
 value template_to_json(const planning::pipeline_template& t) {
-  array stages;
-  for (const auto& s : t.stages)
-    stages.emplace_back(object{{"node", s.node}, {"gpus", s.gpus}, {"layers", array{s.first_layer, s.end_layer}},
-                               {"ms", s.ms}});
+  value stages = array();
+  for (const auto& s : t.stages) {
+    value stage = object();
+    stage["node"] = s.node;
+    stage["gpus"] = s.gpus;
+    stage["layers"] = {s.first_layer, s.end_layer};
+    stage["ms"] = s.ms;
+    stages.push_back(std::move(stage));
+  }
   const int four_s = 4 * static_cast<int>(t.stages.size());
-  return object{{"nodes", t.nodes},
-                {"iteration_ms", t.iteration_ms},
-                {"makespan_4s_ms", t.time_ms(four_s)},
-                {"stages", std::move(stages)}};
+  value o = object();
+  o["nodes"] = t.nodes;
+  o["iteration_ms"] = t.iteration_ms;
+  o["makespan_4s_ms"] = t.time_ms(four_s);
+  o["stages"] = std::move(stages);
+  return o;
 }
 
 value pipelines_to_json(const std::vector<planning::pipeline_instance>& ps) {
-  array out;
-  for (const auto& p : ps)
-    out.emplace_back(object{{"nodes", ints(p.nodes)},
-                            {"template_nodes", p.template_nodes},
-                            {"microbatches", p.microbatches},
-                            {"time_ms", p.time_ms}});
+  value out = array();
+  for (const auto& p : ps) {
+    value o = object();
+    o["nodes"] = ints(p.nodes);
+    o["template_nodes"] = p.template_nodes;
+    o["microbatches"] = p.microbatches;
+    o["time_ms"] = p.time_ms;
+    out.push_back(std::move(o));
+  }
   return out;
 }
 
 value plan_to_json(const planning::job_plan& plan, const std::vector<plan_event>& events, int global_batch) {
-  array templates;
+  value templates = array();
   for (const auto& t : plan.templates.templates) templates.push_back(template_to_json(t));
-  array evs;
+  value evs = array();
   for (const auto& e : events) {
     const auto& r = e.result;
-    object o{{"lost", ints(e.lost)}, {"joined", ints(e.joined)}, {"action", to_string(r.action)}};
+    value o = object();
+    o["lost"] = ints(e.lost);
+    o["joined"] = ints(e.joined);
+    o["action"] = to_string(r.action);
     if (r.action == planning::reconfiguration_action::checkpoint_and_stop) {
-      o.emplace_back("reason", r.reason);
-      o.emplace_back("pipelines", array{});
-      o.emplace_back("step_ms", nullptr);
-      o.emplace_back("copies", array{});
+      o["reason"] = r.reason;
+      o["pipelines"] = array();
+      o["step_ms"] = nullptr;
+      o["copies"] = array();
     } else {
-      array rules;
-      for (auto rule : r.rules) rules.emplace_back(to_string(rule));
-      array copies;
-      for (const auto& c : r.copies)
-        copies.emplace_back(object{{"layer", c.layer}, {"from_node", c.from_node}, {"to_node", c.to_node}, {"bytes", c.bytes}});
-      o.emplace_back("rules", std::move(rules));
-      o.emplace_back("pipelines", pipelines_to_json(r.pipelines));
-      o.emplace_back("idle_nodes", ints(r.idle_nodes));
-      o.emplace_back("step_ms", r.step_ms);
-      o.emplace_back("samples_per_s", samples_per_s(global_batch, r.step_ms));
-      o.emplace_back("copies", std::move(copies));
+      value rules = array();
+      for (auto rule : r.rules) rules.push_back(to_string(rule));
+      value copies = array();
+      for (const auto& c : r.copies) {
+        value copy = object();
+        copy["layer"] = c.layer;
+        copy["from_node"] = c.from_node;
+        copy["to_node"] = c.to_node;
+        copy["bytes"] = c.bytes;
+        copies.push_back(std::move(copy));
+      }
+      o["rules"] = std::move(rules);
+      o["pipelines"] = pipelines_to_json(r.pipelines);
+      o["idle_nodes"] = ints(r.idle_nodes);
+      o["step_ms"] = r.step_ms;
+      o["samples_per_s"] = samples_per_s(global_batch, r.step_ms);
+      o["copies"] = std::move(copies);
     }
-    evs.emplace_back(std::move(o));
+    evs.push_back(std::move(o));
   }
-  return object{{"n0", plan.spec.n0},
-                {"n_max", plan.spec.n_max},
-                {"covered_node_counts", ints(plan.spec.covered_node_counts)},
-                {"templates", std::move(templates)},
-                {"instantiation", object{{"pipelines", pipelines_to_json(plan.pipelines)},
-                                         {"idle_nodes", ints(plan.idle_nodes)},
-                                         {"step_ms", plan.step_ms},
-                                         {"samples_per_s", samples_per_s(global_batch, plan.step_ms)}}},
-                {"events", std::move(evs)}};
+  value instantiation = object();
+  instantiation["pipelines"] = pipelines_to_json(plan.pipelines);
+  instantiation["idle_nodes"] = ints(plan.idle_nodes);
+  instantiation["step_ms"] = plan.step_ms;
+  instantiation["samples_per_s"] = samples_per_s(global_batch, plan.step_ms);
+  value out = object();
+  out["n0"] = plan.spec.n0;
+  out["n_max"] = plan.spec.n_max;
+  out["covered_node_counts"] = ints(plan.spec.covered_node_counts);
+  out["templates"] = std::move(templates);
+  out["instantiation"] = std::move(instantiation);
+  out["events"] = std::move(evs);
+  return out;
 }
 
 void print_template(std::ostream& out, const planning::pipeline_template& t) {

@@ -9,7 +9,7 @@
 #include "apps/program_main.hpp"
 #include "messages/input_error.hpp"
 #include "messages/profile_file.hpp"
-#include "planning/profile_json.hpp"
+#include "messages/profile_json.hpp"
 #include "runtime/profiler.hpp"
 
 namespace oobleck::apps {
@@ -21,7 +21,7 @@ backward separately (median of N runs after warm-up), parameter bytes, and the a
 autograd retains per microbatch. Writes the planning profile, which records the model's config
 hash, the microbatch size and the device kind, so oobleck-plan refuses it for another job.
 The job file ([model], [training] microbatch, [cluster] device_memory_bytes, [profile]
-warmup/repeats) is checked before anything runs; without --config the default model is profiled.
+warmup/repeats/file) is checked before anything runs; without --config the default model is profiled.
 
 Exit status: 0 on success, 2 on bad input (one "error: ..." line), 1 on an internal failure
 (LibTorch's, such as running out of memory).)";
@@ -38,18 +38,19 @@ bool parse(const std::vector<std::string>& args, std::ostream& out, profile_opti
   app.footer(kAbout);
   add_text(app, "--config", o.config, "job file (TOML)")->type_name("JOB.toml");
   add_text(app, "--out", o.out_path,
-           "write the profile there (Cap'n Proto; JSON when PATH ends in .json); default profile.capnp unless "
-           "--json is given");
+           "write the profile there (Cap'n Proto; JSON when PATH ends in .json); without --json the default is the "
+           "job's profile.file, else profile.capnp");
   app.add_flag("--json", o.json, "print the profile as JSON on stdout (the form oobleck-plan --profile reads)");
   add_integer(app, "--repeats", o.repeats, 1, 1000, "timed runs per layer (overrides the job file)")->type_name("N");
   return parse_flags(app, args, out);
 }
 
-/// Refuses an output path whose folder is missing now, not after the measurements.
-void check_writable_folder(const std::string& path) {
+/// Refuses an output path whose folder is missing now, not after the measurements; `from` says
+/// where the path came from (--out, or the job's profile.file).
+void check_writable_folder(const std::string& path, const std::string& from) {
   const auto folder = std::filesystem::path(path).parent_path();
   if (!folder.empty() && !std::filesystem::is_directory(folder))
-    throw messages::input_error("--out: " + folder.string() + " is not a directory");
+    throw messages::input_error(from + ": " + folder.string() + " is not a directory");
 }
 
 }  // namespace
@@ -60,12 +61,14 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
     if (!parse(args, out, o)) return 0;
     const job_file job = o.config.empty() ? job_file{} : read_job_file(o.config);
     std::string out_path = o.out_path;
-    if (out_path.empty() && !o.json) out_path = "profile.capnp";
-    if (!out_path.empty()) check_writable_folder(out_path);
-    runtime::profiler_options options{.microbatch = job.microbatch,
-                                      .warmup = job.profile_warmup,
-                                      .repeats = o.repeats.value_or(job.profile_repeats),
-                                      .device_memory_bytes = job.device_memory_bytes};
+    if (out_path.empty() && !o.json) out_path = job.profile.file.empty() ? "profile.capnp" : job.profile.file;
+    if (!out_path.empty())
+      check_writable_folder(out_path, o.out_path.empty() && !job.profile.file.empty() ? o.config + ": profile.file"
+                                                                                      : "--out");
+    runtime::profiler_options options{.microbatch = job.training.microbatch,
+                                      .warmup = job.profile.warmup,
+                                      .repeats = o.repeats.value_or(job.profile.repeats),
+                                      .device_memory_bytes = job.cluster.device_memory_bytes};
     err << "profiling " << job.model.num_layers() << " layers (config " << job.model.hash() << ", microbatch "
         << options.microbatch << ", " << options.repeats << " repeats)...\n";
     const auto layers = runtime::measure_layers(job.model, options);
@@ -84,7 +87,7 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
       else messages::write_profile_capnp(profile, out_path);
       err << "profile written to " << out_path << "\n";
     }
-    if (o.json) out << planning::json::dump(planning::profile_to_json(profile), 2) << "\n";
+    if (o.json) out << messages::profile_json_text(profile, 2) << "\n";
     return 0;
   });
 }

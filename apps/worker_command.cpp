@@ -9,6 +9,9 @@
 
 #include "actors/admission.hpp"
 #include "actors/monitor.hpp"
+#include "actors/stage.hpp"
+#include "apps/job_file.hpp"
+#include "apps/stage_job.hpp"
 #include "apps/cluster_commands.hpp"
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
@@ -51,6 +54,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   std::string coordinator, token_file, name = default_name(), config, data_host;
   int slots = 1, data_port = 0;
   double connect_timeout = 60;
+  int heartbeat_ms = 1000, silence_ms = 10000;
   add_text(app, "--coordinator", coordinator, "HOST:PORT of the coordinator")->required();
   add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")->required();
   add_text(app, "--name", name, "this node's name in status and logs (default: HOSTNAME-PID)");
@@ -63,7 +67,14 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   add_integer(app, "--data-port", data_port, 0, 65535, "data-plane port (default 0: a free port)");
   add_number(app, "--connect-timeout", connect_timeout, 0,
              "seconds to keep trying to reach the coordinator (default 60)");
+  add_integer(app, "--heartbeat-interval-ms", heartbeat_ms, 10, 3'600'000,
+              "heartbeat on the connection to the coordinator (default 1000; the job's "
+              "cluster.heartbeat_interval_ms should match)");
+  add_integer(app, "--connection-timeout-ms", silence_ms, 20, 86'400'000,
+              "a coordinator silent this long is gone (default 10000)");
   if (!parse_flags(app, args, out)) return 0;
+  if (silence_ms < 2 * heartbeat_ms)
+    throw messages::input_error("--connection-timeout-ms must be at least twice --heartbeat-interval-ms");
 
   const host_port at = parse_host_port("--coordinator", coordinator);
   const std::string token = actors::read_token_file(token_file);
@@ -82,6 +93,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   auto log = progress_printer("worker " + name);
 
   cluster_config cfg;
+  cfg.set_heartbeat(heartbeat_ms, silence_ms);
   caf::actor_system sys{cfg};
   auto coord = connect_coordinator(sys, at, connect_timeout, log);
   actors::monitor_deps deps;
@@ -92,6 +104,9 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   deps.data = {data_host, data_port ? static_cast<std::uint16_t>(data_port) : free_port()};
   deps.job_hash = job_hash;
   deps.log = log;
+  deps.make_stage = [&sys](const messages::admission& a) {
+    return actors::spawn_stage(sys, stage_job_for(parse_job(a.job_toml, "the coordinator's job file")));
+  };
   auto mon = sys.spawn(actors::monitor, deps);
 
   caf::error reason;

@@ -13,13 +13,13 @@
 #include <iostream>
 #include <string>
 
-#include "planning/json.hpp"
+#include <nlohmann/json.hpp>
 #include "runtime/dataset.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/stage_executor.hpp"
 
 using namespace oobleck;
-namespace json = planning::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -134,11 +134,11 @@ int main(int argc, char** argv) {
   std::snprintf(line, sizeof line, "%-28s %12.2f %14.1f\n", "stage executor (1 stage)", s, microbatch * microbatches * 1000.0 / s);
   std::cout << line;
   std::printf("executor throughput / plain throughput = %.3f (median of per-step ratios; target >= 0.95)\n", ratio);
-  std::ofstream(json_path) << json::dump(json::object{{"benchmark", "executor_overhead"},
-                                                      {"plain_step_ms", p},
-                                                      {"executor_step_ms", s},
-                                                      {"throughput_ratio", ratio}},
-                                         2)
+  std::ofstream(json_path) << json{{"benchmark", "executor_overhead"},
+                                   {"plain_step_ms", p},
+                                   {"executor_step_ms", s},
+                                   {"throughput_ratio", ratio}}
+                                  .dump(2)
                            << "\n";
   return 0;
 }

@@ -13,12 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "planning/json.hpp"
+#include <nlohmann/json.hpp>
 #include "planning/planner.hpp"
 #include "planning/reconfiguration.hpp"
 #include "planning/synthetic_profile.hpp"
 
 using namespace oobleck::planning;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -80,7 +81,7 @@ int main(int argc, char** argv) {
       return a == "--help" ? 0 : 2;
     }
   }
-  json::array cells;
+  json cells = json::array();
   std::cout << "Table 3: one template per cell, seconds (ours | paper | paper/ours)\n";
   std::cout << "nodes GPUs |";
   for (int l : kLayers) std::cout << "            " << l << " layers            |";
@@ -97,7 +98,7 @@ int main(int argc, char** argv) {
       const double ratio = row.seconds[c] / s;
       worst_ratio = std::min(worst_ratio, ratio);
       std::cout << fmt(" %9.5f", s) << fmt(" | %8.2f", row.seconds[c]) << fmt(" | %7.0fx |", ratio) << std::flush;
-      cells.emplace_back(json::object{{"nodes", row.nodes}, {"gpus_per_node", row.gpus}, {"layers", kLayers[c]},
+      cells.push_back(json{{"nodes", row.nodes}, {"gpus_per_node", row.gpus}, {"layers", kLayers[c]},
                                       {"seconds", s}, {"paper_seconds", row.seconds[c]}, {"speedup", ratio},
                                       {"iteration_ms", t ? t->iteration_ms : -1.0},
                                       {"stages", t ? static_cast<int>(t->stages.size()) : 0},
@@ -144,7 +145,7 @@ int main(int argc, char** argv) {
             << plan64.pipelines.size() << " pipelines, one node lost: " << fmt("%.3f", reconf_s * 1e3)
             << " ms (target <= 1 ms), " << r.copies.size() << " layer copies (" << r.reason << ")\n";
 
-  const json::value out = json::object{
+  const json out = json{
       {"benchmark", "planning_latency"},
       {"table3", std::move(cells)},
       {"slowest_cell_speedup", worst_ratio},
@@ -152,7 +153,7 @@ int main(int argc, char** argv) {
       {"instantiation_n1024_ms", inst_s * 1e3},
       {"reconfiguration_n64_ms", reconf_s * 1e3},
   };
-  std::ofstream(json_path) << json::dump(out, 2) << "\n";
+  std::ofstream(json_path) << out.dump(2) << "\n";
   std::cout << "results written to " << json_path << "\n";
   return 0;
 }

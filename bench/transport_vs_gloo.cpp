@@ -20,13 +20,13 @@
 #include <sstream>
 #include <string>
 
-#include "planning/json.hpp"
+#include <nlohmann/json.hpp>
 #include "runtime/transport/host_transport.hpp"
 
 extern char** environ;
 
 using namespace oobleck;
-namespace json = planning::json;
+using json = nlohmann::ordered_json;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
@@ -68,8 +68,9 @@ int run_child(const child_args& a) {
   if (a.rank == 0) out.open(a.out);
   auto record = [&](const char* op, const char* impl, std::size_t bytes, double ms, double gbps) {
     if (a.rank == 0)
-      out << json::dump(json::object{{"world", a.world}, {"op", op}, {"impl", impl}, {"bytes", static_cast<std::int64_t>(bytes)},
-                                     {"ms", ms}, {"gbps", gbps}})
+      out << json{{"world", a.world}, {"op", op}, {"impl", impl}, {"bytes", static_cast<std::int64_t>(bytes)},
+                  {"ms", ms}, {"gbps", gbps}}
+                 .dump()
           << "\n";
   };
   // Point to point: ping-pong between ranks 0 and 1 (only with 2 processes).
@@ -173,7 +174,7 @@ int main(int argc, char** argv) {
       return a == "--help" ? 0 : 2;
     }
   }
-  json::array rows;
+  json rows = json::array();
   const std::string self = self_path();
   for (int world : {2, 3, 4}) {
     std::cerr << "running " << world << " processes..." << std::endl;
@@ -210,10 +211,9 @@ int main(int argc, char** argv) {
     std::remove(store.c_str());
   }
   // Side by side: host | gloo | host/gloo speed.
-  auto find = [&](int world, const std::string& op, const std::string& impl, std::int64_t bytes) -> const json::value* {
+  auto find = [&](int world, const std::string& op, const std::string& impl, std::int64_t bytes) -> const json* {
     for (const auto& r : rows)
-      if (r.find("world")->as_integer() == world && r.find("op")->as_string() == op &&
-          r.find("impl")->as_string() == impl && r.find("bytes")->as_integer() == bytes)
+      if (r.at("world") == world && r.at("op") == op && r.at("impl") == impl && r.at("bytes") == bytes)
         return &r;
     return nullptr;
   };
@@ -222,9 +222,9 @@ int main(int argc, char** argv) {
   for (std::size_t mib : {1u, 4u, 16u, 64u}) {
     const auto* h = find(2, "p2p", "host", mib << 20);
     const auto* g = find(2, "p2p", "gloo", mib << 20);
-    std::printf("%10s | %10.3f %10.2f | %10.3f %10.2f | %7.2fx\n", human(mib << 20).c_str(), h->find("ms")->as_number(),
-                h->find("gbps")->as_number(), g->find("ms")->as_number(), g->find("gbps")->as_number(),
-                g->find("ms")->as_number() / h->find("ms")->as_number());
+    std::printf("%10s | %10.3f %10.2f | %10.3f %10.2f | %7.2fx\n", human(mib << 20).c_str(), h->at("ms").get<double>(),
+                h->at("gbps").get<double>(), g->at("ms").get<double>(), g->at("gbps").get<double>(),
+                g->at("ms").get<double>() / h->at("ms").get<double>());
   }
   for (int world : {2, 3, 4}) {
     std::printf("\nall-reduce, %d processes (latency, bus bandwidth)\n%10s | %10s %10s | %10s %10s | %8s\n", world, "size",
@@ -233,13 +233,12 @@ int main(int argc, char** argv) {
                               std::size_t{64} << 20}) {
       const auto* h = find(world, "allreduce", "host", static_cast<std::int64_t>(bytes));
       const auto* g = find(world, "allreduce", "gloo", static_cast<std::int64_t>(bytes));
-      std::printf("%10s | %10.3f %10.2f | %10.3f %10.2f | %7.2fx\n", human(bytes).c_str(), h->find("ms")->as_number(),
-                  h->find("gbps")->as_number(), g->find("ms")->as_number(), g->find("gbps")->as_number(),
-                  g->find("ms")->as_number() / h->find("ms")->as_number());
+      std::printf("%10s | %10.3f %10.2f | %10.3f %10.2f | %7.2fx\n", human(bytes).c_str(), h->at("ms").get<double>(),
+                  h->at("gbps").get<double>(), g->at("ms").get<double>(), g->at("gbps").get<double>(),
+                  g->at("ms").get<double>() / h->at("ms").get<double>());
     }
   }
-  std::ofstream(json_path) << json::dump(json::object{{"benchmark", "transport_vs_gloo"}, {"rows", std::move(rows)}}, 2)
-                           << "\n";
+  std::ofstream(json_path) << json{{"benchmark", "transport_vs_gloo"}, {"rows", std::move(rows)}}.dump(2) << "\n";
   std::printf("\nresults written to %s\n", json_path.c_str());
   return 0;
 }

@@ -1,14 +1,17 @@
 # Every dependency of the design is found here, once, so a missing package fails the configure step
 # with a clear message instead of a compile error deep inside a target.
 find_package(Threads REQUIRED)
+find_package(CapnProto REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)  # Debian nlohmann-json3-dev: the JSON codecs in messages/, JSON output
+find_package(tomlplusplus REQUIRED)  # job files (the fuzz build's job_toml target too)
+if(OOBLECK_FUZZ)
+  return()  # the fuzz build has planning/, messages/ (without the CAF protocol) and fuzz/ only
+endif()
 find_package(CAF REQUIRED COMPONENTS core io)
 find_package(Torch REQUIRED)
-find_package(CapnProto REQUIRED)
 find_package(Boost 1.74 REQUIRED)
 find_package(CLI11 REQUIRED)         # command-line flags of the programs
-find_package(tomlplusplus REQUIRED)  # job files
 find_package(OpenSSL REQUIRED)       # admission: HMAC-SHA256 of the job token
-find_package(nlohmann_json 3 REQUIRED)  # JSON output
 if(OOBLECK_BUILD_TESTS)
   find_package(doctest REQUIRED)
 endif()

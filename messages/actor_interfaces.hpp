@@ -1,11 +1,11 @@
 #pragma once
 // The typed interfaces of Oobleck's actors (DESIGN §5). A handle of one of these types can only be
-// sent what the actor understands; the compiler checks every send and every reply. Each interface
-// lists what its actor implements today; the epoch and step messages (epoch_messages.hpp,
-// step_messages.hpp) join the coordinator's and the monitor's interfaces with the training path.
+// sent what the actor understands; the compiler checks every send and every reply.
 //
-//   coordinator  <- monitors (admission), operators (oobleck-ctl, injector actors)
+//   coordinator  <- monitors (admission, epoch formation, commits), pipelines, operators
+//   pipeline     <- coordinator (one per pipeline and epoch, in the coordinator's process)
 //   monitor      <- coordinator (one per worker process: the node agent)
+//   stage        <- monitor (forming, commit), pipeline (steps); detached, in the worker process
 
 #include <cstdint>
 #include <string>
@@ -22,6 +22,10 @@ using coordinator_actor = caf::typed_actor<
     // Admission: a fresh single-use nonce, then the registration that proves the token.
     caf::replies_to<nonce_request>::with<std::string>,
     caf::replies_to<register_node>::with<admission>,
+    // Epoch formation and the step protocol.
+    caf::reacts_to<node_ready>, caf::reacts_to<epoch_aborted>, caf::reacts_to<node_fault>,
+    caf::reacts_to<pipeline_done>,
+    caf::reacts_to<step_committed>,
     // Operators: each request carries a proof of the token made with a fresh nonce.
     caf::replies_to<status_atom, control_proof>::with<job_status>,
     caf::replies_to<inject_fault, control_proof>::with<std::string>,
@@ -29,6 +33,17 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<shutdown_atom, std::string, control_proof>::with<std::string>>;
 
 using monitor_actor =
-    caf::typed_actor<caf::reacts_to<inject_fault>, caf::reacts_to<shutdown_atom, std::string>>;
+    caf::typed_actor<caf::reacts_to<epoch_assignment>, caf::reacts_to<commit_step>,
+                     caf::reacts_to<abort_epoch>, caf::reacts_to<inject_fault>,
+                     caf::reacts_to<shutdown_atom, std::string>>;
+
+using pipeline_actor = caf::typed_actor<caf::reacts_to<run_step>>;
+
+/// A stage: forms its part of the epoch (data plane, executor), runs steps, applies commits.
+/// Errors are values: a failed step is a stage_done with its error set.
+using stage_actor =
+    caf::typed_actor<caf::replies_to<epoch_assignment>::with<bool>,
+                     caf::replies_to<stage_step>::with<stage_done>,
+                     caf::replies_to<commit_step>::with<step_committed>>;
 
 }  // namespace oobleck::messages

@@ -1,108 +1,183 @@
 #include "messages/profile_file.hpp"
 
-#include <capnp/message.h>
-#include <capnp/serialize.h>
-#include <kj/array.h>
-#include <kj/exception.h>
-
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <locale>
 #include <sstream>
 
-#include "messages/profile.capnp.h"
-#include "planning/profile_json.hpp"
+#include "messages/input_error.hpp"
+#include "messages/profile_capnp.hpp"
+#include "messages/profile_json.hpp"
 
 namespace oobleck::messages {
 
 namespace {
 
-using planning::planning_error;
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw planning_error("cannot read profile " + path + ": " + std::strerror(errno));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
+[[noreturn]] void fail(std::string_view path, const std::string& what) {
+  throw input_error(std::string(path) + ": " + what);
 }
 
-planning::profile from_capnp(const std::string& bytes) {
-  if (bytes.size() % sizeof(capnp::word) != 0) throw planning_error("size is not a whole number of 8-byte words");
-  kj::Array<capnp::word> words = kj::heapArray<capnp::word>(bytes.size() / sizeof(capnp::word));
-  std::memcpy(words.begin(), bytes.data(), bytes.size());
-  capnp::FlatArrayMessageReader reader(words);
-  auto root = reader.getRoot<schema::Profile>();
-  planning::profile p;
-  p.model = root.getModel().cStr();
-  p.config_hash = root.getConfigHash().cStr();
-  p.device_kind = root.getDeviceKind().cStr();
-  p.microbatch_size = static_cast<int>(root.getMicrobatchSize());
-  p.gpus_per_node = static_cast<int>(root.getGpusPerNode());
-  p.device_memory_bytes = static_cast<std::int64_t>(root.getDeviceMemoryBytes());
-  for (auto layer : root.getLayers()) {
-    planning::layer_profile l;
-    l.name = layer.getName().cStr();
-    for (double t : layer.getForwardMs()) l.forward_ms.push_back(t);
-    for (double t : layer.getBackwardMs()) l.backward_ms.push_back(t);
-    l.param_bytes = static_cast<std::int64_t>(layer.getParamBytes());
-    l.activation_bytes = static_cast<std::int64_t>(layer.getActivationBytes());
-    p.layers.push_back(std::move(l));
+// RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF.
+bool is_utf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int extra = 0;
+    std::uint32_t cp = 0, min = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      extra = 1, cp = c & 0x1F, min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2, cp = c & 0x0F, min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3, cp = c & 0x07, min = 0x10000;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= static_cast<std::size_t>(extra)) return false;
+    for (int k = 1; k <= extra; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if ((b & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += extra + 1;
   }
-  return p;
+  return true;
+}
+
+void check_text(const std::string& s, const std::string& path) {
+  if (s.size() > profile_limits::max_text_bytes)
+    fail(path, std::to_string(s.size()) + " bytes is above the limit of " + std::to_string(profile_limits::max_text_bytes) +
+                   " bytes");
+  if (!is_utf8(s)) fail(path, "not valid UTF-8");
+  // Control characters have no place in a name, and a NUL would not survive Cap'n Proto's Text.
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7F) {
+      char code[8];
+      std::snprintf(code, sizeof code, "0x%02X", c);
+      fail(path, std::string("control character ") + code + " at byte " + std::to_string(i));
+    }
+  }
+}
+
+void check_bytes(std::int64_t v, std::int64_t min, const std::string& path) {
+  if (v < min) fail(path, std::to_string(v) + ", must be >= " + std::to_string(min));
+  if (v > profile_limits::max_bytes)
+    fail(path, std::to_string(v) + " is above the limit of " + std::to_string(profile_limits::max_bytes) + " bytes (256 TiB)");
+}
+
+void check_times(const std::vector<double>& times, int gpus_per_node, const std::string& path) {
+  const auto widths = planning::stage_widths(gpus_per_node);
+  if (times.size() != widths.size())
+    fail(path, std::to_string(times.size()) + " times, expected " + std::to_string(widths.size()) +
+                   " (one per stage width 1.." + std::to_string(gpus_per_node) + ")");
+  for (std::size_t i = 0; i < times.size(); ++i) {
+    const std::string at = "width " + std::to_string(widths[i]) + " is ";
+    std::ostringstream value;
+    value.imbue(std::locale::classic());
+    value << times[i];
+    if (!std::isfinite(times[i]) || times[i] < 0) fail(path, at + value.str() + "; times must be finite and >= 0");
+    if (times[i] > profile_limits::max_layer_ms)
+      fail(path, at + value.str() + " ms, above the limit of 1e9 ms for one layer");
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw input_error("cannot read profile " + path + ": " + std::strerror(errno));
+  std::string bytes;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    bytes.append(buf, static_cast<std::size_t>(in.gcount()));
+    if (bytes.size() > profile_limits::max_file_bytes)
+      throw input_error(path + ": larger than the limit of " + std::to_string(profile_limits::max_file_bytes) +
+                        " bytes for a profile");
+  }
+  if (in.bad()) throw input_error("cannot read profile " + path + ": " + std::strerror(errno));
+  return bytes;
+}
+
+void write_file(const std::string& path, std::string_view bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw input_error("cannot write profile " + path + ": " + std::strerror(errno));
 }
 
 }  // namespace
 
-planning::profile read_profile_file(const std::string& path) {
-  const std::string bytes = read_all(path);
-  const auto first = bytes.find_first_not_of(" \t\r\n");
+int checked_gpus_per_node(std::int64_t m, std::string_view path) {
+  if (m > profile_limits::max_gpus_per_node)
+    fail(path, std::to_string(m) + " is above the limit of " + std::to_string(profile_limits::max_gpus_per_node) +
+                   " GPUs per node");
+  if (!planning::is_power_of_two(m))
+    fail(path, std::to_string(m) + " is not a power of two (1, 2, 4, ..., " +
+                   std::to_string(profile_limits::max_gpus_per_node) + ")");
+  return static_cast<int>(m);
+}
+
+void check_layer_count(std::size_t layers, std::string_view path) {
+  if (layers == 0) fail(path, "no layers");
+  if (layers > profile_limits::max_layers)
+    fail(path, std::to_string(layers) + " layers is above the limit of " + std::to_string(profile_limits::max_layers) +
+                   " layers");
+}
+
+void validate_profile(const planning::profile& p) {
+  check_text(p.model, "profile.model");
+  check_text(p.config_hash, "profile.config_hash");
+  check_text(p.device_kind, "profile.device_kind");
+  if (p.microbatch_size < 1) fail("profile.microbatch_size", std::to_string(p.microbatch_size) + ", must be >= 1");
+  checked_gpus_per_node(p.gpus_per_node, "profile.gpus_per_node");
+  check_bytes(p.device_memory_bytes, 1, "profile.device_memory_bytes");
+  check_layer_count(p.layers.size(), "profile.layers");
+  for (std::size_t l = 0; l < p.layers.size(); ++l) {
+    const auto& layer = p.layers[l];
+    const std::string path = "profile.layers[" + std::to_string(l) + "]";
+    check_text(layer.name, path + ".name");
+    check_times(layer.forward_ms, p.gpus_per_node, path + ".forward_ms");
+    check_times(layer.backward_ms, p.gpus_per_node, path + ".backward_ms");
+    check_bytes(layer.param_bytes, 0, path + ".param_bytes");
+    check_bytes(layer.activation_bytes, 0, path + ".activation_bytes");
+  }
+  // The planner's own precondition; everything it checks was checked above, so this never throws
+  // unless the two drift apart.
   try {
-    if (first != std::string::npos && bytes[first] == '{') return planning::profile_from_json(bytes);
-    planning::profile p;
-    try {
-      p = from_capnp(bytes);
-    } catch (const kj::Exception& e) {
-      throw planning_error(std::string("not a Cap'n Proto profile (") + e.getDescription().cStr() + ")");
-    }
     planning::validate(p);
-    return p;
-  } catch (const planning_error& e) {
-    throw planning_error(path + ": " + e.what());
+  } catch (const planning::planning_error& e) {
+    throw input_error(std::string("profile: ") + e.what());
+  }
+}
+
+planning::profile decode_profile(std::span<const std::byte> bytes) {
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string_view::npos && text[first] == '{') return profile_from_json(text);
+  return profile_from_capnp(bytes);
+}
+
+planning::profile read_profile_file(const std::string& path) {
+  const std::string bytes = read_file(path);
+  try {
+    return decode_profile(std::as_bytes(std::span(bytes.data(), bytes.size())));
+  } catch (const input_error& e) {
+    throw input_error(path + ": " + e.what());
   }
 }
 
 void write_profile_capnp(const planning::profile& p, const std::string& path) {
-  capnp::MallocMessageBuilder message;
-  auto root = message.initRoot<schema::Profile>();
-  root.setModel(p.model);
-  root.setConfigHash(p.config_hash);
-  root.setDeviceKind(p.device_kind);
-  root.setMicrobatchSize(static_cast<std::uint32_t>(p.microbatch_size));
-  root.setGpusPerNode(static_cast<std::uint32_t>(p.gpus_per_node));
-  root.setDeviceMemoryBytes(static_cast<std::uint64_t>(p.device_memory_bytes));
-  auto layers = root.initLayers(static_cast<unsigned>(p.layers.size()));
-  for (unsigned i = 0; i < p.layers.size(); ++i) {
-    const auto& l = p.layers[i];
-    auto out = layers[i];
-    out.setName(l.name);
-    auto fwd = out.initForwardMs(static_cast<unsigned>(l.forward_ms.size()));
-    for (unsigned k = 0; k < l.forward_ms.size(); ++k) fwd.set(k, l.forward_ms[k]);
-    auto bwd = out.initBackwardMs(static_cast<unsigned>(l.backward_ms.size()));
-    for (unsigned k = 0; k < l.backward_ms.size(); ++k) bwd.set(k, l.backward_ms[k]);
-    out.setParamBytes(static_cast<std::uint64_t>(l.param_bytes));
-    out.setActivationBytes(static_cast<std::uint64_t>(l.activation_bytes));
-  }
-  const auto words = capnp::messageToFlatArray(message);
-  const auto bytes = words.asBytes();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.begin()), static_cast<std::streamsize>(bytes.size()));
-  if (!out) throw planning_error("cannot write profile " + path);
+  const auto bytes = profile_to_capnp(p);
+  write_file(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 void write_profile_json(const planning::profile& p, const std::string& path) {
-  std::ofstream out(path, std::ios::trunc);
-  out << planning::json::dump(planning::profile_to_json(p), 2) << "\n";
-  if (!out) throw planning_error("cannot write profile " + path);
+  write_file(path, profile_json_text(p, 2) + "\n");
 }
 
 }  // namespace oobleck::messages

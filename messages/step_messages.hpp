@@ -30,18 +30,21 @@ typename Inspector::result_type inspect(Inspector& f, run_step& x) {
   return f(caf::meta::type_name("run_step"), x.epoch, x.step);
 }
 
-/// Pipeline actor -> stage: compute your part of step `step` (the samples follow from the step and
-/// the epoch's batch distribution).
+/// Pipeline actor -> stage: compute your part of step `step`: the pipeline's microbatches
+/// [first_microbatch, first_microbatch + microbatches) of the step's global batch (the samples
+/// follow from the step alone, DESIGN §5 "Sampler").
 struct stage_step {
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;
+  std::int32_t first_microbatch = 0;
+  std::int32_t microbatches = 0;
 
   bool operator==(const stage_step&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_step& x) {
-  return f(caf::meta::type_name("stage_step"), x.epoch, x.step);
+  return f(caf::meta::type_name("stage_step"), x.epoch, x.step, x.first_microbatch, x.microbatches);
 }
 
 /// Stage -> pipeline actor: forward, backward and gradient all-reduce done (or failed: `error`).

@@ -9,7 +9,8 @@ bool is_power_of_two(std::int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
 std::vector<int> stage_widths(int gpus_per_node) {
   std::vector<int> widths;
-  for (int d = 1; d <= gpus_per_node; d *= 2) widths.push_back(d);
+  // 64-bit: with M = 2^30 a doubling int would overflow and never end the loop.
+  for (std::int64_t d = 1; d <= gpus_per_node; d *= 2) widths.push_back(static_cast<int>(d));
   return widths;
 }
 

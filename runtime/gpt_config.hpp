@@ -21,6 +21,8 @@ struct gpt_config {
   int num_layers() const { return static_cast<int>(blocks) + 2; }
   /// Stable hash of every field that changes the layers' shapes or values (profiles record it).
   std::string hash() const;
+
+  bool operator==(const gpt_config&) const = default;
 };
 
 /// Throws std::invalid_argument naming the bad field.

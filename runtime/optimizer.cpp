@@ -4,13 +4,6 @@
 
 namespace oobleck::runtime {
 
-double lr_schedule::at(std::int64_t step) const {
-  if (warmup_steps > 0 && step <= warmup_steps) return peak * static_cast<double>(step) / warmup_steps;
-  if (step >= total_steps) return peak * min_ratio;
-  const double progress = static_cast<double>(step - warmup_steps) / std::max<std::int64_t>(1, total_steps - warmup_steps);
-  return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + std::cos(M_PI * progress)));
-}
-
 layer_optimizer_state initial_state(const std::vector<torch::Tensor>& params) {
   layer_optimizer_state s;
   for (const auto& p : params) {
@@ -23,7 +16,7 @@ layer_optimizer_state initial_state(const std::vector<torch::Tensor>& params) {
 void adamw_step(const std::vector<torch::Tensor>& params, layer_optimizer_state& state, const adamw_options& o) {
   torch::NoGradGuard no_grad;
   ++state.step;
-  const double lr = o.lr.at(state.step);
+  const double lr = learning_rate(o.lr, static_cast<std::uint64_t>(state.step));
   const double bias1 = 1 - std::pow(o.beta1, static_cast<double>(state.step));
   const double bias2 = 1 - std::pow(o.beta2, static_cast<double>(state.step));
   for (std::size_t i = 0; i < params.size(); ++i) {

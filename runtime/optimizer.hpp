@@ -7,25 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/optimizer_options.hpp"
+
 namespace oobleck::runtime {
-
-/// Linear warm-up to `peak`, then cosine decay to peak * min_ratio at `total_steps`, then flat.
-struct lr_schedule {
-  double peak = 1e-3;
-  std::int64_t warmup_steps = 10;
-  std::int64_t total_steps = 1000;
-  double min_ratio = 0.1;
-  /// Learning rate of the step-th update (1-based).
-  double at(std::int64_t step) const;
-};
-
-struct adamw_options {
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.1;  ///< applied to matrices only (dim >= 2), not to biases and norms
-  lr_schedule lr;
-};
 
 /// The optimizer state of one layer: Adam moments per parameter and the update count.
 struct layer_optimizer_state {

@@ -80,8 +80,8 @@ double median(std::vector<double> xs) {
   return xs.empty() ? 0 : xs[xs.size() / 2];
 }
 
-double elapsed_ms(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
+double ms_between(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
 }  // namespace
@@ -93,6 +93,7 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
     throw std::invalid_argument("profiler: microbatch and repeats must be >= 1, warmup >= 0");
   allocator();
   torch::set_num_threads(1);
+  const auto now = options.clock ? options.clock : [] { return std::chrono::steady_clock::now(); };
   const int L = model.num_layers();
   auto layers = build_layers(model, 0, L);
   const std::int64_t b = options.microbatch, s = model.seq_len, d = model.d_model;
@@ -110,15 +111,15 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
     for (int it = 0; it < options.warmup + options.repeats; ++it) {
       auto dropout = dropout_generator(model, it, 0, l);  // masks as in training, never the global generator
       const auto live_before = live_cpu_bytes();
-      auto start = std::chrono::steady_clock::now();
+      auto start = now();
       auto y = layers[l]->forward(input, &dropout);
       if (last) y = lm_loss(y, targets);
-      const double fwd = elapsed_ms(start);
+      const double fwd = ms_between(start, now());
       const auto retained = live_cpu_bytes() - live_before;
-      start = std::chrono::steady_clock::now();
+      start = now();
       if (last) y.backward();
       else y.backward(upstream);
-      const double bwd = elapsed_ms(start);
+      const double bwd = ms_between(start, now());
       y = torch::Tensor();
       for (auto& p : layers[l]->parameters()) p.mutable_grad() = torch::Tensor();
       if (input.requires_grad()) input.mutable_grad() = torch::Tensor();

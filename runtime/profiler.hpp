@@ -4,7 +4,9 @@
 // per in-flight microbatch, counted by the CPU allocator. Unlike the reference code, backward is
 // not assumed to be a multiple of forward and activations are not measured under no_grad.
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,8 @@ struct profiler_options {
   int warmup = 2;
   int repeats = 7;
   std::int64_t device_memory_bytes = 4LL << 30;  ///< memory of one CPU slot, recorded in the profile
+  /// The clock the timings are read from (steady_clock::now when empty); tests give a virtual one.
+  std::function<std::chrono::steady_clock::time_point()> clock;
 };
 
 struct layer_measurement {

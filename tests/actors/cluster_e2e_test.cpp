@@ -45,7 +45,8 @@ struct coordinator_process {
     p = std::make_unique<background_process>(
         bin + "/oobleck-coordinator",
         std::vector<std::string>{"--listen", "127.0.0.1:0", "--config", d.path("job.toml"),
-                                 "--token-file", d.path("token"), "--nodes", std::to_string(nodes)});
+                                 "--token-file", d.path("token"), "--nodes", std::to_string(nodes),
+                                 "--steps", "0"});
     const std::string line = p->wait_for_line("listening on ");
     const auto at = line.find("127.0.0.1:");
     address = line.substr(at, line.find(' ', at) - at);
@@ -77,7 +78,7 @@ nlohmann::json status(const cluster_dir& d, const coordinator_process& c) {
 
 }  // namespace
 
-TEST_CASE("cluster: workers are admitted with the token; others are refused and change nothing") {
+TEST_CASE("cluster: workers are admitted with the token, others are refused and change nothing") {
   cluster_dir d;
   coordinator_process c(d, 2);
   REQUIRE(std::filesystem::exists(d.path("token")));
@@ -159,6 +160,26 @@ TEST_CASE("cluster: hang-node freezes the node's process until its SIGCONT") {
   CHECK(c.p->wait_exit() == 0);
 }
 
+TEST_CASE("cluster: a hung worker is declared lost by the heartbeat timeout") {
+  cluster_dir d;
+  d.write("job.toml", "[cluster]\nheartbeat_interval_ms = 100\nconnection_timeout_ms = 1000\n");
+  coordinator_process c(d, 2);
+  auto w0 = worker(d, c, "w0", "token", {"--heartbeat-interval-ms", "100", "--connection-timeout-ms", "1000"});
+  w0->wait_for_line("admitted as node 0");
+  auto w1 = worker(d, c, "w1", "token", {"--heartbeat-interval-ms", "100", "--connection-timeout-ms", "1000"});
+  w1->wait_for_line("admitted as node 1");
+  const auto start = std::chrono::steady_clock::now();
+  w1->signal(SIGSTOP);  // frozen: its process and its connection stay open, it just says nothing
+  c.p->wait_for_line("node 1 lost: w1", std::chrono::seconds(20));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  MESSAGE("a frozen worker was declared lost after " << seconds << " s (timeout 1 s)");
+  CHECK(seconds >= 0.9);  // not before the configured silence
+  // The healthy worker, idle all along, was not.
+  const auto s = status(d, c);
+  CHECK(s["nodes"][0]["state"] == "registered");
+  CHECK(s["nodes"][1]["state"] == "lost");
+}
+
 TEST_CASE("cluster: a worker whose coordinator dies says so and exits 3") {
   cluster_dir d;
   coordinator_process c(d, 1);
@@ -187,4 +208,21 @@ TEST_CASE("cluster: bad flags and unreachable coordinators are one clear error")
   CHECK(r.err.find("chmod 600") != std::string::npos);
   for (const char* p : {"oobleck-coordinator", "oobleck-worker", "oobleck-ctl"})
     CHECK(run_process(bin + "/" + p, {"--help"}).exit_status == 0);
+}
+
+TEST_CASE("cluster: the coordinator waits for the job's cluster.nodes unless --nodes says otherwise") {
+  cluster_dir d;
+  d.write("three.toml", "[cluster]\nnodes = 3\n");
+  background_process c(bin + "/oobleck-coordinator", {"--listen", "127.0.0.1:0", "--config", d.path("three.toml"),
+                                                      "--token-file", d.path("token")});
+  CHECK(c.wait_for_line("listening on ").find("waiting for 3 node(s)") != std::string::npos);
+  c.signal(SIGTERM);
+  CHECK(c.wait_exit() == 0);
+  // A job the cluster cannot run is refused before anything listens, naming the line.
+  d.write("bad.toml", "[cluster]\nfault_tolerance = 1\nnodes = 1\n");
+  const auto r = run_process(bin + "/oobleck-coordinator",
+                             {"--listen", "127.0.0.1:0", "--config", d.path("bad.toml"), "--token-file", d.path("token")});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err == "error: " + d.path("bad.toml") +
+                     ":3: cluster.nodes 1 cannot hold cluster.fault_tolerance + 1 = 2 pipelines\n");
 }

@@ -167,7 +167,7 @@ TEST_CASE("coordinator: operator requests without a valid proof are refused") {
   CHECK(f.ask(status, status_atom_v, proof).rfind("bad_proof", 0) == 0);
 }
 
-TEST_CASE("coordinator: an injected fault reaches the node's monitor; unknown nodes are refused") {
+TEST_CASE("coordinator: an injected fault reaches the node's monitor, and unknown nodes are refused") {
   fixture f(1);
   auto* w = f.start_worker("node-a");
   std::string reply;

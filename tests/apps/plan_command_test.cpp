@@ -4,15 +4,19 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <sstream>
 #include <sys/wait.h>
 
-#include "planning/json.hpp"
+#include <nlohmann/json.hpp>
+
+#include "messages/profile_file.hpp"
+#include "planning/synthetic_profile.hpp"
 
 using oobleck::apps::run_plan_command;
-namespace json = oobleck::planning::json;
+using nlohmann::json;
 
 namespace {
 
@@ -42,34 +46,51 @@ TEST_CASE("--json prints the documented object") {
   const auto r = plan(job({"--json", "--fail", "2", "--join", "2"}));
   REQUIRE(r.code == 0);
   const auto v = json::parse(r.out);
-  CHECK(v.find("n0")->as_integer() == 2);
-  CHECK(v.find("n_max")->as_integer() == 6);
-  CHECK(v.find("covered_node_counts")->as_array().size() == 5);
-  const auto& templates = v.find("templates")->as_array();
+  CHECK(v.at("n0") == 2);
+  CHECK(v.at("n_max") == 6);
+  CHECK(v.at("covered_node_counts").size() == 5);
+  const auto& templates = v.at("templates");
   REQUIRE(templates.size() == 5);
-  const auto& stage = templates[0].find("stages")->as_array()[0];
-  CHECK(stage.find("node")->is_integer());
-  CHECK(stage.find("gpus")->is_integer());
-  CHECK(stage.find("layers")->as_array().size() == 2);
-  CHECK(templates[0].find("iteration_ms")->is_number());
-  const auto* inst = v.find("instantiation");
+  const auto& stage = templates[0].at("stages")[0];
+  CHECK(stage.at("node").is_number_integer());
+  CHECK(stage.at("gpus").is_number_integer());
+  CHECK(stage.at("layers").size() == 2);
+  CHECK(templates[0].at("iteration_ms").is_number());
+  const auto& inst = v.at("instantiation");
   int microbatches = 0, nodes = 0;
-  for (const auto& p : inst->find("pipelines")->as_array()) {
-    microbatches += static_cast<int>(p.find("microbatches")->as_integer());
-    nodes += static_cast<int>(p.find("nodes")->as_array().size());
-    CHECK(p.find("time_ms")->as_number() <= inst->find("step_ms")->as_number());
-    CHECK(p.find("template_nodes")->is_integer());
+  for (const auto& p : inst.at("pipelines")) {
+    microbatches += p.at("microbatches").get<int>();
+    nodes += static_cast<int>(p.at("nodes").size());
+    CHECK(p.at("time_ms").get<double>() <= inst.at("step_ms").get<double>());
+    CHECK(p.at("template_nodes").is_number_integer());
   }
   CHECK(microbatches == 64);
   CHECK(nodes == 8);
-  const auto& events = v.find("events")->as_array();
+  const auto& events = v.at("events");
   REQUIRE(events.size() == 2);
-  CHECK(events[0].find("lost")->as_array()[0].as_integer() == 2);
-  CHECK(events[0].find("action")->as_string() == "continue");
-  CHECK(events[1].find("joined")->as_array().size() == 2);
-  CHECK(events[1].find("joined")->as_array()[0].as_integer() == 8);  // next unused id
-  const auto& copy = events[1].find("copies")->as_array().at(0);
-  for (const char* key : {"layer", "from_node", "to_node", "bytes"}) CHECK(copy.find(key) != nullptr);
+  CHECK(events[0].at("lost")[0] == 2);
+  CHECK(events[0].at("action") == "continue");
+  CHECK(events[1].at("joined").size() == 2);
+  CHECK(events[1].at("joined")[0] == 8);  // next unused id
+  const auto& copy = events[1].at("copies").at(0);
+  for (const char* key : {"layer", "from_node", "to_node", "bytes"}) CHECK(copy.contains(key));
+}
+
+TEST_CASE("--json keeps the documented key order on one line") {
+  const auto r = plan(job({"--json", "--fail", "2"}));
+  REQUIRE(r.code == 0);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+  CHECK(r.out.rfind(R"({"n0":2,"n_max":6,"covered_node_counts":[4,5,6,7,8],"templates":[{"nodes":2,"iteration_ms":)", 0) == 0);
+  std::size_t at = 0;
+  for (const char* key : {"\"instantiation\":{\"pipelines\":[{\"nodes\":", "\"template_nodes\":", "\"microbatches\":",
+                          "\"time_ms\":", "\"idle_nodes\":", "\"step_ms\":", "\"samples_per_s\":",
+                          "\"events\":[{\"lost\":[2],\"joined\":[],\"action\":\"continue\",\"rules\":", "\"pipelines\":",
+                          "\"idle_nodes\":", "\"step_ms\":", "\"samples_per_s\":", "\"copies\":"}) {
+    const auto next = r.out.find(key, at);
+    CAPTURE(key);
+    REQUIRE(next != std::string::npos);
+    at = next;
+  }
 }
 
 TEST_CASE("few microbatches per pipeline: no predicted step is shorter than one microbatch's trip") {
@@ -80,17 +101,17 @@ TEST_CASE("few microbatches per pipeline: no predicted step is shorter than one 
   REQUIRE(r.code == 0);
   const auto v = json::parse(r.out);
   std::map<std::int64_t, double> trip;  // template nodes -> sum of stage latencies
-  for (const auto& t : v.find("templates")->as_array()) {
+  for (const auto& t : v.at("templates")) {
     double sum = 0;
-    for (const auto& s : t.find("stages")->as_array()) sum += s.find("ms")->as_number();
-    trip[t.find("nodes")->as_integer()] = sum;
-    CHECK(t.find("makespan_4s_ms")->as_number() >= t.find("iteration_ms")->as_number() * (1 - 1e-12));
+    for (const auto& s : t.at("stages")) sum += s.at("ms").get<double>();
+    trip[t.at("nodes").get<std::int64_t>()] = sum;
+    CHECK(t.at("makespan_4s_ms").get<double>() >= t.at("iteration_ms").get<double>() * (1 - 1e-12));
   }
-  const auto* inst = v.find("instantiation");
-  REQUIRE(inst->find("pipelines")->as_array().size() == 4);
-  for (const auto& p : inst->find("pipelines")->as_array()) {
-    CHECK(p.find("microbatches")->as_integer() == 1);
-    CHECK(p.find("time_ms")->as_number() >= trip.at(p.find("template_nodes")->as_integer()) * (1 - 1e-12));
+  const auto& inst = v.at("instantiation");
+  REQUIRE(inst.at("pipelines").size() == 4);
+  for (const auto& p : inst.at("pipelines")) {
+    CHECK(p.at("microbatches") == 1);
+    CHECK(p.at("time_ms").get<double>() >= trip.at(p.at("template_nodes").get<std::int64_t>()) * (1 - 1e-12));
   }
 }
 
@@ -101,10 +122,10 @@ TEST_CASE("a join beyond what B/b pipelines can use leaves nodes idle, not an er
   CHECK(r.err.empty());
   REQUIRE(r.code == 0);
   const auto v = json::parse(r.out);
-  const auto& event = v.find("events")->as_array().at(0);
-  CHECK(event.find("action")->as_string() == "continue");
-  CHECK(event.find("pipelines")->as_array().size() == 4);
-  CHECK(event.find("idle_nodes")->as_array().size() == 4);
+  const auto& event = v.at("events").at(0);
+  CHECK(event.at("action") == "continue");
+  CHECK(event.at("pipelines").size() == 4);
+  CHECK(event.at("idle_nodes").size() == 4);
 }
 
 TEST_CASE("the readable report shows templates, instantiation and events") {
@@ -119,17 +140,19 @@ TEST_CASE("events stop at checkpoint_and_stop") {
   const auto r = plan(job({"--json", "--fail", "0,1,2,3,4", "--fail", "5"}));
   REQUIRE(r.code == 0);
   const auto v = json::parse(r.out);
-  const auto& events = v.find("events")->as_array();
+  const auto& events = v.at("events");
   REQUIRE(events.size() == 1);
-  CHECK(events[0].find("action")->as_string() == "checkpoint_and_stop");
+  CHECK(events[0].at("action") == "checkpoint_and_stop");
+  CHECK(events[0].at("step_ms").is_null());
 }
 
 TEST_CASE("--template-nodes generates one template") {
   const auto r = plan({"--profile", kProfile, "--template-nodes", "3", "--json"});
   REQUIRE(r.code == 0);
   const auto v = json::parse(r.out);
-  REQUIRE(v.find("templates")->as_array().size() == 1);
-  CHECK(v.find("templates")->as_array()[0].find("nodes")->as_integer() == 3);
+  REQUIRE(v.at("templates").size() == 1);
+  CHECK(v.at("templates")[0].at("nodes") == 3);
+  CHECK(v.at("planning_ms").is_number());
 }
 
 TEST_CASE("bad input: one error line and exit code 2") {
@@ -168,6 +191,24 @@ TEST_CASE("--help describes every flag") {
     CHECK(r.out.find(flag) != std::string::npos);
 }
 
+struct exit_and_output {
+  int status;
+  std::string out;
+};
+
+// The real binary, so the exit status is main's. timeout(1): pclose() waits for the child, so a
+// hung binary would hang the test; it exits 124 instead.
+exit_and_output run_plan_binary(const std::string& profile) {
+  const std::string cmd =
+      "timeout 30 " + std::string(OOBLECK_PLAN_BINARY) + " --profile " + profile + " --template-nodes 1 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  std::array<char, 256> buf{};
+  while (std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
+  return {::pclose(pipe), out};
+}
+
 TEST_CASE("the oobleck-plan binary exits 2 on a malformed profile") {
   const std::string bad = "/tmp/oobleck-bad-profile-" + std::to_string(::getpid()) + ".json";
   {
@@ -175,15 +216,25 @@ TEST_CASE("the oobleck-plan binary exits 2 on a malformed profile") {
     std::fputs("{\"model\": \"x\", \"layers\": [", f);
     std::fclose(f);
   }
-  const std::string cmd = std::string(OOBLECK_PLAN_BINARY) + " --profile " + bad + " --template-nodes 1 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  std::array<char, 256> buf{};
-  while (std::fgets(buf.data(), buf.size(), pipe)) out += buf.data();
-  const int status = ::pclose(pipe);
+  const auto r = run_plan_binary(bad);
   std::remove(bad.c_str());
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 2);
-  CHECK(out.find("JSON syntax error") != std::string::npos);
+  CHECK(WIFEXITED(r.status));
+  CHECK(WEXITSTATUS(r.status) == 2);
+  CHECK(r.out.find("JSON syntax error") != std::string::npos);
+}
+
+TEST_CASE("the oobleck-plan binary refuses a Cap'n Proto profile of 2^30 GPUs per node at once") {
+  // It used to pass validation and then loop forever in the planner.
+  auto p = oobleck::planning::synthetic_gpt_profile({.layers = 4, .gpus_per_node = 1});
+  p.gpus_per_node = 1 << 30;
+  const std::string path = "/tmp/oobleck-huge-m-" + std::to_string(::getpid()) + ".capnp";
+  oobleck::messages::write_profile_capnp(p, path);
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = run_plan_binary(path);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  std::remove(path.c_str());
+  CHECK(WIFEXITED(r.status));
+  CHECK(WEXITSTATUS(r.status) == 2);
+  CHECK(elapsed < std::chrono::seconds(5));
+  CHECK(r.out == "error: " + path + ": profile.gpus_per_node: 1073741824 is above the limit of 1024 GPUs per node\n");
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -133,6 +134,25 @@ TEST_CASE("oobleck-profile: bad flags and job files are refused before LibTorch 
     CAPTURE(expected);
     check_one_error(run_process(OOBLECK_PROFILE_BINARY, args), 2, expected);  // no "profiling ..." line
   }
+}
+
+TEST_CASE("oobleck-profile writes to the job's profile.file, relative to the job file, when --out is not given") {
+  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-profile-file-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string job = (dir / "job.toml").string();
+  std::ofstream(job) << "[model]\nblocks = 1\nd_model = 16\nseq_len = 8\n[training]\nmicrobatch = 2\nglobal_batch = 2\n"
+                        "[profile]\nwarmup = 0\nrepeats = 1\nfile = \"out/measured.json\"\n";
+  // The folder is checked before LibTorch runs, and the error says where the path came from.
+  check_one_error(run_process(OOBLECK_PROFILE_BINARY, {"--config", job}), 2,
+                  job + ": profile.file: " + (dir / "out").string() + " is not a directory");
+  std::filesystem::create_directories(dir / "out");
+  const auto r = run_process(OOBLECK_PROFILE_BINARY, {"--config", job});
+  CAPTURE(r.err);
+  CHECK(r.exit_status == 0);
+  std::ifstream written(dir / "out/measured.json");
+  REQUIRE(written);
+  CHECK(written.peek() == '{');  // JSON, as the name says
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("oobleck-profile: a LibTorch failure is one internal error line and exit 1") {

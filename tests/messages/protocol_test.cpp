@@ -100,7 +100,7 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: actor handles inside messages rou
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: step messages round-trip") {
   check(run_step{2, 11});
-  check(stage_step{2, 11});
+  check(stage_step{2, 11, 4, 3});
   check(stage_done{2, 11, 1, 3, 12.5, ""});
   check(stage_done{2, 11, 1, 3, 0, "stage failed: out of memory"});
   check(pipeline_done{2, 11, 1, 12.5, ""});

@@ -167,7 +167,7 @@ TEST_CASE("the first epoch: ranks in pipeline and stage order, every layer's hol
   CHECK(same_node_neighbour);
 }
 
-TEST_CASE("ranks are renumbered when the node with rank 0 dies; node ids stay") {
+TEST_CASE("ranks are renumbered when the node with rank 0 dies, node ids stay") {
   job j(eight_layers(1), {.nodes = 6, .fault_tolerance = 1, .global_batch = 8, .microbatch = 1});
   const epoch first = map_epoch(j.plan);
   const node_id zero = first.node(rank{0});

@@ -6,9 +6,9 @@
 
 #include <chrono>
 #include <future>
-#include <thread>
 
 #include "support/cluster_harness.hpp"
+#include "support/deadline.hpp"
 
 using namespace oobleck;
 using namespace std::chrono_literals;
@@ -42,14 +42,13 @@ struct pipeline_run {
     inputs = torch::randint(0, 64, {2 * microbatches, 4}, torch::kInt64);
     targets = torch::randint(0, 64, {2 * microbatches, 4}, torch::kInt64);
   }
-  /// Runs every stage on its own thread; returns what each stage threw ("" when it finished).
-  /// With abort_on_error, the first failure aborts every rank, as the coordinator does when a stage
-  /// reports one.
-  std::vector<std::string> run(int microbatches, std::chrono::milliseconds deadline = 20s,
-                               fake_hub* abort_on_error = nullptr) {
+  /// Starts every stage's step on a thread of its own; each future gives what its stage threw
+  /// ("" when it finished). With abort_on_error, the first failure aborts every rank, as the
+  /// coordinator does when a stage reports one.
+  std::vector<std::future<std::string>> start(int microbatches, fake_hub* abort_on_error = nullptr) {
     std::vector<std::future<std::string>> done;
     for (auto& s : stages)
-      done.push_back(std::async(std::launch::async, [&, e = s.get()] {
+      done.push_back(std::async(std::launch::async, [this, microbatches, abort_on_error, e = s.get()] {
         try {
           e->run_step(0, 0, microbatches, inputs, targets);
           return std::string();
@@ -58,12 +57,21 @@ struct pipeline_run {
           return std::string("comm_error: ") + err.what();
         }
       }));
+    return done;
+  }
+  /// What each stage threw. A stage still running after `deadline` fails the test (throws): the
+  /// hub is aborted to release it (and the binary exits if even that does not), never a hang.
+  static std::vector<std::string> finish(std::vector<std::future<std::string>>& done, fake_hub& hub,
+                                         std::chrono::milliseconds deadline = 20s) {
+    testing::wait_or_fail(done, deadline, "a stage's step", [&] { hub.abort_all(); });
     std::vector<std::string> out;
-    for (auto& f : done) {
-      REQUIRE_MESSAGE(f.wait_for(deadline) == std::future_status::ready, "a stage hung");
-      out.push_back(f.get());
-    }
+    for (auto& f : done) out.push_back(f.get());
     return out;
+  }
+  std::vector<std::string> run(fake_hub& hub, int microbatches, std::chrono::milliseconds deadline = 20s,
+                               fake_hub* abort_on_error = nullptr) {
+    auto done = start(microbatches, abort_on_error);
+    return finish(done, hub, deadline);
   }
 };
 
@@ -77,7 +85,7 @@ TEST_CASE("every stage finishes its 1F1B ops for S in 1..4 and m in 1..9") {
       CAPTURE(m);
       fake_hub hub(S);
       pipeline_run p(hub, S, m);
-      for (const auto& r : p.run(m)) CHECK(r.empty());
+      for (const auto& r : p.run(hub, m)) CHECK(r.empty());
       // Every parameter of every stage received a gradient.
       for (auto& s : p.stages)
         for (int l = s->position().first_layer; l < s->position().end_layer; ++l)
@@ -89,7 +97,7 @@ TEST_CASE("an injected failure surfaces as comm_error on the failing stage and i
   fake_hub hub(3);
   pipeline_run p(hub, 3, 4);
   hub.fail_after(1, 3);
-  const auto r = p.run(4, 5s, &hub);
+  const auto r = p.run(hub, 4, 20s, &hub);
   CHECK(r[1].find("injected failure after 3 ops") != std::string::npos);
   // Its neighbours were waiting on it; the abort releases them with an error too.
   CHECK(r[0].find("comm_error") == 0);
@@ -99,14 +107,15 @@ TEST_CASE("an injected failure surfaces as comm_error on the failing stage and i
 TEST_CASE("a crashed peer fails its neighbours' pending operations") {
   fake_hub hub(3);
   pipeline_run p(hub, 3, 4);
-  std::thread crasher([&] {
-    std::this_thread::sleep_for(20ms);
-    hub.crash(1);
-  });
   hub.block(1);  // stage 1 stops making progress, then dies
-  const auto r = p.run(4, 5s);
-  crasher.join();
+  auto done = p.start(4);
+  // Once all three stages wait (stage 1 blocked, its neighbours on it), nothing moves by itself.
+  // (CHECK, not REQUIRE: leaving the test with stages running would block in their futures.)
+  CHECK_MESSAGE(hub.wait_until_parked(3, 20s), "the stages never all waited");
+  hub.crash(1);
+  const auto r = pipeline_run::finish(done, hub);
   CHECK(r[0].find("comm_error") == 0);
+  CHECK(r[1].find("crashed") != std::string::npos);
   CHECK(r[2].find("comm_error") == 0);
 }
 
@@ -117,28 +126,38 @@ TEST_CASE("a frozen peer or dropped messages hang nobody once the epoch is abort
     pipeline_run p(hub, 2, 3);
     if (drop) hub.drop_sends_of(0);
     else hub.block(1);
-    std::thread watchdog([&] {
-      std::this_thread::sleep_for(50ms);
-      hub.abort_all();
-    });
-    const auto start = std::chrono::steady_clock::now();
-    const auto r = p.run(3, 5s);
-    watchdog.join();
-    CHECK(std::chrono::steady_clock::now() - start < 2s);
-    CHECK(r[drop ? 1 : 0].find("comm_error") == 0);
+    auto done = p.start(3);
+    // Both stages stuck for good: stage 1 frozen (or waiting for lost activations), stage 0
+    // waiting for its gradients.
+    CHECK_MESSAGE(hub.wait_until_parked(2, 20s), "the stages never both waited");
+    hub.abort_all();
+    // The abort must release both: finish() fails the test if one is still stuck after 20 s.
+    const auto r = pipeline_run::finish(done, hub);
+    CHECK(r[0].find("comm_error") == 0);
     CHECK(r[1].find("comm_error") == 0);
   }
 }
 
-TEST_CASE("discard drops a failed step's gradients; commit moves parameters") {
+TEST_CASE("a stage that nobody releases fails the run at its deadline instead of hanging it") {
+  // No abort comes from the test: only the deadline's release (aborting the hub) frees the
+  // stages. The wait must end, reporting the stuck stages, whatever they do.
+  fake_hub hub(2);
+  pipeline_run p(hub, 2, 3);
+  hub.block(1);
+  auto done = p.start(3);
+  CHECK(testing::wait_with_deadline(done, 500ms, [&] { hub.abort_all(); }) == testing::wait_outcome::released);
+  for (auto& f : done) CHECK(f.get().find("comm_error") == 0);
+}
+
+TEST_CASE("discard drops a failed step's gradients, commit moves parameters") {
   fake_hub hub(1);
   pipeline_run p(hub, 1, 2);
   const auto before = p.stages[0]->parameter_digest(1);
-  p.run(2);
+  p.run(hub, 2);
   p.stages[0]->discard();
   CHECK(!p.stages[0]->parameters(1)[0].grad().defined());
   CHECK(p.stages[0]->parameter_digest(1) == before);
-  p.run(2);
+  p.run(hub, 2);
   p.stages[0]->commit();
   CHECK(p.stages[0]->parameter_digest(1) != before);
   CHECK(p.stages[0]->optimizer_state(1).step == 1);

@@ -67,9 +67,8 @@ struct worker {
     ::close(to);
     ::close(from);
   }
-  /// The next line, or "" after `timeout`.
-  std::string line(std::chrono::seconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+  /// The next line, or "" once `deadline` has passed.
+  std::string line(std::chrono::steady_clock::time_point deadline) {
     while (buffer.find('\n') == std::string::npos) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       pollfd p{from, POLLIN, 0};
@@ -85,9 +84,18 @@ struct worker {
     return l;
   }
   void write(const std::string& l) { REQUIRE(::write(to, l.data(), l.size()) == static_cast<ssize_t>(l.size())); }
-  int wait() {
+  /// Its exit code; -1 if it is still running at `deadline` (it is then killed) or was killed.
+  int wait(std::chrono::steady_clock::time_point deadline) {
     int status = 0;
-    ::waitpid(pid, &status, 0);
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+        pid = -1;
+        return -1;
+      }
+      ::usleep(10'000);
+    }
     pid = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
@@ -102,16 +110,21 @@ TEST_CASE("(d) heterogeneous pipelines in three processes over the host transpor
   const std::string base = "/tmp/oobleck-stage-" + std::to_string(::getpid()) + "-";
   std::vector<std::unique_ptr<worker>> workers;
   for (int r = 0; r < world; ++r) workers.push_back(std::make_unique<worker>(r, base + std::to_string(r) + ".pt"));
+  // The whole run takes a few seconds; a worker silent past this deadline is stuck (the test
+  // fails and kills it rather than waiting on it).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   std::string peers = "peers";
   for (auto& w : workers) {
-    const auto l = w->line(std::chrono::seconds(60));
+    const auto l = w->line(deadline);
     REQUIRE_MESSAGE(l.rfind("port ", 0) == 0, "worker did not report its port: '" << l << "'");
     peers += " " + l.substr(5);
   }
   for (auto& w : workers) w->write(peers + "\n");
   for (auto& w : workers) {
-    CHECK(w->line(std::chrono::seconds(120)) == "done");
-    CHECK(w->wait() == 0);
+    const auto l = w->line(deadline);
+    CHECK(l == "done");
+    // After "done" it only exits; a worker that never said it is stuck or dead: kill it now.
+    CHECK(w->wait(l == "done" ? deadline : std::chrono::steady_clock::now()) == 0);
   }
   // Each layer from its first holder, every holder's copy for the replica check.
   testing::training_result got;

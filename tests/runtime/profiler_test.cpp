@@ -5,13 +5,16 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <unistd.h>
 
 #include "apps/profile_command.hpp"
 #include "apps/plan_command.hpp"
-#include "planning/profile_json.hpp"
+#include "messages/profile_json.hpp"
 #include "runtime/profiler.hpp"
 
 using namespace oobleck;
@@ -20,22 +23,42 @@ namespace {
 
 runtime::gpt_config model() { return {.vocab = 128, .d_model = 64, .heads = 4, .blocks = 3, .seq_len = 32, .seed = 2}; }
 
+/// 1/f < a/b < f.
+bool within_factor(double a, double b, double f) {
+  const double r = a / b;
+  return r > 1 / f && r < f;
+}
+
 }  // namespace
 
 TEST_CASE("backward is measured, not derived from forward") {
-  const auto layers = runtime::measure_layers(model(), {.microbatch = 4, .warmup = 1, .repeats = 5});
-  REQUIRE(layers.size() == 5);
-  std::vector<double> ratios;
-  for (const auto& m : layers) {
-    CHECK(m.forward_ms > 0);
-    CHECK(m.backward_ms > 0);
-    CHECK(m.backward_samples.size() == 5);
-    ratios.push_back(m.backward_ms / m.forward_ms);
+  // Under a virtual clock whose backward durations have a different ratio to forward in every
+  // layer, the profile reports exactly the scripted backward times: a backward derived from the
+  // forward (a fixed multiple, as the paper's code did) would give one ratio everywhere. Real
+  // timings are too noisy on a loaded 2-core machine to assert a ratio spread.
+  const auto c = model();
+  const int L = c.num_layers(), repeats = 3;
+  const std::vector<double> forward{0.2, 0.5, 0.6, 0.7, 0.3}, ratio{1.5, 3.0, 2.0, 4.0, 2.5};
+  REQUIRE(static_cast<int>(forward.size()) == L);
+  std::vector<double> script;
+  for (int l = 0; l < L; ++l)
+    for (int it = 0; it < repeats; ++it) {
+      script.push_back(forward[l]);
+      script.push_back(forward[l] * ratio[l]);
+    }
+  auto state = std::make_shared<std::pair<std::size_t, std::int64_t>>(0, 0);
+  auto clock = [state, script] {
+    if (state->first++ % 2 == 1) state->second += std::llround(script.at(state->first / 2 - 1) * 1000);
+    return std::chrono::steady_clock::time_point(std::chrono::microseconds(state->second));
+  };
+  const auto layers = runtime::measure_layers(c, {.microbatch = 4, .warmup = 0, .repeats = repeats, .clock = clock});
+  REQUIRE(layers.size() == static_cast<std::size_t>(L));
+  for (int l = 0; l < L; ++l) {
+    CAPTURE(l);
+    CHECK(layers[l].forward_ms == doctest::Approx(forward[l]).epsilon(1e-9));
+    CHECK(layers[l].backward_ms == doctest::Approx(forward[l] * ratio[l]).epsilon(1e-9));
+    CHECK(layers[l].backward_samples.size() == static_cast<std::size_t>(repeats));
   }
-  // A fixed multiple would give one ratio for every layer; embedding, blocks and head differ.
-  const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
-  MESSAGE("backward / forward ratios from " << *lo << " to " << *hi);
-  CHECK(*hi / *lo > 1.2);
 }
 
 TEST_CASE("activation bytes are what autograd retains, linear in the microbatch") {
@@ -57,15 +80,68 @@ TEST_CASE("activation bytes are what autograd retains, linear in the microbatch"
   for (std::size_t l = 0; l < two.size(); ++l) CHECK(two[l].param_bytes == four[l].param_bytes);
 }
 
-TEST_CASE("timings are stable across runs and across identical layers") {
-  const auto a = runtime::measure_layers(model(), {.microbatch = 4, .warmup = 2, .repeats = 9});
-  const auto b = runtime::measure_layers(model(), {.microbatch = 4, .warmup = 2, .repeats = 9});
-  for (int l = 1; l <= 3; ++l) {  // the blocks: enough work to time reliably on a busy machine
+TEST_CASE("figures are the median of the repeats: warm-up and preempted samples do not move them") {
+  // The old check, a[l] / b[l] == Approx(1.0).epsilon(1.0), passed every positive ratio (Approx
+  // passes |r - 1| < eps * (1 + max(|r|, 1)), its scale being 1). Real timings cannot be given a
+  // bound that holds either: the medians of identical work differ up to 1.7x between runs at load
+  // 2 and 10x at load 6 on 2 cores (bench/profiler_stability prints them; bench/RESULTS.md).
+  // Under a virtual clock the bound is exact. Each layer's clean samples lie within 1.0x..1.16x of
+  // its base; warm-up costs 100x; the scheduler preempts up to 4 of the 9 repeats (+20 ms). A
+  // median of 9 with at most 4 outliers is one of the clean samples, so two runs, and identical
+  // blocks of one run, agree within 1.16x whatever the outliers; a mean, a sum, a single sample
+  // or a median that counted the warm-up would not.
+  const auto c = model();
+  const int L = c.num_layers(), warmup = 2, repeats = 9;
+  auto run = [&](std::vector<int> preempted, double preemption_ms) {
+    std::vector<double> script;  // per layer, per iteration: forward ms, backward ms
+    for (int l = 0; l < L; ++l) {
+      const double base = l == 0 || l == L - 1 ? 0.2 : 0.5;  // blocks: identical work
+      for (int it = 0; it < warmup + repeats; ++it) {
+        const int k = it - warmup;
+        double f = base * (1 + 0.02 * ((k * 5) % 9)), b = 2.5 * f;  // a permutation of 1.00..1.16
+        if (k < 0) f *= 100, b *= 100;
+        else if (std::count(preempted.begin(), preempted.end(), k)) f += preemption_ms, b += preemption_ms;
+        script.push_back(f);
+        script.push_back(b);
+      }
+    }
+    // The profiler reads the clock before and after forward, before and after backward.
+    auto state = std::make_shared<std::pair<std::size_t, std::int64_t>>(0, 0);  // readings, now (us)
+    auto clock = [state, script] {
+      if (state->first++ % 2 == 1) state->second += std::llround(script.at(state->first / 2 - 1) * 1000);
+      return std::chrono::steady_clock::time_point(std::chrono::microseconds(state->second));
+    };
+    auto m = runtime::measure_layers(c, {.microbatch = 2, .warmup = warmup, .repeats = repeats, .clock = clock});
+    CHECK(state->first == 4 * script.size() / 2);  // every scripted duration was read, no more
+    return m;
+  };
+  const auto a = run({0, 2, 4, 6}, 20);
+  const auto b = run({1, 8, 3}, 35);
+  const auto clean = run({}, 0);
+  for (int l = 0; l < L; ++l) {
     CAPTURE(l);
-    CHECK(a[l].forward_ms / b[l].forward_ms == doctest::Approx(1.0).epsilon(1.0));  // within 2x
-    CHECK(a[l].backward_ms / b[l].backward_ms == doctest::Approx(1.0).epsilon(1.0));
-    CHECK(a[l].forward_ms / a[1].forward_ms == doctest::Approx(1.0).epsilon(1.0));
+    REQUIRE(a[l].forward_samples.size() == static_cast<std::size_t>(repeats));  // warm-up left out
+    const double base = l == 0 || l == L - 1 ? 0.2 : 0.5;
+    for (const auto* m : {&a[l], &b[l], &clean[l]}) {
+      CHECK(m->forward_ms >= doctest::Approx(base));
+      CHECK(m->forward_ms <= doctest::Approx(base * 1.16));
+      CHECK(m->backward_ms >= doctest::Approx(2.5 * base));
+      CHECK(m->backward_ms <= doctest::Approx(2.5 * base * 1.16));
+    }
+    CHECK(within_factor(a[l].forward_ms, b[l].forward_ms, 1.16 + 1e-9));
+    CHECK(within_factor(a[l].backward_ms, b[l].backward_ms, 1.16 + 1e-9));
+    if (l >= 1 && l <= 3) CHECK(within_factor(a[l].forward_ms, a[1].forward_ms, 1.16 + 1e-9));
   }
+  // With no outliers the median is the middle clean sample exactly: 1.08x the base.
+  CHECK(clean[1].forward_ms == doctest::Approx(0.5 * 1.08).epsilon(1e-9));
+}
+
+TEST_CASE("within_factor is a bound: inside passes, beyond fails on either side") {
+  CHECK(within_factor(1.15, 1, 1.16));
+  CHECK(within_factor(1, 1.15, 1.16));
+  CHECK_FALSE(within_factor(1.17, 1, 1.16));
+  CHECK_FALSE(within_factor(1, 1.17, 1.16));
+  CHECK_FALSE(within_factor(10, 1, 1.16));
 }
 
 TEST_CASE("a profile carries its job's identity and is refused for another job") {
@@ -92,7 +168,7 @@ TEST_CASE("oobleck-profile --json feeds oobleck-plan directly") {
   std::ostringstream out, err;
   REQUIRE(apps::run_profile_command({"--config", job, "--json", "--out", json}, out, err) == 0);
   CHECK(err.str().find("block1") != std::string::npos);  // the per-layer table
-  const auto p = planning::profile_from_json(out.str());
+  const auto p = messages::profile_from_json(out.str());
   CHECK(p.num_layers() == 4);
   std::ostringstream plan_out, plan_err;
   CHECK(apps::run_plan_command({"--profile", json, "--nodes", "3", "--fault-tolerance", "1", "--global-batch", "8",

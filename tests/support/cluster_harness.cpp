@@ -1,14 +1,17 @@
 #include "support/cluster_harness.hpp"
 
+#include <future>
 #include <map>
-#include <thread>
+
+#include "support/deadline.hpp"
+#include "support/torch_adamw.hpp"
 
 namespace oobleck::testing {
 
 training_setup small_setup() {
   training_setup s;
   s.model = {.vocab = 256, .d_model = 32, .heads = 4, .blocks = 4, .seq_len = 16, .dropout = 0.0, .seed = 5};
-  s.optimizer.lr = {.peak = 3e-3, .warmup_steps = 2, .total_steps = 20, .min_ratio = 0.1};
+  s.optimizer.lr = {.peak = 3e-3, .warmup_steps = 2, .total_steps = 20, .min_lr = 3e-4};
   return s;
 }
 
@@ -23,8 +26,11 @@ training_result train_reference(const training_setup& s) {
   const auto& data = test_dataset(s.model.seq_len);
   runtime::sampler sampler(s.data_seed, data.size(), s.global_batch);
   auto layers = runtime::build_layers(s.model, 0, s.model.num_layers());
-  std::vector<runtime::layer_optimizer_state> states;
-  for (auto& l : layers) states.push_back(runtime::initial_state(l->parameters()));
+  // LibTorch's AdamW, not the project's: the executors' optimizer is under test too.
+  std::vector<torch::Tensor> params;
+  for (auto& l : layers)
+    for (auto& p : l->parameters()) params.push_back(p);
+  auto optimizer = torch_adamw(params, s.optimizer);
   training_result r;
   for (int step = 0; step < s.steps; ++step) {
     auto [input, target] = data.batch(sampler.step_samples(step));
@@ -57,10 +63,9 @@ training_result train_reference(const training_setup& s) {
         for (auto& p : l->parameters()) g.push_back(p.grad().clone());
         r.first_gradients.push_back(std::move(g));
       }
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      runtime::adamw_step(layers[i]->parameters(), states[i], s.optimizer);
-      for (auto& p : layers[i]->parameters()) p.mutable_grad() = torch::Tensor();
-    }
+    set_learning_rate(*optimizer, s.optimizer.lr, step + 1);
+    optimizer->step();
+    for (auto& p : params) p.mutable_grad() = torch::Tensor();
   }
   for (auto& l : layers) {
     r.parameters.push_back(l->parameters());
@@ -111,9 +116,9 @@ training_result train_pipelines(const training_setup& s, const std::vector<pipel
     for (int p = 0; p < static_cast<int>(pipelines.size()); ++p)
       batches.push_back(data.batch(runtime::sampler::slice(ids, microbatches, p, s.microbatch)));
     std::vector<double> loss(ranks.size(), 0.0);
-    std::vector<std::thread> threads;
+    std::vector<std::future<void>> stages;
     for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
-      threads.emplace_back([&, r] {
+      stages.push_back(std::async(std::launch::async, [&, r] {
         const int p = ranks[r].pipeline;
         loss[r] = executors[r]->run_step(step, first_microbatch[p], pipelines[p].microbatches, batches[p].first,
                                          batches[p].second);
@@ -123,8 +128,12 @@ training_result train_pipelines(const training_setup& s, const std::vector<pipel
             if (layer_groups[l].front() == r)
               for (auto& p : executors[r]->parameters(l)) result.first_gradients[l].push_back(p.grad().clone());
         executors[r]->commit();
-      });
-    for (auto& t : threads) t.join();
+      }));
+    // A step of this size takes well under a second; a stage still running after 30 s is stuck
+    // (a lost message, a collective that never completes): fail, abort the hub to free it.
+    wait_or_fail(stages, std::chrono::seconds(30), "step " + std::to_string(step) + " of a stage",
+                 [&] { hub.abort_all(); });
+    for (auto& f : stages) f.get();  // rethrows a stage's error
     double total = 0;
     for (double l : loss) total += l;
     result.losses.push_back(total / (s.global_batch / s.microbatch));

@@ -67,6 +67,21 @@ int fake_hub::operations(int rank) const {
   return ops_[rank];
 }
 
+bool fake_hub::wait_until_parked(int ranks, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  return changed_.wait_for(lock, timeout, [&] { return parked_ >= ranks; });
+}
+
+// Waits for `ready`, counted as parked while it does not hold.
+template <class Pred>
+void fake_hub::park(std::unique_lock<std::mutex>& lock, Pred ready) {
+  if (ready()) return;
+  ++parked_;
+  changed_.notify_all();
+  changed_.wait(lock, ready);
+  --parked_;
+}
+
 // Counts the operation, applies the rank's own faults, and fails when a peer has crashed.
 void fake_hub::check(int rank, std::unique_lock<std::mutex>& lock, std::initializer_list<int> peers) {
   if (aborted_.count(rank)) throw comm_error("rank " + std::to_string(rank) + ": aborted");
@@ -76,7 +91,7 @@ void fake_hub::check(int rank, std::unique_lock<std::mutex>& lock, std::initiali
   ++ops_[rank];
   if (blocked_.count(rank)) {
     // A crashed rank stands for a dead process: its own thread stops with an error too.
-    changed_.wait(lock, [&] { return aborted_.count(rank) > 0 || crashed_.count(rank) > 0; });
+    park(lock, [&] { return aborted_.count(rank) > 0 || crashed_.count(rank) > 0; });
     throw comm_error("rank " + std::to_string(rank) + (crashed_.count(rank) ? ": crashed" : ": aborted while blocked"));
   }
   for (int p : peers)
@@ -95,7 +110,7 @@ void fake_hub::recv(int to, torch::Tensor& t, int from, int tag) {
   std::unique_lock lock(mutex_);
   check(to, lock, {from});
   auto& box = mailboxes_[{from, to, tag}];
-  changed_.wait(lock, [&] { return !box.empty() || aborted_.count(to) || crashed_.count(from); });
+  park(lock, [&] { return !box.empty() || aborted_.count(to) || crashed_.count(from); });
   if (box.empty()) throw comm_error("rank " + std::to_string(to) + ": recv from " + std::to_string(from) +
                                     (crashed_.count(from) ? " failed: peer crashed" : " aborted"));
   {
@@ -105,7 +120,29 @@ void fake_hub::recv(int to, torch::Tensor& t, int from, int tag) {
   box.pop_front();
 }
 
-// Sum in group order (root < 0) or the root's tensor (broadcast); every member copies the result.
+namespace {
+
+// The host transport's ring order (see the header): chunk c starts at group position c.
+torch::Tensor ring_order_sum(const std::vector<torch::Tensor>& in_group_order) {
+  const auto n = static_cast<std::int64_t>(in_group_order.size());
+  const auto shape = in_group_order.front().sizes();
+  std::vector<torch::Tensor> flat;
+  for (const auto& t : in_group_order) flat.push_back(t.reshape({-1}));
+  const std::int64_t numel = flat.front().numel();
+  auto result = torch::empty({numel}, flat.front().options());
+  for (std::int64_t c = 0; c < n; ++c) {
+    const std::int64_t lo = numel * c / n, hi = numel * (c + 1) / n;
+    auto acc = flat[c].slice(0, lo, hi).clone();
+    for (std::int64_t j = 1; j < n; ++j) acc.add_(flat[(c + j) % n].slice(0, lo, hi));
+    result.slice(0, lo, hi).copy_(acc);
+  }
+  return result.view(shape);
+}
+
+}  // namespace
+
+// Sum in the transport's ring order (root < 0) or the root's tensor (broadcast); every member
+// copies the result.
 void fake_hub::reduce(int rank, torch::Tensor& t, const std::vector<int>& group, int root) {
   std::unique_lock lock(mutex_);
   check(rank, lock, {});
@@ -118,14 +155,15 @@ void fake_hub::reduce(int rank, torch::Tensor& t, const std::vector<int>& group,
       if (crashed_.count(m)) return true;
     return aborted_.count(rank) > 0;
   };
-  changed_.wait(lock, [&] { return c.contributions.size() == group.size() || failed(); });
+  park(lock, [&] { return c.contributions.size() == group.size() || failed(); });
   if (c.contributions.size() != group.size()) throw comm_error("rank " + std::to_string(rank) + ": collective failed");
   if (!c.result.defined()) {
     if (root >= 0) {
       c.result = c.contributions.at(root);
     } else {
-      c.result = c.contributions.at(group.front()).clone();
-      for (std::size_t i = 1; i < group.size(); ++i) c.result.add_(c.contributions.at(group[i]));
+      std::vector<torch::Tensor> in_group_order;
+      for (int m : group) in_group_order.push_back(c.contributions.at(m));
+      c.result = ring_order_sum(in_group_order);
     }
   }
   {

@@ -1,7 +1,12 @@
 #pragma once
 // An in-process communicator for tests: ranks are threads of one process, messages and
-// collectives are deterministic (sums in group order), and faults are knobs.
+// collectives are deterministic, and faults are knobs. all_reduce_sum adds in the host
+// transport's documented order (runtime/transport/host_transport.hpp): chunk c of n,
+// elements [numel*c/n, numel*(c+1)/n), is accumulated left to right from group position c round
+// the ring, ((x_c + x_c+1) + x_c+2) + ..., so a pipeline on threads over this hub and the same
+// pipeline in processes over the transport reduce to bitwise identical gradients.
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -33,6 +38,11 @@ class fake_hub {
   void abort_all();
 
   int operations(int rank) const;
+  /// Waits until at least `ranks` ranks are parked in the hub at once (each waiting for a message,
+  /// a collective, or an abort because it is blocked); false if that takes longer than `timeout`.
+  /// With every rank of a pipeline parked, nothing moves until a knob changes: a test can then
+  /// inject the fault or abort it needs, without sleeping and hoping the ranks got there.
+  bool wait_until_parked(int ranks, std::chrono::milliseconds timeout);
 
  private:
   class endpoint;
@@ -45,6 +55,8 @@ class fake_hub {
   };
 
   void check(int rank, std::unique_lock<std::mutex>& lock, std::initializer_list<int> peers);
+  template <class Pred>
+  void park(std::unique_lock<std::mutex>& lock, Pred ready);
   void send(int from, const torch::Tensor& t, int to, int tag);
   void recv(int to, torch::Tensor& t, int from, int tag);
   void reduce(int rank, torch::Tensor& t, const std::vector<int>& group, int root);
@@ -56,6 +68,7 @@ class fake_hub {
   std::map<std::pair<std::vector<int>, int>, collective> collectives_;  // (group, sequence)
   std::map<std::pair<int, std::vector<int>>, int> sequence_;            // (rank, group) -> next
   std::vector<int> ops_, fail_after_;
+  int parked_ = 0;
   std::set<int> crashed_, blocked_, dropping_, aborted_;
 };
 

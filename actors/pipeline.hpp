@@ -1,0 +1,42 @@
+#pragma once
+// The pipeline actor (DESIGN §5): one per pipeline and epoch, in the coordinator's process. It
+// drives one pipeline's step: tells each of its stages which microbatches of the global batch are
+// theirs, collects their completions and reports the pipeline's to the coordinator. Responses of
+// another epoch or step are dropped and counted (fencing).
+//
+//   idle --run_step{e,k}--> stepping --(every stage done | one failed)--> idle
+
+#include <cstdint>
+#include <vector>
+
+#include <caf/stateful_actor.hpp>
+
+#include "messages/actor_interfaces.hpp"
+
+namespace oobleck::actors {
+
+struct pipeline_deps {
+  std::uint64_t epoch = 0;
+  std::int32_t index = 0;  ///< the pipeline's position in the epoch
+  std::vector<messages::stage_actor> stages;  ///< in stage order
+  std::int32_t first_microbatch = 0;  ///< of the global batch: the pipeline's contiguous slice
+  std::int32_t microbatches = 0;
+  messages::coordinator_actor coordinator;
+};
+
+struct pipeline_state {
+  pipeline_deps deps;
+  std::uint64_t step = 0;
+  bool running = false;
+  std::size_t pending = 0;
+  double loss_sum = 0;
+  std::string error;
+  std::uint64_t dropped = 0;
+  static inline const char* name = "oobleck.pipeline";
+};
+
+using pipeline_pointer = messages::pipeline_actor::stateful_pointer<pipeline_state>;
+
+messages::pipeline_actor::behavior_type pipeline(pipeline_pointer self, pipeline_deps deps);
+
+}  // namespace oobleck::actors

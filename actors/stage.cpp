@@ -1,0 +1,291 @@
+#include "actors/stage.hpp"
+
+#include <torch/torch.h>
+
+#include <mutex>
+
+#include <caf/stateful_actor.hpp>
+
+#include "runtime/dataset.hpp"
+#include "runtime/host_communicator.hpp"
+#include "runtime/sampler.hpp"
+#include "runtime/stage_executor.hpp"
+#include "runtime/transport/host_transport.hpp"
+
+namespace oobleck::actors {
+
+using namespace oobleck::messages;
+
+namespace {
+
+/// The stage's layers and, per epoch, its data plane and executor. The transport may be aborted
+/// from another thread (under `abort_mu`); everything else is touched by the stage's thread only.
+struct stage_runtime {
+  explicit stage_runtime(stage_job j)
+      : job(std::move(j)),
+        data(runtime::default_corpus(static_cast<std::size_t>(job.corpus_bytes), job.corpus_seed), job.model.seq_len),
+        samples(job.sample_seed, data.size(), job.global_batch),
+        store(job.model) {}
+
+  stage_job job;
+  runtime::token_dataset data;
+  runtime::sampler samples;
+  /// The layers, across epochs. Those outside the current range stay until an epoch has formed
+  /// everywhere (its first step arrives): a reconfiguration that fails part-way must still find
+  /// every layer where the last formed epoch put it.
+  runtime::layer_store store;
+  epoch_assignment assignment;
+  bool formed_once = false;  ///< layers exist (built from their seed at the job's first epoch)
+
+  std::mutex abort_mu;
+  std::unique_ptr<runtime::host_transport> transport;  // written under abort_mu
+  std::uint64_t aborted_through = 0;                   // guarded: epochs <= this are aborted
+  std::string abort_reason;                            // guarded
+
+  std::unique_ptr<runtime::host_communicator> comm;
+  std::unique_ptr<runtime::stage_executor> executor;  ///< this epoch's view of the store
+  std::vector<std::vector<int>> layer_groups;
+
+  /// The epoch formed everywhere: layers outside its range are no longer anyone's source.
+  void drop_layers_outside_range() {
+    const auto& s = assignment.stages.at(0);
+    for (int l : store.layers_held())
+      if (l < s.first_layer || l >= s.end_layer) store.drop(l);
+  }
+
+  std::mutex fault_mu;
+  std::vector<std::pair<messages::inject_fault, std::function<void(const messages::inject_fault&)>>> armed;
+
+  /// Runs the faults armed for `step` (in the middle of it).
+  void fire_faults(std::uint64_t step) {
+    std::vector<std::pair<messages::inject_fault, std::function<void(const messages::inject_fault&)>>> due;
+    {
+      std::lock_guard lock(fault_mu);
+      for (auto it = armed.begin(); it != armed.end();)
+        if (it->first.at_step == static_cast<std::int64_t>(step)) {
+          due.push_back(std::move(*it));
+          it = armed.erase(it);
+        } else {
+          ++it;
+        }
+    }
+    for (auto& [f, act] : due) act(f);
+  }
+
+  void abort(std::uint64_t epoch, const std::string& reason) {
+    std::lock_guard lock(abort_mu);
+    if (epoch < aborted_through) return;
+    aborted_through = epoch;
+    abort_reason = reason;
+    if (transport && transport->epoch() <= epoch) transport->abort(reason);
+  }
+};
+
+/// Executor options of a job (the same for every stage and for the single-process run).
+runtime::executor_options options_of(const stage_job& job) {
+  runtime::executor_options opt;
+  opt.microbatch_size = job.microbatch;
+  opt.global_microbatches = job.global_batch / job.microbatch;
+  opt.optimizer = job.optimizer;
+  return opt;
+}
+
+/// A communicator for one rank alone: a single stage over all layers never communicates.
+class solo_communicator final : public runtime::communicator {
+ public:
+  int rank() const override { return 0; }
+  void send(const torch::Tensor&, int, int) override { fail(); }
+  void recv(torch::Tensor&, int, int) override { fail(); }
+  void all_reduce_sum(torch::Tensor&, const std::vector<int>&) override {}
+  void broadcast(torch::Tensor&, int, const std::vector<int>&) override {}
+  void abort() override {}
+
+ private:
+  [[noreturn]] static void fail() { throw runtime::comm_error("a single-process run has no peers"); }
+};
+
+struct stage_state {
+  std::shared_ptr<stage_runtime> rt;
+  static inline const char* name = "oobleck.stage";
+};
+
+using stage_pointer = stage_actor::stateful_pointer<stage_state>;
+
+/// Tags of the copy plan's messages: far above the executor's (which count microbatches).
+int copy_tag(int layer, int part) { return (1 << 24) + layer * 2 + part; }
+
+/// Bytes as a tensor that owns them: the transport keeps it until they are written.
+torch::Tensor owning_tensor(std::vector<std::byte> bytes) {
+  auto* owned = new std::vector<std::byte>(std::move(bytes));
+  return torch::from_blob(
+      owned->data(), {static_cast<std::int64_t>(owned->size())}, [owned](void*) { delete owned; }, torch::kUInt8);
+}
+
+/// Runs this rank's part of the copy plan: every send first (they never wait for the receiver),
+/// then every receive, each layer's full state (parameters, AdamW moments, step count) as the
+/// store's bytes: their size, then the bytes.
+void run_copies(stage_runtime& rt, const epoch_assignment& a) {
+  for (const auto& c : a.copies) {
+    if (c.source != a.rank) continue;
+    if (!rt.store.holds(c.layer))
+      throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " from rank " +
+                             std::to_string(a.rank) + ", which does not hold it");
+    const auto bytes = owning_tensor(rt.store.serialize_layer(c.layer));
+    rt.comm->send(torch::tensor({bytes.numel()}, torch::kInt64), c.target, copy_tag(c.layer, 0));
+    rt.comm->send(bytes, c.target, copy_tag(c.layer, 1));
+  }
+  for (const auto& c : a.copies) {
+    if (c.target != a.rank) continue;
+    if (a.stages.empty()) throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " to rank " +
+                                                 std::to_string(a.rank) + ", which runs no stage");
+    auto size = torch::zeros({1}, torch::kInt64);
+    rt.comm->recv(size, c.source, copy_tag(c.layer, 0));
+    const auto n = size.item<std::int64_t>();
+    if (n < 0) throw std::runtime_error("layer " + std::to_string(c.layer) + " announced as " + std::to_string(n) + " bytes");
+    auto bytes = torch::empty({n}, torch::kUInt8);
+    rt.comm->recv(bytes, c.source, copy_tag(c.layer, 1));
+    rt.store.install_layer(c.layer, {static_cast<const std::byte*>(bytes.data_ptr()), static_cast<std::size_t>(n)});
+  }
+}
+
+bool form(stage_runtime& rt, const epoch_assignment& a) {
+  if (a.stages.size() > 1) throw std::invalid_argument("a stage slot runs at most one stage per epoch");
+  if (a.rank >= static_cast<std::int32_t>(a.peers.size()))
+    throw std::invalid_argument("rank " + std::to_string(a.rank) + " is not among the epoch's peers");
+  // The old epoch ends here: its uncommitted gradients go, its mesh closes. Its layers stay in
+  // the store until an epoch has formed everywhere.
+  if (rt.executor) {
+    rt.executor->discard();
+    rt.executor.reset();
+  }
+  rt.comm.reset();
+  {
+    std::lock_guard lock(rt.abort_mu);
+    rt.transport.reset();
+    if (a.epoch <= rt.aborted_through)
+      throw std::runtime_error("epoch " + std::to_string(a.epoch) + " was aborted: " + rt.abort_reason);
+  }
+  rt.assignment = a;
+  rt.layer_groups.clear();
+  if (a.rank < 0) {  // idle: the layers it held are no longer needed
+    for (int l : rt.store.layers_held()) rt.store.drop(l);
+    return true;
+  }
+
+  runtime::transport_config cfg;
+  cfg.rank = a.rank;
+  cfg.epoch = a.epoch;
+  cfg.connect_timeout = std::chrono::milliseconds(rt.job.connect_timeout_ms);
+  for (const auto& p : a.peers) cfg.peers.push_back({p.host, p.port});
+  {
+    std::lock_guard lock(rt.abort_mu);
+    rt.transport = std::make_unique<runtime::host_transport>(cfg);
+    if (a.epoch <= rt.aborted_through) rt.transport->abort(rt.abort_reason);
+  }
+  rt.transport->connect();
+  rt.comm = std::make_unique<runtime::host_communicator>(*rt.transport);
+
+  // Layers are built from their seed only at the job's first epoch; later a layer is kept (it
+  // stayed in the store) or copied.
+  if (!a.stages.empty() && !rt.formed_once) rt.store.ensure(a.stages[0].first_layer, a.stages[0].end_layer);
+  run_copies(rt, a);
+  if (!a.stages.empty()) {
+    const auto& s = a.stages[0];
+    for (int l = s.first_layer; l < s.end_layer; ++l)
+      if (!rt.store.holds(l))
+        throw std::logic_error("epoch " + std::to_string(a.epoch) + ": layer " + std::to_string(l) +
+                               " is neither kept nor copied to rank " + std::to_string(a.rank));
+    runtime::stage_position pos{s.first_layer, s.end_layer, s.stage, s.num_stages, s.prev_rank, s.next_rank};
+    rt.executor = std::make_unique<runtime::stage_executor>(rt.store, pos, *rt.comm, options_of(rt.job));
+  }
+  rt.formed_once = true;
+  for (const auto& g : a.layer_groups) rt.layer_groups.emplace_back(g.begin(), g.end());
+  return true;
+}
+
+stage_done run(stage_runtime& rt, const stage_step& order) {
+  const auto& s = rt.assignment.stages.at(0);
+  stage_done done{order.epoch, order.step, s.pipeline, s.stage, 0, {}};
+  try {
+    const auto all = rt.samples.step_samples(static_cast<std::int64_t>(order.step));
+    const auto b = static_cast<std::size_t>(rt.job.microbatch);
+    const std::vector<std::int64_t> ids(all.begin() + static_cast<std::ptrdiff_t>(order.first_microbatch * b),
+                                        all.begin() + static_cast<std::ptrdiff_t>((order.first_microbatch + order.microbatches) * b));
+    const auto [inputs, targets] = rt.data.batch(ids);
+    done.loss_sum = rt.executor->run_step(static_cast<std::int64_t>(order.step), order.first_microbatch,
+                                          order.microbatches, inputs, targets);
+    rt.fire_faults(order.step);
+    rt.executor->reduce_gradients(rt.layer_groups);
+  } catch (const std::exception& e) {
+    rt.executor->discard();
+    done.error = e.what();
+  }
+  return done;
+}
+
+stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<stage_runtime> rt) {
+  self->state.rt = std::move(rt);
+  return {
+      [self](epoch_assignment& a) -> caf::result<bool> {
+        try {
+          return form(*self->state.rt, a);
+        } catch (const std::exception& e) {
+          return make_error(protocol_error::bad_request, std::string("forming the stage: ") + e.what());
+        }
+      },
+      [self](stage_step& order) -> stage_done {
+        auto& rt = *self->state.rt;
+        if (!rt.executor || order.epoch != rt.assignment.epoch || rt.assignment.stages.empty())
+          return {order.epoch, order.step, -1, -1, 0, "the stage is not formed for epoch " + std::to_string(order.epoch)};
+        rt.drop_layers_outside_range();  // a step of this epoch: it formed everywhere
+        return run(rt, order);
+      },
+      [self](commit_step& c) -> step_committed {
+        auto& rt = *self->state.rt;
+        step_committed out{c.epoch, c.step, -1, {}};
+        if (!rt.executor || c.epoch != rt.assignment.epoch) return out;
+        rt.executor->commit();
+        const auto& s = rt.assignment.stages.at(0);
+        for (int l = s.first_layer; l < s.end_layer; ++l)
+          out.digests.push_back({l, rt.executor->parameter_digest(l)});
+        return out;
+      },
+  };
+}
+
+}  // namespace
+
+std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps) {
+  torch::set_num_threads(1);
+  const runtime::token_dataset data(runtime::default_corpus(static_cast<std::size_t>(job.corpus_bytes), job.corpus_seed),
+                                    job.model.seq_len);
+  const runtime::sampler samples(job.sample_seed, data.size(), job.global_batch);
+  solo_communicator comm;
+  const int layers = job.model.num_layers();
+  runtime::layer_store store(job.model);
+  store.ensure(0, layers);
+  runtime::stage_executor executor(store, {0, layers, 0, 1, -1, -1}, comm, options_of(job));
+  const int microbatches = job.global_batch / job.microbatch;
+  std::vector<double> losses;
+  for (std::uint64_t k = 0; k < steps; ++k) {
+    const auto [inputs, targets] = data.batch(samples.step_samples(static_cast<std::int64_t>(k)));
+    losses.push_back(executor.run_step(static_cast<std::int64_t>(k), 0, microbatches, inputs, targets) / microbatches);
+    executor.commit();
+  }
+  return losses;
+}
+
+spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job) {
+  // One LibTorch thread per stage: the node's cores belong to its stages (and other nodes' on a
+  // shared machine); intra-op threads only fight over them.
+  torch::set_num_threads(1);
+  auto rt = std::make_shared<stage_runtime>(job);
+  auto actor = sys.spawn<caf::detached>(stage_behavior, rt);
+  return {actor, [rt](std::uint64_t epoch, const std::string& reason) { rt->abort(epoch, reason); },
+          [rt](const messages::inject_fault& f, std::function<void(const messages::inject_fault&)> act) {
+            std::lock_guard lock(rt->fault_mu);
+            rt->armed.emplace_back(f, std::move(act));
+          }};
+}
+
+}  // namespace oobleck::actors

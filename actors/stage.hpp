@@ -1,0 +1,61 @@
+#pragma once
+// The stage actor (DESIGN §5): one per slot of a worker, for the worker's whole life, detached (its
+// own thread), so that LibTorch compute and blocking collectives never run on CAF's cooperative
+// workers. It holds the node's layers across epochs in a layer store (parameters and AdamW state),
+// and per epoch the data plane (host transport and communicator) and a stage executor: a view
+// over its layer range of the store.
+//
+//   idle --epoch_assignment{e}--> forming: the old epoch's uncommitted gradients are dropped, the
+//        new mesh connects, the copy plan runs (full layer state as bytes, over the new mesh), kept
+//        layers stay where they are --> formed --stage_step / commit_step--> ... --assignment{e+1}-->
+//
+// Messages are handled in order, so a commit decided before a failure is applied before the next
+// epoch forms. abort() is callable from any thread (the monitor's): it fails every pending
+// data-plane operation of epochs <= e at once, so the stage never stays blocked on a dead peer.
+// No LibTorch in this header.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+
+#include "messages/actor_interfaces.hpp"
+#include "runtime/gpt_config.hpp"
+#include "runtime/optimizer_options.hpp"
+
+namespace oobleck::actors {
+
+/// What a stage needs of the job (the worker's composition root decodes the job file into it).
+struct stage_job {
+  runtime::gpt_config model;
+  std::int32_t global_batch = 1;
+  std::int32_t microbatch = 1;
+  std::uint64_t sample_seed = 1;          ///< which samples form each step
+  std::int64_t corpus_bytes = 1 << 20;    ///< the generated corpus
+  std::uint64_t corpus_seed = 7;
+  runtime::adamw_options optimizer;
+  std::int32_t connect_timeout_ms = 30'000;
+};
+
+/// A spawned stage and the handle that aborts its data plane (epochs <= the given one) from any
+/// thread.
+struct spawned_stage {
+  messages::stage_actor actor;
+  std::function<void(std::uint64_t epoch, const std::string& reason)> abort;
+  /// Arms a fault for step `f.at_step`: `act(f)` runs on the stage's thread in the middle of that
+  /// step, after its compute and before its gradient all-reduce (its peers wait in collectives).
+  std::function<void(const messages::inject_fault& f, std::function<void(const messages::inject_fault&)> act)> arm;
+};
+
+/// Spawns a detached stage actor for `job`; it forms itself on its first epoch_assignment.
+spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job);
+
+/// The same training in one process, one stage holding every layer and the whole global batch
+/// per step: what any cluster run of `job` must equal (DESIGN §5 "nothing lost" (3)). Returns the
+/// mean loss of each step.
+std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps);
+
+}  // namespace oobleck::actors

@@ -1,0 +1,291 @@
+// oobleck-local: a whole job on this machine: one coordinator and N worker processes on 127.0.0.1,
+// their progress streamed to stdout. Every process it started is gone when it returns, on every
+// path (success, failure, SIGINT/SIGTERM).
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "actors/admission.hpp"
+#include "actors/injector.hpp"
+#include "apps/cluster_commands.hpp"
+#include "apps/cluster_common.hpp"
+#include "apps/flags.hpp"
+#include "apps/job_file.hpp"
+#include "messages/input_error.hpp"
+
+extern char** environ;
+
+namespace oobleck::apps {
+
+namespace {
+
+/// The default job: a small GPT on the generated corpus. The slot memory is set so that the
+/// model does not fit one node (n0 = 2): pipelines span nodes.
+constexpr const char* default_job = R"(# oobleck-local's default job: a small GPT on the generated corpus, 6 nodes, f = 1.
+# The slot memory is set so that the model does not fit one node (n0 = 2): pipelines span nodes.
+[model]
+vocab = 256
+d_model = 32
+heads = 2
+blocks = 4
+seq_len = 32
+dropout = 0.0
+seed = 1234
+
+[data]
+corpus_bytes = 1048576
+corpus_seed = 7
+
+[training]
+steps = 20
+global_batch = 16
+microbatch = 2
+seed = 1
+
+[optimizer]
+lr = 0.003
+schedule = "cosine"
+warmup_steps = 5
+min_lr = 0.0003
+
+[cluster]
+nodes = 6
+fault_tolerance = 1
+device_memory_bytes = 1500000
+)";
+
+std::atomic<int> stop_signal{0};
+extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
+
+/// The processes of the job; killed and reaped on destruction.
+class process_set {
+ public:
+  ~process_set() {
+    for (pid_t p : pids_) {
+      ::kill(p, SIGKILL);
+      ::kill(p, SIGCONT);
+    }
+    for (pid_t p : pids_) ::waitpid(p, nullptr, 0);
+  }
+  pid_t start(const std::string& path, const std::vector<std::string>& args, int out_fd = -1) {
+    std::vector<char*> argv{const_cast<char*>(path.c_str())};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    if (out_fd >= 0) {
+      posix_spawn_file_actions_adddup2(&actions, out_fd, 1);
+      posix_spawn_file_actions_adddup2(&actions, out_fd, 2);
+    }
+    pid_t pid = -1;
+    const int rc = posix_spawn(&pid, path.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) throw std::runtime_error("cannot start " + path + ": " + std::strerror(rc));
+    pids_.push_back(pid);
+    return pid;
+  }
+  /// Non-blocking: the exit status (or 128 + signal) of `pid` once it has exited.
+  std::optional<int> poll(pid_t pid) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) != pid) return std::nullopt;
+    std::erase(pids_, pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  [[nodiscard]] const std::vector<pid_t>& pids() const { return pids_; }
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
+std::filesystem::path own_directory() {
+  return std::filesystem::read_symlink("/proc/self/exe").parent_path();
+}
+
+}  // namespace
+
+int run_local_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  CLI::App app{"oobleck-local: runs a whole job on this machine: a coordinator and N worker processes\n"
+               "on 127.0.0.1, with their progress on stdout. With no arguments: the default job (a small\n"
+               "GPT on the generated corpus, 6 nodes, f = 1, pipelines spanning nodes).",
+               "oobleck-local"};
+  std::optional<int> nodes_flag, fault_tolerance_flag;
+  std::optional<std::int64_t> steps_flag;
+  std::string config, metrics_out;
+  double timeout = 600;
+  bool print_default = false;
+  std::vector<std::string> fail_at, hang_at;
+  add_integer(app, "--nodes", nodes_flag, 1, 64, "worker processes (default: the job's cluster.nodes, 6 for the default job)");
+  add_text(app, "--config", config, "the job file (default: the built-in default job)");
+  add_integer(app, "--steps", steps_flag, 1, std::int64_t{1} << 40,
+              "steps to train (default: the job's training.steps, 20 for the default job)");
+  add_integer(app, "--fault-tolerance", fault_tolerance_flag, 0, 64, "f (default: the job's cluster.fault_tolerance)");
+  add_text(app, "--metrics-out", metrics_out, "one JSON line per committed step to FILE");
+  add_number(app, "--timeout", timeout, 1, "give up (and stop every process) after this many seconds (default 600)");
+  app.add_option("--fail-at", fail_at,
+                 "STEP:ID[,ID...]: those nodes' processes kill themselves (SIGKILL) in the middle of "
+                 "step STEP (repeatable)")
+      ->type_name("STEP:IDS");
+  app.add_option("--hang-at", hang_at,
+                 "STEP:ID[,ID...]: those nodes' processes freeze (SIGSTOP) in the middle of step STEP; "
+                 "the heartbeat timeout declares them lost (repeatable)")
+      ->type_name("STEP:IDS");
+  app.add_flag("--print-default-job", print_default, "print the default job file and exit (a start for your own)");
+  if (!parse_flags(app, args, out)) return 0;
+  if (print_default) {
+    out << default_job;
+    return 0;
+  }
+
+  // A scratch directory for the token and the job file.
+  char dir_template[] = "/tmp/oobleck-local-XXXXXX";
+  if (!::mkdtemp(dir_template)) throw std::runtime_error("cannot create a scratch directory in /tmp");
+  const std::filesystem::path dir = dir_template;
+  struct remove_dir {
+    std::filesystem::path d;
+    ~remove_dir() { std::filesystem::remove_all(d); }
+  } cleanup{dir};
+  std::string job_path = config;
+  if (config.empty()) {
+    job_path = (dir / "job.toml").string();
+    std::ofstream(job_path) << default_job;
+  }
+  const job_file job = read_job_file(job_path);  // a bad job file is refused here, before any process starts
+  std::vector<messages::inject_fault> faults;
+  auto add_faults = [&](const std::string& flag, const std::string& spec, messages::fault_kind kind) {
+    const auto colon = spec.find(':');
+    if (colon == std::string::npos) throw messages::input_error(flag + ": expected STEP:ID[,ID...], got '" + spec + "'");
+    const auto step = parse_id_list(flag, spec.substr(0, colon));
+    if (step.size() != 1) throw messages::input_error(flag + ": expected one step before ':', got '" + spec + "'");
+    for (int id : parse_id_list(flag, spec.substr(colon + 1)))
+      faults.push_back({id, kind, step[0], 0});
+  };
+  for (const auto& f : fail_at) add_faults("--fail-at", f, messages::fault_kind::kill);
+  for (const auto& h : hang_at) add_faults("--hang-at", h, messages::fault_kind::hang);
+  const int nodes = nodes_flag.value_or(job.cluster.nodes);
+  const std::int64_t steps = steps_flag.value_or(static_cast<std::int64_t>(job.training.steps));
+  const int fault_tolerance = fault_tolerance_flag.value_or(job.cluster.fault_tolerance);
+  for (const auto& f : faults)
+    if (f.node >= nodes)
+      throw messages::input_error("node " + std::to_string(f.node) + " does not exist: the job's nodes are 0.." +
+                                  std::to_string(nodes - 1));
+  if (!metrics_out.empty()) std::ofstream(metrics_out, std::ios::trunc);  // fresh file per run
+  const std::string token = (dir / "token").string();
+  const auto bin = own_directory();
+
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+
+  process_set procs;
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) throw std::runtime_error("cannot create a pipe");
+  std::vector<std::string> coord_args{"--listen", "127.0.0.1:0", "--config", job_path, "--token-file", token,
+                                      "--nodes", std::to_string(nodes), "--steps", std::to_string(steps),
+                                      "--fault-tolerance", std::to_string(fault_tolerance)};
+  if (!metrics_out.empty()) {
+    coord_args.push_back("--metrics-out");
+    coord_args.push_back(metrics_out);
+  }
+  const pid_t coordinator = procs.start((bin / "oobleck-coordinator").string(), coord_args, pipe_fds[1]);
+  ::close(pipe_fds[1]);
+
+  // Echo the coordinator's lines; the first "listening on" gives its address.
+  std::atomic<bool> have_address{false};
+  std::string address;
+  std::thread echo([fd = pipe_fds[0], &address, &have_address, &out] {
+    std::string pending;
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) break;
+      pending.append(buf, static_cast<std::size_t>(n));
+      for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
+        const std::string line = pending.substr(0, nl);
+        pending.erase(0, nl + 1);
+        out << line << std::endl;
+        if (!have_address) {
+          const auto at = line.find("listening on 127.0.0.1:");
+          if (at != std::string::npos) {
+            const auto begin = at + std::string("listening on ").size();
+            address = line.substr(begin, line.find(' ', begin) - begin);
+            have_address = true;
+          }
+        }
+      }
+    }
+    ::close(fd);
+  });
+  struct join_echo {
+    std::thread& t;
+    ~join_echo() {
+      if (t.joinable()) t.join();
+    }
+  } joiner{echo};
+
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  std::optional<int> coordinator_status;
+  while (!have_address) {
+    if ((coordinator_status = procs.poll(coordinator))) {
+      err << "error: the coordinator exited with status " << *coordinator_status << " before listening\n";
+      return *coordinator_status == 2 ? 2 : 1;
+    }
+    if (std::chrono::steady_clock::now() > deadline || stop_signal) {
+      err << "error: the coordinator did not start listening\n";
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // The failure injector: an actor of this process, subscribed to the coordinator's events.
+  std::unique_ptr<cluster_config> caf_cfg;
+  std::unique_ptr<caf::actor_system> caf_sys;
+  if (!faults.empty()) {
+    caf_cfg = std::make_unique<cluster_config>();
+    caf_sys = std::make_unique<caf::actor_system>(*caf_cfg);
+    const auto coord = connect_coordinator(*caf_sys, parse_host_port("coordinator", address), 10,
+                                           [](const std::string&) {});
+    actors::injector_deps d{coord, actors::read_token_file(token), faults, progress_printer("injector")};
+    caf_sys->spawn(actors::injector, d);
+  }
+  for (int i = 0; i < nodes; ++i)
+    procs.start((bin / "oobleck-worker").string(),
+                {"--coordinator", address, "--token-file", token, "--name", "node" + std::to_string(i),
+                 "--heartbeat-interval-ms", std::to_string(job.cluster.heartbeat_interval_ms),
+                 "--connection-timeout-ms", std::to_string(job.cluster.connection_timeout_ms)});
+
+  while (!(coordinator_status = procs.poll(coordinator))) {
+    if (stop_signal) {
+      out << "[local] stopping on " << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << std::endl;
+      ::kill(coordinator, SIGTERM);  // an orderly stop of the whole job
+      stop_signal = 0;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      err << "error: the job did not finish within " << timeout << " s; stopping every process\n";
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // The workers leave once the coordinator told them; give them a moment, then make sure.
+  const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!procs.pids().empty() && std::chrono::steady_clock::now() < grace) {
+    for (pid_t p : std::vector<pid_t>(procs.pids())) procs.poll(p);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return *coordinator_status;
+}
+
+}  // namespace oobleck::apps

@@ -1,0 +1,22 @@
+#pragma once
+// What a worker's stages take from the job file. One function, used by oobleck-worker and by the
+// tests that compare a cluster run with the single-process run of the same job.
+
+#include "actors/stage.hpp"
+#include "apps/job_file.hpp"
+
+namespace oobleck::apps {
+
+inline actors::stage_job stage_job_for(const job_file& job) {
+  actors::stage_job s;
+  s.model = job.model;
+  s.global_batch = job.training.global_batch;
+  s.microbatch = job.training.microbatch;
+  s.sample_seed = job.training.seed;
+  s.corpus_bytes = job.data.corpus_bytes;
+  s.corpus_seed = job.data.corpus_seed;
+  s.optimizer = job.optimizer;
+  return s;
+}
+
+}  // namespace oobleck::apps

@@ -1,0 +1,277 @@
+// The training protocol on CAF's deterministic scheduler, with the real coordinator, pipeline and
+// monitor actors and fake stages (no LibTorch): epoch formation, steps and commits as a trace,
+// stale messages dropped and counted, and a stage error that stops the job instead of hanging it.
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/coordinator.hpp"
+#include "actors/monitor.hpp"
+#include "planning/synthetic_profile.hpp"
+
+using namespace oobleck::actors;
+using namespace oobleck::messages;
+
+namespace {
+
+const std::string token(64, 'k');
+
+/// What one fake stage saw, and how it misbehaves.
+struct fake_stage_record {
+  epoch_assignment assignment;
+  std::vector<std::uint64_t> epochs;      ///< every assignment's epoch, in order
+  std::vector<std::uint64_t> aborted;     ///< abort() calls, by epoch
+  std::vector<stage_step> steps;
+  std::vector<commit_step> commits;
+  std::optional<std::uint64_t> fail_at;   ///< reply to this step with an error
+  std::optional<std::uint64_t> hold_at;   ///< never reply to this step
+  std::optional<std::uint64_t> hold_commit_at;  ///< never reply to this step's commit
+};
+
+using stage_pointer = stage_actor::stateful_pointer<fake_stage_record*>;
+
+stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_record* rec) {
+  return {
+      [rec](epoch_assignment& a) -> bool {
+        rec->assignment = a;
+        rec->epochs.push_back(a.epoch);
+        return true;
+      },
+      [self, rec](stage_step& s) -> caf::result<stage_done> {
+        rec->steps.push_back(s);
+        const auto& st = rec->assignment.stages.at(0);
+        if (rec->hold_at && *rec->hold_at == s.step && rec->epochs.size() == 1)
+          return self->make_response_promise<stage_done>();
+        stage_done d{s.epoch, s.step, st.pipeline, st.stage, 0, {}};
+        if (st.stage + 1 == st.num_stages) d.loss_sum = 2.0 * s.microbatches;
+        if (rec->fail_at && *rec->fail_at == s.step) d.error = "injected stage failure";
+        return d;
+      },
+      [self, rec](commit_step& c) -> caf::result<step_committed> {
+        rec->commits.push_back(c);
+        if (rec->hold_commit_at && *rec->hold_commit_at == c.step) return self->make_response_promise<step_committed>();
+        step_committed out{c.epoch, c.step, -1, {}};
+        if (rec->assignment.stages.empty()) return out;
+        const auto& st = rec->assignment.stages.at(0);
+        for (int l = st.first_layer; l < st.end_layer; ++l) out.digests.push_back({l, 1000u + static_cast<unsigned>(c.step)});
+        return out;
+      },
+  };
+}
+
+struct fixture {
+  struct config : caf::actor_system_config {
+    config() {
+      add_protocol_types(*this);
+      set("scheduler.policy", caf::atom("testing"));
+    }
+  };
+  config cfg;
+  caf::actor_system sys{cfg};
+  caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+  caf::scoped_actor self{sys};
+  std::vector<std::string> log;
+  std::vector<step_record> records;
+  coordinator_actor coord;
+  std::vector<std::unique_ptr<fake_stage_record>> stages;  // outlive the actors
+  std::vector<monitor_actor> monitors;
+
+  fixture(int nodes, std::uint64_t steps) {
+    coordinator_deps d;
+    d.policy = {token, "hash", protocol_version};
+    d.expected_nodes = nodes;
+    d.log = [this](const std::string& l) { log.push_back(l); };
+    oobleck::planning::synthetic_gpt g;
+    g.layers = 6;
+    g.hidden = 32;
+    g.heads = 2;
+    g.sequence = 16;
+    g.vocab = 256;
+    g.microbatch = 2;
+    g.gpus_per_node = 1;
+    g.device_memory_bytes = 1LL << 30;
+    d.profile = oobleck::planning::synthetic_gpt_profile(g);
+    d.job.fault_tolerance = 1;
+    d.job.global_batch = 8;
+    d.job.microbatch = 2;
+    d.steps = steps;
+    d.on_step = [this](const step_record& r) { records.push_back(r); };
+    coord = sys.spawn(coordinator, std::move(d));
+    sched.run();
+  }
+  ~fixture() {
+    caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+    for (auto& m : monitors) caf::anon_send_exit(m, caf::exit_reason::user_shutdown);
+    sched.run();
+  }
+
+  /// A worker whose stages are fakes; `setup` adjusts each fake before it runs.
+  monitor_actor add_worker(const std::string& name, std::function<void(fake_stage_record&)> setup = {}) {
+    monitor_deps d;
+    d.coordinator = coord;
+    d.token = token;
+    d.name = name;
+    d.data = {"127.0.0.1", 5000};
+    d.make_stage = [this, setup](const admission&) {
+      auto* rec = stages.emplace_back(std::make_unique<fake_stage_record>()).get();
+      if (setup) setup(*rec);
+      spawned_stage s;
+      s.actor = sys.spawn(fake_stage, rec);
+      s.abort = [rec](std::uint64_t epoch, const std::string&) { rec->aborted.push_back(epoch); };
+      return s;
+    };
+    monitors.push_back(sys.spawn(monitor, std::move(d)));
+    return monitors.back();
+  }
+
+  job_status status() {
+    std::string nonce;
+    auto n = self->request(coord, caf::infinite, nonce_request{protocol_version});
+    sched.run();
+    n.receive([&](std::string& x) { nonce = x; }, [](caf::error& e) { FAIL(describe(e)); });
+    job_status s;
+    auto r = self->request(coord, caf::infinite, status_atom_v, control_proof{nonce, control_proof_of(token, nonce)});
+    sched.run();
+    r.receive([&](job_status& x) { s = x; }, [](caf::error& e) { FAIL(describe(e)); });
+    return s;
+  }
+
+  bool logged(const std::string& text) const {
+    for (const auto& l : log)
+      if (l.find(text) != std::string::npos) return true;
+    return false;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("step protocol: an epoch forms, every step runs on every stage and commits everywhere") {
+  fixture f(4, 2);
+  for (int i = 0; i < 4; ++i) f.add_worker("w" + std::to_string(i));
+  f.sched.run();
+  CHECK(f.logged("epoch 1 formed"));
+  CHECK(f.logged("training finished: 2 step(s) committed"));
+  REQUIRE(f.records.size() == 2);
+  int used = 0;
+  for (const auto& rec : f.stages) {
+    if (rec->assignment.rank < 0) continue;
+    ++used;
+    REQUIRE(rec->steps.size() == 2);
+    CHECK(rec->steps[0].step == 0);
+    CHECK(rec->steps[1].step == 1);
+    CHECK(rec->commits.size() == 2);
+  }
+  CHECK(used >= 2);
+  // The pipelines' microbatch ranges tile the global batch (8 / 2 = 4 microbatches) exactly once.
+  std::map<std::int32_t, std::int32_t> ranges;  // first -> count, one per pipeline
+  for (const auto& rec : f.stages)
+    if (!rec->steps.empty()) ranges[rec->steps[0].first_microbatch] = rec->steps[0].microbatches;
+  std::int32_t next = 0;
+  for (auto [first, count] : ranges) {
+    CHECK(first == next);
+    next += count;
+  }
+  CHECK(next == 4);
+  CHECK(f.records[0].samples == 8);
+  CHECK(f.records[0].loss == doctest::Approx(2.0));
+  CHECK(f.records[1].layer_digests.size() == 6);
+  for (const auto& [layer, digests] : f.records[1].layer_digests) CHECK(digests.size() == f.records[1].pipelines.size());
+}
+
+TEST_CASE("step protocol: messages of another epoch or step are dropped and counted") {
+  fixture f(2, 5);
+  for (int i = 0; i < 2; ++i) f.add_worker("w" + std::to_string(i), [](fake_stage_record& r) { r.hold_at = 1; });
+  f.sched.run();
+  REQUIRE(f.records.size() == 1);  // step 1 is held by the stages
+  const auto before = f.status();
+  CHECK(before.state == "training");
+  CHECK(before.committed_steps == 1);
+  caf::anon_send(f.coord, pipeline_done{before.epoch + 7, 1, 0, 1.0, ""});  // another epoch
+  caf::anon_send(f.coord, pipeline_done{before.epoch, 0, 0, 1.0, ""});      // an old step
+  caf::anon_send(f.coord, step_committed{before.epoch, 0, 0, {}});          // an old commit
+  caf::anon_send(f.coord, node_ready{before.epoch, 0, {}});                 // a duplicate ready
+  f.sched.run();
+  const auto after = f.status();
+  CHECK(after.dropped_messages == before.dropped_messages + 4);
+  CHECK(after.committed_steps == 1);
+  CHECK(after.state == "training");
+  CHECK(f.records.size() == 1);
+}
+
+TEST_CASE("step protocol: a stage error stops the job with the reason instead of hanging") {
+  fixture f(2, 5);
+  f.add_worker("w0", [](fake_stage_record& r) { r.fail_at = 2; });
+  f.add_worker("w1", [](fake_stage_record& r) { r.fail_at = 2; });
+  f.sched.run();
+  CHECK(f.records.size() == 2);
+  CHECK(f.logged("stopping (failed): step 2 failed in pipeline"));
+  CHECK(f.logged("injected stage failure"));
+  // The failed step was never committed anywhere.
+  for (const auto& rec : f.stages) CHECK(rec->commits.size() == 2);
+}
+
+TEST_CASE("recovery: a node lost in the middle of a step: survivors abort, a new epoch forms, the step runs again") {
+  fixture f(4, 5);
+  std::vector<monitor_actor> m;
+  for (int i = 0; i < 4; ++i)
+    m.push_back(f.add_worker("w" + std::to_string(i), [i](fake_stage_record& r) {
+      if (i == 3) r.hold_at = 1;  // node 3 never finishes step 1 of the first epoch
+    }));
+  f.sched.run();
+  REQUIRE(f.records.size() == 1);
+  REQUIRE(f.status().state == "training");
+  caf::anon_send_exit(m[3], caf::exit_reason::kill);  // its process dies
+  f.sched.run();
+  CHECK(f.logged("node 3 lost"));
+  CHECK(f.logged("reconfigured after losing node(s) 3"));
+  CHECK(f.logged("step 1 runs again"));
+  CHECK(f.logged("training finished: 5 step(s) committed"));
+  REQUIRE(f.records.size() == 5);
+  for (std::size_t k = 0; k < 5; ++k) CHECK(f.records[k].step == k);
+  CHECK(f.records[0].epoch == 1);
+  CHECK(f.records[1].epoch == 2);  // step 1 committed in the new epoch
+  for (std::size_t k = 1; k < 5; ++k)
+    for (const auto& p : f.records[k].pipelines)
+      for (auto n : p.first) CHECK(n != 3);  // ... on the survivors
+  for (std::size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    const auto& rec = *f.stages[i];
+    REQUIRE(!rec.aborted.empty());
+    CHECK(rec.aborted.front() == 1);  // the old epoch's data plane, at once (later: the shutdown)
+    CHECK(rec.epochs == std::vector<std::uint64_t>{1, 2});
+  }
+}
+
+TEST_CASE("recovery: a commit decided before the loss stands; the next step runs in the new epoch") {
+  fixture f(4, 4);
+  std::vector<monitor_actor> m;
+  for (int i = 0; i < 4; ++i)
+    m.push_back(f.add_worker("w" + std::to_string(i), [i](fake_stage_record& r) {
+      if (i == 2) r.hold_commit_at = 1;  // node 2 dies while applying the commit of step 1
+    }));
+  f.sched.run();
+  REQUIRE(f.status().state == "committing");
+  caf::anon_send_exit(m[2], caf::exit_reason::kill);
+  f.sched.run();
+  CHECK(f.logged("step 1 was committed before node 2 was lost"));
+  CHECK(f.logged("step 2 runs again"));
+  CHECK(f.logged("training finished: 4 step(s) committed"));
+  // Every survivor applied the commit of step 1 exactly once, and never re-ran step 1.
+  for (std::size_t i : {0u, 1u, 3u}) {
+    CAPTURE(i);
+    const auto& rec = *f.stages[i];
+    int commits_of_1 = 0, runs_of_1 = 0;
+    for (const auto& c : rec.commits) commits_of_1 += c.step == 1;
+    for (const auto& s : rec.steps) runs_of_1 += s.step == 1;
+    if (!rec.steps.empty()) CHECK(runs_of_1 == 1);
+    CHECK(commits_of_1 == 1);
+  }
+}
