@@ -100,6 +100,8 @@ struct coordinator_state {
   planning::cluster_state forming;         ///< the configuration of the epoch being formed
   std::vector<std::int64_t> lost_since_formed;
   std::uint64_t reconfigurations = 0;
+  int failures_without_loss = 0;  ///< failed steps or epochs since the last commit or loss
+  static constexpr int max_failures_without_loss = 3;
   nonce_book nonces;
   std::map<std::int64_t, node_entry> nodes;
   std::int64_t next_node = 0;

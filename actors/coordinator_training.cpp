@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include <caf/actor_cast.hpp>
@@ -171,23 +172,26 @@ void form_epoch(coordinator_pointer self) {
               std::to_string(plan.step_ms) + " ms");
 }
 
-void recover(coordinator_pointer self, std::int64_t lost_node) {
+void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
   auto& st = self->state;
   if (st.job_state == "committing") {
     // The commit was decided before the loss: it stands. Survivors apply it before anything of
     // the next epoch (their stages handle messages in order); the lost node's digests are gone.
-    st.deps.log("step " + std::to_string(st.step) + " was committed before node " + std::to_string(lost_node) +
-                " was lost");
+    st.deps.log("step " + std::to_string(st.step) + " was committed before " +
+                (lost_node ? "node " + std::to_string(*lost_node) + " was lost" : "the failure"));
     ++st.committed;
     ++st.step;
   }
   const std::uint64_t old_epoch = st.epoch;
-  const std::string reason = "node " + std::to_string(lost_node) + " was lost";
+  const std::string reason = lost_node ? "node " + std::to_string(*lost_node) + " was lost" : "the epoch failed";
   for (std::int64_t id : st.in_epoch) {
     const auto& n = st.nodes.at(id);
     if (n.state != "lost") self->send(n.monitor, abort_epoch{old_epoch, reason});
   }
-  st.lost_since_formed.push_back(lost_node);
+  if (lost_node) {
+    st.lost_since_formed.push_back(*lost_node);
+    st.failures_without_loss = 0;
+  }
   if (st.step >= st.deps.steps) {
     st.deps.log("training finished: " + std::to_string(st.committed) + " step(s) committed");
     return stop_job(self, "training finished", false);
@@ -224,11 +228,11 @@ void recover(coordinator_pointer self, std::int64_t lost_node) {
   for (auto rule : r.rules) rules += std::string(rules.empty() ? "" : "+") + planning::to_string(rule);
   send_epoch(self, ep, live);
   const double plan_ms = std::chrono::duration<double, std::milli>(st.deps.now() - started).count();
-  st.deps.log("reconfigured after losing node(s)" + [&] {
+  st.deps.log((lost.empty() ? std::string("re-formed the epoch") : "reconfigured after losing node(s)" + [&] {
     std::string ids;
     for (int n : lost) ids += " " + std::to_string(n);
     return ids;
-  }() + " (" + rules + ", " + std::to_string(plan_ms) + " ms): epoch " + std::to_string(st.epoch) + ", " +
+  }()) + " (" + rules + ", " + std::to_string(plan_ms) + " ms): epoch " + std::to_string(st.epoch) + ", " +
               std::to_string(st.pipelines.size()) + " pipeline(s), " + std::to_string(r.copies.size()) +
               " layer copies (" + std::to_string(bytes) + " bytes); step " + std::to_string(st.step) +
               " runs again");
@@ -247,14 +251,30 @@ void on_node_ready(coordinator_pointer self, node_ready& r) {
   start_training(self);
 }
 
+namespace {
+
+/// A step or an epoch failed without a node being declared lost (yet): often the data plane saw a
+/// peer's crash before CAF's down message arrived; sometimes a real stage error. The epoch is
+/// formed again on the same nodes (a dead one then never reports ready, and its loss, when it
+/// arrives, starts the recovery over); a failure that repeats without any loss stops the job.
+void retry_epoch(coordinator_pointer self, const std::string& what) {
+  auto& st = self->state;
+  if (++st.failures_without_loss > coordinator_state::max_failures_without_loss)
+    return stop_job(self, what + " (" + std::to_string(st.failures_without_loss) +
+                              " failures in a row without a lost node)", true);
+  st.deps.log(what + "; forming the epoch again");
+  recover(self, std::nullopt);
+}
+
+}  // namespace
+
 void on_node_fault(coordinator_pointer self, node_fault& f) {
   auto& st = self->state;
   if (f.epoch != st.epoch) {
     ++st.dropped;
     return;
   }
-  stop_job(self, "node " + std::to_string(f.node) + " failed in epoch " + std::to_string(f.epoch) + ": " + f.what,
-           true);
+  retry_epoch(self, "node " + std::to_string(f.node) + " failed in epoch " + std::to_string(f.epoch) + ": " + f.what);
 }
 
 void on_pipeline_done(coordinator_pointer self, pipeline_done& d) {
@@ -264,8 +284,8 @@ void on_pipeline_done(coordinator_pointer self, pipeline_done& d) {
     return;
   }
   if (!d.error.empty())
-    return stop_job(self, "step " + std::to_string(d.step) + " failed in pipeline " + std::to_string(d.pipeline) +
-                              ": " + d.error, true);
+    return retry_epoch(self, "step " + std::to_string(d.step) + " failed in pipeline " + std::to_string(d.pipeline) +
+                                 ": " + d.error);
   st.loss_sum += d.loss_sum;
   if (--st.pipelines_pending > 0) return;
   // Every pipeline reported: the step is committed, everywhere, now.
@@ -310,6 +330,7 @@ void on_step_committed(coordinator_pointer self, step_committed& c) {
   if (!mismatch.empty())
     st.deps.log("ERROR: replicas of layer(s)" + mismatch + " disagree after step " + std::to_string(st.step));
   st.deps.on_step(rec);
+  st.failures_without_loss = 0;
   publish(self, {event_kind::step_committed, st.epoch, st.step, -1, rec.loss, {}});
   ++st.step;
   if (st.step >= st.deps.steps) {

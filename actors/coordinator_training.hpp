@@ -2,6 +2,7 @@
 // The coordinator's training protocol (epoch formation, transactional steps), split from the
 // registry and operator handlers in coordinator.cpp. Private to actors/.
 
+#include <optional>
 #include <string>
 
 #include "actors/coordinator.hpp"
@@ -14,7 +15,8 @@ void on_node_ready(coordinator_pointer self, messages::node_ready& r);
 /// A node of the running epoch is lost: epoch bump, every survivor aborts its data plane, the
 /// reconfiguration policy decides the new pipelines and the copy plan, the uncommitted step
 /// re-runs in the new epoch (DESIGN §5 "Reconfiguration"). A commit already decided stands.
-void recover(coordinator_pointer self, std::int64_t lost_node);
+/// Without a lost node: the epoch is formed again on the same configuration.
+void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node);
 void on_node_fault(coordinator_pointer self, messages::node_fault& f);
 void on_pipeline_done(coordinator_pointer self, messages::pipeline_done& d);
 void on_step_committed(coordinator_pointer self, messages::step_committed& c);

@@ -117,14 +117,21 @@ pipeline_time pipeline_time::one_f_one_b(std::span<const double> f, std::span<co
     for (int q = 1; q <= tail; ++q) t = std::max(t, tail_f[k][q] - w[k] * q);
     lines.push_back({h + t, w[k]});
   }
-  // Drop lines another one beats on the whole range n > table_size.
+  // Drop lines another one beats on the whole range n > table_size. Equal slopes keep the one
+  // largest intercept; otherwise only a strictly steeper line can beat one, so "beats" has no
+  // cycles and the steepest line always stays. (Comparing values at `first` between lines of equal
+  // slope is not transitive under rounding: stages of equal time, as transformer blocks have,
+  // once made every line beat another and left none, so T stayed flat past the table.)
   const double first = table_size + 1;
+  std::sort(lines.begin(), lines.end(), [](const line& a, const line& b) {
+    return a.slope != b.slope ? a.slope > b.slope : a.intercept > b.intercept;
+  });
   for (std::size_t i = 0; i < lines.size(); ++i) {
+    if (i > 0 && lines[i].slope == lines[i - 1].slope) continue;
     bool beaten = false;
-    for (std::size_t j = 0; j < lines.size() && !beaten; ++j)
-      beaten = j != i && lines[j].slope >= lines[i].slope &&
-               lines[j].intercept + lines[j].slope * first >= lines[i].intercept + lines[i].slope * first &&
-               (lines[j].slope > lines[i].slope || lines[j].intercept > lines[i].intercept || j < i);
+    for (std::size_t j = 0; j < i && !beaten; ++j)
+      beaten = lines[j].slope > lines[i].slope &&
+               lines[j].intercept + lines[j].slope * first >= lines[i].intercept + lines[i].slope * first;
     if (!beaten) c->lines.push_back(lines[i]);
   }
   // Exact arithmetic makes T nondecreasing; keep it so under rounding too (searches rely on it).

@@ -16,6 +16,7 @@ packages=(
   libcli11-dev          # command-line flags
   libssl-dev            # HMAC-SHA256 and SHA-256 of the admission protocol
   libopenblas0
+  gnuplot-nox           # oobleck-sim --plot
 )
 
 missing=()

@@ -1,17 +1,10 @@
 #!/usr/bin/env bash
 # The main job: installs packages, builds, then trains the default job on a local cluster (a
-# coordinator and 6 worker processes on 127.0.0.1, pipelines spanning nodes), and replays a node
-# failure and a join through the planner. Recovery inside the running cluster (kill a worker,
-# re-instantiate, copy layers, go on) is not built yet: until it is, the failure is shown as the
-# planner's decision, not injected into the training.
+# coordinator and 6 worker processes on 127.0.0.1, pipelines spanning nodes) and kills worker
+# node 2 in the middle of step 8: the survivors re-form their pipelines from the templates, copy
+# the missing layers (with their optimizer state) from surviving replicas, run step 8 again and
+# train on. Extra arguments go to oobleck-local (see oobleck-local --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-build="${OOBLECK_BUILD_DIR:-build}"
-"$build"/apps/oobleck-local "$@"
-echo
-echo "== the planner's answer to node 3 failing and one node joining (8 nodes, f = 1):"
-"$build"/apps/oobleck-plan \
-  --profile examples/profiles/gpt-synthetic-24l.json \
-  --nodes 8 --fault-tolerance 1 --global-batch 256 --microbatch 4 \
-  --fail 3 --join 1
+exec "${OOBLECK_BUILD_DIR:-build}"/apps/oobleck-local --fail-at 8:2 "$@"

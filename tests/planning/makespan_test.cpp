@@ -67,6 +67,21 @@ TEST_CASE("predicted time: a long transient before the bottleneck stage sets the
   CHECK(t.at(400) - t.at(399) == 15);
 }
 
+TEST_CASE("predicted time keeps growing past its table when many stages take the same real-valued time") {
+  // A 26-stage GPT layout (embedding, 24 equal blocks, head) with times that are not integers:
+  // rounding in the lines' intercepts once dropped every line, so T(Nb) stayed at T(6S + 4) for
+  // every larger Nb (74 s instead of 205 s for 484 microbatches).
+  std::vector<double> f(26, 100.8423307554989), b(26, 302.52699226649673);
+  f[0] = 0.8264638423645321, b[0] = 1.6529276847290642;
+  f[25] = 92.99697182117647, b[25] = 278.9909154635294;
+  const auto t = pipeline_time::one_f_one_b(f, b);
+  for (int m : {150, 160, 170, 200, 484, 1000}) {
+    CAPTURE(m);
+    CHECK(t.at(m) == doctest::Approx(simulate_1f1b(f, b, m)).epsilon(1e-12));
+  }
+  CHECK(t.at(484) > 200000);
+}
+
 TEST_CASE("predicted time with real-valued stages: simulation within rounding, bounds, monotone") {
   std::mt19937 rng(99);
   std::uniform_real_distribution<double> ms(0.0, 10.0);

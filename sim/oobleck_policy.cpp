@@ -1,0 +1,118 @@
+#include "sim/oobleck_policy.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "planning/batch_distribution.hpp"
+#include "planning/node_spec.hpp"
+#include "planning/pipeline_template.hpp"
+
+namespace oobleck::sim {
+
+oobleck_policy::oobleck_policy(const sim_job& job, const recovery_costs& costs, double start_ms)
+    : policy(start_ms), job_(job), rc_(costs) {
+  planning::validate(job_.profile);
+  planning::job_config config{.nodes = job.nodes, .fault_tolerance = job.fault_tolerance,
+                              .global_batch = job.global_batch, .microbatch = job.microbatch,
+                              .state_factor = job.state_factor};
+  costs_ = std::make_unique<planning::layer_costs>(job_.profile, planning::job_memory(job_.profile, config));
+  num_microbatches_ = planning::microbatches_per_step(job.global_batch, job.microbatch);
+  planning::template_generator generator(*costs_);
+  const auto feasible = generator.feasible_node_counts(std::min(job_.profile.num_layers(), job.nodes));
+  const auto spec = planning::specify_nodes(feasible, job_.profile.num_layers(), job.nodes, job.fault_tolerance);
+  n0_ = spec.n0;
+  for (auto& t : generator.generate(spec.n0, spec.n_max))
+    if (t) templates_.templates.push_back(std::move(*t));
+  if (num_microbatches_ < job.fault_tolerance + 1)
+    throw planning::planning_error("global batch " + std::to_string(job.global_batch) + " gives " +
+                                   std::to_string(num_microbatches_) + " microbatches for at least " +
+                                   std::to_string(job.fault_tolerance + 1) +
+                                   " pipelines; nearest distributable global batch: " +
+                                   std::to_string((job.fault_tolerance + 1) * job.microbatch));
+  state_bytes_ = state_bytes(job_.profile, job.state_factor);
+}
+
+int oobleck_policy::nodes_in_use() const {
+  int n = 0;
+  for (const auto& p : state_.pipelines) n += static_cast<int>(p.nodes.size());
+  return n;
+}
+
+double oobleck_policy::copy_ms(const std::vector<planning::layer_copy>& copies) const {
+  std::map<int, double> in, out;
+  double busiest = 0;
+  for (const auto& c : copies) {
+    busiest = std::max(busiest, in[c.to_node] += static_cast<double>(c.bytes));
+    busiest = std::max(busiest, out[c.from_node] += static_cast<double>(c.bytes));
+  }
+  return busiest / rc_.copy_bytes_per_s * 1e3;
+}
+
+void oobleck_policy::start() {
+  const int min_nodes = (job_.fault_tolerance + 1) * n0_;
+  if (static_cast<int>(alive_.size()) < min_nodes) {
+    clock_.stop();
+    record("wait", 0, 0, std::to_string(alive_.size()) + " nodes ready, " + std::to_string(min_nodes) + " needed");
+    return;
+  }
+  int used = 0;
+  const auto inst = planning::instantiate_or_shrink(templates_, static_cast<int>(alive_.size()),
+                                                    job_.fault_tolerance + 1, num_microbatches_, job_.microbatch, &used);
+  const std::vector<int> ids(alive_.begin(), alive_.end());
+  state_.pipelines = planning::place_pipelines(inst, ids);
+  state_.idle_nodes.assign(ids.begin() + used, ids.end());
+  if (started_once_) clock_.pause(activity::restart, restart_ms(rc_, state_bytes_));
+  clock_.run({.step_ms = inst.batch.step_ms, .samples_per_step = static_cast<double>(job_.global_batch), .nodes = used});
+  record(started_once_ ? "restart" : "start", used, inst.batch.step_ms,
+         std::to_string(state_.pipelines.size()) + " pipelines");
+  running_ = true;
+  started_once_ = true;
+}
+
+void oobleck_policy::on_change(const std::vector<int>& ready, const std::vector<int>& removed) {
+  for (int n : removed) alive_.erase(n);
+  alive_.insert(ready.begin(), ready.end());
+  if (!running_) {
+    start();
+    return;
+  }
+  std::vector<int> lost;
+  std::set<int> in_config;
+  for (const auto& p : state_.pipelines) in_config.insert(p.nodes.begin(), p.nodes.end());
+  in_config.insert(state_.idle_nodes.begin(), state_.idle_nodes.end());
+  for (int n : removed)
+    if (in_config.count(n)) lost.push_back(n);
+  if (lost.empty() && ready.empty()) return;
+  if (!lost.empty()) {
+    clock_.interrupt();  // the step in progress is lost; it re-runs in the next epoch
+    clock_.pause(activity::reconfiguration, rc_.detection_ms);
+  } else {
+    clock_.finish_step();  // joins enter at a step boundary
+  }
+  const planning::reconfiguration_context ctx{templates_, *costs_, job_.fault_tolerance, num_microbatches_,
+                                              job_.microbatch};
+  const auto r = planning::reconfigure(ctx, state_, lost, ready);
+  if (r.action == planning::reconfiguration_action::checkpoint_and_stop) {
+    const bool enough = static_cast<int>(alive_.size()) >= (job_.fault_tolerance + 1) * n0_;
+    if (enough) {
+      // A layer lost every holder: nothing to checkpoint from; back to the last durable state.
+      clock_.fall_back_to_checkpoint();
+    } else {
+      clock_.pause(activity::checkpoint, checkpoint_ms(rc_, state_bytes_));
+    }
+    record("stop", 0, 0, r.reason);
+    state_ = {};
+    running_ = false;
+    start();
+    return;
+  }
+  clock_.pause(activity::reconfiguration, rc_.planning_ms + copy_ms(r.copies));
+  state_ = {r.pipelines, r.idle_nodes};
+  const int used = nodes_in_use();
+  clock_.run({.step_ms = r.step_ms, .samples_per_step = static_cast<double>(job_.global_batch), .nodes = used});
+  std::string rules;
+  for (auto rule : r.rules) rules += (rules.empty() ? "" : ",") + std::string(planning::to_string(rule));
+  record("reconfigure", used, r.step_ms, rules);
+}
+
+}  // namespace oobleck::sim

@@ -1,0 +1,71 @@
+#pragma once
+// What a simulated job is and how a fault-tolerance policy reacts to a changing cluster. Each
+// policy owns a timeline and tells it what the job does after every change.
+
+#include <string>
+#include <vector>
+
+#include "planning/profile.hpp"
+#include "sim/recovery_costs.hpp"
+#include "sim/timeline.hpp"
+
+namespace oobleck::sim {
+
+/// The job every policy trains.
+struct sim_job {
+  planning::profile profile;         ///< Oobleck and Varuna (activation checkpointing)
+  planning::profile bamboo_profile;  ///< Bamboo: its own microbatch, no activation checkpointing
+  int nodes = 0;                     ///< N: the most nodes the job uses; Oobleck's templates are planned for it
+  int fault_tolerance = 0;           ///< f
+  int global_batch = 0;              ///< B, the same for every policy
+  int microbatch = 0;                ///< b (Oobleck, Varuna)
+  int bamboo_microbatch = 0;         ///< Bamboo's b
+  double state_factor = 4.0;         ///< bytes of training state per parameter byte
+};
+
+/// One decision of a policy, for reports and tests.
+struct decision {
+  double ms = 0;
+  std::string what;    ///< "start", "reconfigure", "takeover", "restart", "morph", "stop", "wait"
+  int nodes_in_use = 0;
+  double step_ms = 0;  ///< of the new configuration (0 when not training)
+  std::string detail;
+};
+
+class policy {
+ public:
+  explicit policy(double start_ms) : clock_(start_ms) {}
+  virtual ~policy() = default;
+  policy(const policy&) = delete;
+  policy& operator=(const policy&) = delete;
+
+  virtual const char* name() const = 0;
+  /// At clock().now(), nodes became ready to the job and/or were removed from it (each removed
+  /// id was ready before; no id is in both lists).
+  virtual void on_change(const std::vector<int>& ready, const std::vector<int>& removed) = 0;
+
+  timeline& clock() { return clock_; }
+  const timeline& clock() const { return clock_; }
+  const std::vector<decision>& decisions() const { return decisions_; }
+  /// Why the policy never trains at all (e.g. "out of memory: ..."); empty otherwise.
+  const std::string& never_runs() const { return never_runs_; }
+
+ protected:
+  void record(std::string what, int nodes, double step_ms, std::string detail = {}) {
+    decisions_.push_back({clock_.now(), std::move(what), nodes, step_ms, std::move(detail)});
+  }
+  timeline clock_;
+  std::vector<decision> decisions_;
+  std::string never_runs_;
+};
+
+/// Bytes of training state: every parameter byte times the state factor.
+double state_bytes(const planning::profile& p, double state_factor);
+
+/// Restart after a checkpoint: fixed + state / load bandwidth (ms).
+double restart_ms(const recovery_costs& c, double state_bytes);
+
+/// Writing a checkpoint: fixed + state / storage bandwidth (ms).
+double checkpoint_ms(const recovery_costs& c, double state_bytes);
+
+}  // namespace oobleck::sim

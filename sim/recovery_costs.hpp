@@ -1,0 +1,61 @@
+#pragma once
+// The constants that price a failure: Oobleck's recovery (detection, planning, layer copies),
+// checkpoint-restart (Varuna, Bamboo's fatal failures, Oobleck below (f+1) n0 nodes) and Bamboo's
+// redundant computation. Read from a JSON file written by the fault-tolerance benchmark; until
+// that benchmark exists, the defaults below hold, each next to its source.
+
+#include <string>
+
+namespace oobleck::sim {
+
+struct recovery_costs {
+  // --- Oobleck (paper §5; DESIGN §5) ---
+  /// From a node's loss to the coordinator's knowing it. A crash closes TCP at once (~2 ms, DESIGN
+  /// §8); a hung node needs the heartbeat timeout, 1 s with the 100 ms / 1 s setting measured there.
+  double detection_ms = 1000;
+  /// Re-planning plus the new epoch's communicators: the reconfiguration decision takes < 0.1 ms
+  /// (bench/RESULTS.md) but NCCL communicators over 30 GPUs take seconds; 2 s is the low end of
+  /// the 2-10 s the paper's simulator charged per reconfiguration.
+  double planning_ms = 2000;
+  /// Per-node link bandwidth for the copy plan (bytes/s): half of the paper's 200 Gb/s
+  /// InfiniBand. Copies run in parallel: a reconfiguration waits for the busiest link.
+  double copy_bytes_per_s = 12.5e9;
+
+  // --- checkpoint-restart ---
+  /// Writing a checkpoint: fixed + training state / storage bandwidth. Fitted to the Oobleck
+  /// artifact's Varuna checkpoint times (simulations/varuna_simulator.py: BERT-large 15.8 s,
+  /// GPT-3 2.7B 50 s, 6.7B 120 s) with 16 bytes of state per parameter: 10 s + bytes / 1 GB/s
+  /// gives 15.9 s, 54.5 s and 119.8 s for sim/model_zoo's models.
+  double checkpoint_fixed_ms = 10000;
+  double storage_bytes_per_s = 1e9;
+  /// A restart: framework re-initialisation and rendezvous, then loading the state. The artifact
+  /// charges 60-70 s for the small models and 465 s / 581 s for GPT-3 2.7B / 6.7B (its
+  /// local_rendezvous_timeout minus the checkpoint time): 60 s + bytes / 0.2 GB/s gives 89 s,
+  /// 282 s and 609 s (the 2.7B restart is the one the fit misses).
+  double restart_fixed_ms = 60000;
+  double load_bytes_per_s = 0.2e9;
+
+  // --- Varuna (paper §6.1) ---
+  /// "we periodically perform synchronous checkpointing for every 10 iterations".
+  int varuna_checkpoint_every_steps = 10;
+
+  // --- Bamboo (Thorpe et al., NSDI'23; paper §2.2) ---
+  /// Fraction of the successor stage's forward each node recomputes in every step (1: all of it;
+  /// the Oobleck paper measures > 50% overhead from redundant computation, §6.4.2).
+  double bamboo_redundancy_factor = 1.0;
+  /// A failure Bamboo absorbs (the predecessor takes the stage over): the Bamboo artifact's
+  /// local rendezvous, 1 s (project/simulator of uclasystem/bamboo).
+  double bamboo_takeover_ms = 1000;
+
+  std::string source = "defaults (no recovery-costs file)";
+};
+
+/// Reads a JSON object whose keys are the fields above (any subset; "source" a string, and
+/// "measured" anything, for the benchmark's own notes). Unknown keys, wrong types, negative or
+/// zero bandwidths are messages::input_error naming the file and key.
+recovery_costs read_recovery_costs(const std::string& path);
+
+/// Parses the same from text (`name` in messages).
+recovery_costs parse_recovery_costs(const std::string& text, const std::string& name);
+
+}  // namespace oobleck::sim

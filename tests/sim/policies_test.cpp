@@ -1,0 +1,209 @@
+// Each policy on tiny traces whose timelines are computed by hand (tests/sim/fixtures.hpp: every
+// Oobleck and Varuna pipeline is one node taking 3000 ms per microbatch; B = 4 microbatches).
+
+#include <doctest/doctest.h>
+
+#include <set>
+
+#include "planning/planner.hpp"
+#include "planning/reconfiguration.hpp"
+#include "planning/synthetic_profile.hpp"
+#include "sim/bamboo_policy.hpp"
+#include "sim/oobleck_policy.hpp"
+#include "sim/simulator.hpp"
+#include "sim/varuna_policy.hpp"
+#include "sim/fixtures.hpp"
+
+using namespace oobleck::sim;
+using namespace oobleck::sim::testing;
+
+namespace {
+
+double part(const policy_result& r, activity a) { return r.breakdown_ms[static_cast<int>(a)]; }
+
+double total(const policy_result& r) {
+  double t = 0;
+  for (double x : r.breakdown_ms) t += x;
+  return t;
+}
+
+const char* kFourNodes = "0,add,n1\n0,add,n2\n0,add,n3\n0,add,n4\n";
+
+}  // namespace
+
+TEST_CASE("oobleck: a loss costs detection, planning and the step in progress, the batch spreads over the rest") {
+  // 4 pipelines x 1 microbatch: 3000 ms steps. Node n4 leaves at 10000 during step 4 (9000-12000):
+  // 1000 ms lost, 500 + 1000 ms recovery, then 3 pipelines take 2 + 1 + 1 microbatches: 6000 ms
+  // steps from 11500 (17500, 23500, 29500) and half a step... 500/6000 of one at 30000.
+  const auto trace = instant(std::string(kFourNodes) + "10000,remove,n4\n");
+  oobleck_policy p(slow_job(4), round_costs(), 0);
+  const auto r = simulate(p, trace, 30000, 4);
+  CHECK(r.samples == doctest::Approx(24 + 4.0 * 500 / 6000));
+  CHECK(part(r, activity::effective) == doctest::Approx(27500));
+  CHECK(part(r, activity::fallback) == 1000);
+  CHECK(part(r, activity::reconfiguration) == 1500);
+  CHECK(total(r) == doctest::Approx(30000));
+  CHECK(r.samples_per_s == doctest::Approx(r.samples / 30));
+  REQUIRE(r.decisions.size() == 2);
+  CHECK(r.decisions[1].what == "reconfigure");
+  CHECK(r.decisions[1].nodes_in_use == 3);
+  CHECK(r.decisions[1].step_ms == 6000);
+}
+
+TEST_CASE("oobleck: below (f+1) n0 nodes it checkpoints and stops, and restarts when a node is back") {
+  // 2 nodes, 2 microbatches each: 6000 ms steps. The loss at 5000 loses the first step; detection
+  // 500, checkpoint 1000, stopped until 10000, restart 3000, then steps of 6000 to 25000.
+  const auto trace = instant("0,add,a\n0,add,b\n5000,remove,b\n10000,add,c\n");
+  oobleck_policy p(slow_job(2), round_costs(), 0);
+  const auto r = simulate(p, trace, 25000, 2);
+  CHECK(r.samples == 8);
+  CHECK(part(r, activity::fallback) == 5000);
+  CHECK(part(r, activity::reconfiguration) == 500);
+  CHECK(part(r, activity::checkpoint) == 1000);
+  CHECK(part(r, activity::stopped) == 3500);
+  CHECK(part(r, activity::restart) == 3000);
+  CHECK(part(r, activity::effective) == 12000);
+  std::vector<std::string> what;
+  for (const auto& d : r.decisions) what.push_back(d.what);
+  CHECK(what == std::vector<std::string>{"start", "stop", "wait", "restart"});
+}
+
+TEST_CASE("oobleck: the nodes it trains on and its step times are the planner's reconfiguration decisions") {
+  using namespace oobleck::planning;
+  const profile prof = synthetic_gpt_profile({.layers = 10, .hidden = 1024, .heads = 16, .sequence = 512,
+                                              .microbatch = 1, .gpus_per_node = 1,
+                                              .device_memory_bytes = 2LL << 30});
+  const job_config config{.nodes = 12, .fault_tolerance = 1, .global_batch = 64, .microbatch = 1};
+  sim_job job{.profile = prof, .bamboo_profile = prof, .nodes = 12, .fault_tolerance = 1, .global_batch = 64,
+              .microbatch = 1, .bamboo_microbatch = 1};
+  // Losses one and two at a time, joins, a loss and a join together.
+  const std::string text =
+      "0,add,a0\n0,add,a1\n0,add,a2\n0,add,a3\n0,add,a4\n0,add,a5\n0,add,a6\n0,add,a7\n0,add,a8\n0,add,a9\n"
+      "0,add,a10\n0,add,a11\n100000,remove,a3\n200000,remove,a7\n200000,remove,a8\n300000,add,b0\n"
+      "400000,remove,a0\n400000,add,b1\n500000,remove,a11\n";
+  const auto trace = instant(text);
+  oobleck_policy p(job, {}, 0);
+  const auto r = simulate(p, trace, 600000, 12);
+
+  // The same events straight through the planner.
+  const job_plan plan = plan_job(prof, config);
+  CHECK(p.n0() == plan.spec.n0);
+  const layer_costs costs(prof, job_memory(prof, config));
+  const reconfiguration_context ctx{plan.templates, costs, 1, plan.num_microbatches, 1};
+  cluster_state state{plan.pipelines, plan.idle_nodes};
+  std::vector<std::pair<int, double>> expected;
+  auto used = [](const std::vector<pipeline_instance>& ps) {
+    int n = 0;
+    for (const auto& q : ps) n += static_cast<int>(q.nodes.size());
+    return n;
+  };
+  expected.push_back({used(plan.pipelines), plan.step_ms});
+  for (const auto& change : trace.changes) {
+    if (change.ms == 0) continue;
+    const auto next = reconfigure(ctx, state, change.removed, change.ready);
+    REQUIRE(next.action == reconfiguration_action::continue_training);
+    expected.push_back({used(next.pipelines), next.step_ms});
+    state = {next.pipelines, next.idle_nodes};
+  }
+  REQUIRE(r.decisions.size() == expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    CAPTURE(i);
+    CHECK(r.decisions[i].nodes_in_use == expected[i].first);
+    CHECK(r.decisions[i].step_ms == expected[i].second);
+  }
+  CHECK(expected[2].first < expected[1].first);  // the trace does shrink and grow the job
+  CHECK(expected[3].first > expected[2].first);
+}
+
+TEST_CASE("varuna: every loss falls back to the last checkpoint and restarts on the best grid") {
+  // Checkpoint every 2 steps (1000 ms). Steps 0-3000, 3000-6000, checkpoint to 7000, step 3 ends
+  // at 10000 when n4 leaves: it is lost (no checkpoint after it). Detection 500 + restart 3000,
+  // then 3 x 1 grid with 6000 ms steps from 13500: 19500, 25500, checkpoint to 26500, then 3500 ms
+  // of a step at 30000.
+  const auto trace = instant(std::string(kFourNodes) + "10000,remove,n4\n");
+  varuna_policy p(slow_job(4), round_costs(), 0);
+  const auto r = simulate(p, trace, 30000, 4);
+  CHECK(r.samples == doctest::Approx(16 + 4.0 * 3500 / 6000));
+  CHECK(part(r, activity::fallback) == 3000);
+  CHECK(part(r, activity::checkpoint) == 2000);
+  CHECK(part(r, activity::restart) == 3500);
+  CHECK(part(r, activity::effective) == doctest::Approx(21500));
+  CHECK(r.decisions.back().what == "restart");
+  CHECK(r.decisions.back().nodes_in_use == 3);
+}
+
+TEST_CASE("varuna: joins that make a faster grid checkpoint at a step boundary and restart on it") {
+  // 2 x 1 grid, 6000 ms steps. c and d join at 8000: the step in progress ends at 12000, then a
+  // checkpoint (1000) and a restart (3000); 4 x 1 grid with 3000 ms steps from 16000, a cadence
+  // checkpoint after two of them (22000-23000), one more step to 26000.
+  const auto trace = instant("0,add,a\n0,add,b\n8000,add,c\n8000,add,d\n");
+  varuna_policy p(slow_job(4), round_costs(), 0);
+  const auto r = simulate(p, trace, 26000, 4);
+  CHECK(r.samples == 20);
+  CHECK(part(r, activity::checkpoint) == 2000);
+  CHECK(part(r, activity::restart) == 3000);
+  CHECK(part(r, activity::fallback) == 0);
+  CHECK(r.decisions.back().what == "morph");
+  SUBCASE("a join that makes no faster grid waits") {
+    const auto t2 = instant("0,add,a\n0,add,b\n8000,add,c\n");  // 3 nodes: still 2 microbatches each
+    varuna_policy q(slow_job(4), round_costs(), 0);
+    const auto r2 = simulate(q, t2, 25000, 4);  // steps end 6000, 12000, (checkpoint) 19000, 25000
+    CHECK(r2.samples == 16);
+    CHECK(r2.decisions.size() == 1);
+  }
+}
+
+TEST_CASE("bamboo: redundant forwards lengthen every step, a predecessor takes a lost stage over") {
+  // Two 2-stage pipelines (forward 1000 + 1000 redundant, backward 2000 per stage), 2 microbatches
+  // each: 1F1B makespan 12000 ms, 9000 without the redundant forwards. Node 1 (stage 1 of
+  // pipeline 0) leaves at 15000: 3000 ms of the step lost, detection 500 + takeover 1000; node 0
+  // then runs both stages (forward 2000, backward 4000, no replica left): 2 x 6000 = 12000 ms,
+  // which the other pipeline's redundant forwards no longer lengthen.
+  const auto trace = instant(std::string(kFourNodes) + "15000,remove,n2\n");
+  bamboo_policy p(slow_job(4), round_costs(), 0);
+  const auto r = simulate(p, trace, 40000, 4);
+  CHECK(r.samples == doctest::Approx(8 + 4 * 11500.0 / 12000));
+  CHECK(part(r, activity::redundant) == doctest::Approx(3000));
+  CHECK(part(r, activity::fallback) == 3000);
+  CHECK(part(r, activity::reconfiguration) == 1500);
+  CHECK(part(r, activity::effective) == doctest::Approx(32500));
+  CHECK(r.decisions.back().what == "takeover");
+  CHECK(r.decisions.back().nodes_in_use == 3);
+
+  SUBCASE("losing the node that took over is fatal: restart on a new grid") {
+    // At 20000 node 0 leaves: 3500 ms lost, detection 500, restart 2000 + 8000 B / 4000 B/s, then
+    // one pipeline of n3, n4 with 4 microbatches: (4 + 1) x 4000 = 20000 ms per step, 15000
+    // without the redundant forwards, from 24500; 15500 ms of it by 40000.
+    const auto t2 = instant(std::string(kFourNodes) + "15000,remove,n2\n20000,remove,n1\n");
+    bamboo_policy q(slow_job(4), round_costs(), 0);
+    const auto r2 = simulate(q, t2, 40000, 4);
+    CHECK(r2.samples == doctest::Approx(4 + 4 * 15500.0 / 20000));
+    CHECK(part(r2, activity::fallback) == 6500);
+    CHECK(part(r2, activity::reconfiguration) == 2000);
+    CHECK(part(r2, activity::restart) == 4000);
+    CHECK(part(r2, activity::redundant) == doctest::Approx(3000 + 5000 * 15500.0 / 20000));
+    CHECK(total(r2) == doctest::Approx(40000));
+    CHECK(r2.decisions.back().what == "restart");
+  }
+}
+
+TEST_CASE("bamboo: twice the state that does not fit is out of memory, and it never trains") {
+  sim_job job = slow_job(4);
+  // 2 layers x 1000 bytes x 4 = 8000 bytes of state: one stage of 4000 fits in 5000 bytes, twice
+  // that does not.
+  job.bamboo_profile = slow_profile(2, 5000);
+  bamboo_policy p(job, round_costs(), 0);
+  CHECK(p.never_runs().find("out of memory") == 0);
+  const auto r = simulate(p, instant(kFourNodes), 10000, 4);
+  CHECK(r.samples == 0);
+  CHECK(part(r, activity::stopped) == 10000);
+}
+
+TEST_CASE("nodes beyond --nodes wait as spares and replace lost ones") {
+  const auto trace = instant("0,add,a\n0,add,b\n0,add,c\n10000,remove,a\n");
+  oobleck_policy p(slow_job(2), round_costs(), 0);
+  const auto r = simulate(p, trace, 20000, 2);
+  REQUIRE(r.decisions.size() == 2);
+  CHECK(r.decisions[0].nodes_in_use == 2);
+  CHECK(r.decisions[1].nodes_in_use == 2);  // c replaced a
+}
