@@ -182,8 +182,11 @@ void layer_store::install_layer(int layer, std::span<const std::byte> bytes) {
   if (h.layer != layer) refuse(layer, "the bytes hold layer " + std::to_string(h.layer));
   if (std::string_view(h.model_hash, sizeof h.model_hash) != model_hash_)
     refuse(layer, "the bytes are of model " + hash_text(h.model_hash) + ", this store's model is " + model_hash_);
-  if (h.elements < 0 || h.payload_bytes != static_cast<std::uint64_t>(kBuffers * h.elements) * sizeof(float) ||
-      bytes.size() - sizeof h != h.payload_bytes)
+  // Compared by division: a corrupt element count must not overflow a product.
+  const std::uint64_t follow = bytes.size() - sizeof h;
+  constexpr std::uint64_t per_element = kBuffers * sizeof(float);
+  if (h.elements < 0 || h.payload_bytes != follow || follow % per_element != 0 ||
+      static_cast<std::uint64_t>(h.elements) != follow / per_element)
     refuse(layer, "torn bytes: the header announces " + std::to_string(h.elements) + " elements per buffer (" +
                       std::to_string(h.payload_bytes) + " payload bytes), " + std::to_string(bytes.size() - sizeof h) +
                       " follow");

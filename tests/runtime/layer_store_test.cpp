@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cstring>
+#include <limits>
 #include <thread>
 
 #include "runtime/layer_store.hpp"
@@ -166,6 +168,9 @@ TEST_CASE("an install of wrong bytes is refused and changes nothing") {
   corrupt[corrupt.size() / 2] ^= std::byte{0x10};
   auto longer = layer3;
   longer.push_back(std::byte{0});
+  auto absurd = layer3;  // element count (header offset 48) far beyond any buffer
+  const std::int64_t huge = std::numeric_limits<std::int64_t>::max() / 2;
+  std::memcpy(absurd.data() + 48, &huge, sizeof huge);
 
   const struct {
     const char* name;
@@ -176,6 +181,7 @@ TEST_CASE("an install of wrong bytes is refused and changes nothing") {
       {"another model", other.serialize_layer(3), "the bytes are of model"},
       {"torn", torn, "torn bytes"},
       {"trailing bytes", longer, "torn bytes"},
+      {"absurd element count", absurd, "torn bytes"},
       {"corrupt", corrupt, "checksum mismatch"},
       {"empty", {}, "shorter than the 72-byte header"},
       {"not a layer", std::vector<std::byte>(100, std::byte{'x'}), "not a serialised layer"},
