@@ -24,11 +24,16 @@ struct stage_runtime {
   explicit stage_runtime(stage_job j)
       : job(std::move(j)),
         data(runtime::default_corpus(static_cast<std::size_t>(job.corpus_bytes), job.corpus_seed), job.model.seq_len),
-        samples(job.sample_seed, data.size(), job.global_batch) {}
+        samples(job.sample_seed, data.size(), job.global_batch),
+        store(job.model) {}
 
   stage_job job;
   runtime::token_dataset data;
   runtime::sampler samples;
+  /// The layers, across epochs. Those outside the current range stay until an epoch has formed
+  /// everywhere (its first step arrives): a reconfiguration that fails part-way must still find
+  /// every layer where the last formed epoch put it.
+  runtime::layer_store store;
   epoch_assignment assignment;
   bool formed_once = false;  ///< layers exist (built from their seed at the job's first epoch)
 
@@ -38,18 +43,14 @@ struct stage_runtime {
   std::string abort_reason;                            // guarded
 
   std::unique_ptr<runtime::host_communicator> comm;
-  std::unique_ptr<runtime::stage_executor> executor;
-  /// Executors of earlier epochs, newest last, kept until an epoch has formed everywhere (its
-  /// first step arrives): a reconfiguration that fails part-way must still find every layer
-  /// where the last formed epoch put it. Their communicators are gone; only their layers are read.
-  std::vector<std::unique_ptr<runtime::stage_executor>> retained;
+  std::unique_ptr<runtime::stage_executor> executor;  ///< this epoch's view of the store
   std::vector<std::vector<int>> layer_groups;
 
-  /// The newest retained executor holding `layer`, if any.
-  runtime::stage_executor* holder_of(int layer) {
-    for (auto it = retained.rbegin(); it != retained.rend(); ++it)
-      if (layer >= (*it)->position().first_layer && layer < (*it)->position().end_layer) return it->get();
-    return nullptr;
+  /// The epoch formed everywhere: layers outside its range are no longer anyone's source.
+  void drop_layers_outside_range() {
+    const auto& s = assignment.stages.at(0);
+    for (int l : store.layers_held())
+      if (l < s.first_layer || l >= s.end_layer) store.drop(l);
   }
 
   std::mutex fault_mu;
@@ -110,56 +111,40 @@ struct stage_state {
 
 using stage_pointer = stage_actor::stateful_pointer<stage_state>;
 
-/// A layer's full state in a fixed order: parameters, first moments, second moments, and its
-/// update count as a one-element tensor.
-std::vector<torch::Tensor> layer_state(runtime::stage_executor& ex, int layer) {
-  std::vector<torch::Tensor> out = ex.parameters(layer);
-  auto& st = ex.optimizer_state(layer);
-  out.insert(out.end(), st.exp_avg.begin(), st.exp_avg.end());
-  out.insert(out.end(), st.exp_avg_sq.begin(), st.exp_avg_sq.end());
-  return out;
-}
-
-/// Copies `from`'s state of `layer` into `to`'s (same shapes).
-void install_state(runtime::stage_executor& to, int layer, const std::vector<torch::Tensor>& from, std::int64_t step) {
-  torch::NoGradGuard no_grad;
-  const auto into = layer_state(to, layer);
-  if (into.size() != from.size()) throw std::logic_error("layer " + std::to_string(layer) + ": state sizes differ");
-  for (std::size_t i = 0; i < into.size(); ++i) into[i].copy_(from[i]);
-  to.optimizer_state(layer).step = step;
-}
-
 /// Tags of the copy plan's messages: far above the executor's (which count microbatches).
-int copy_tag(int layer, std::size_t tensor) { return (1 << 24) + layer * 256 + static_cast<int>(tensor); }
+int copy_tag(int layer, int part) { return (1 << 24) + layer * 2 + part; }
+
+/// Bytes as a tensor that owns them: the transport keeps it until they are written.
+torch::Tensor owning_tensor(std::vector<std::byte> bytes) {
+  auto* owned = new std::vector<std::byte>(std::move(bytes));
+  return torch::from_blob(
+      owned->data(), {static_cast<std::int64_t>(owned->size())}, [owned](void*) { delete owned; }, torch::kUInt8);
+}
 
 /// Runs this rank's part of the copy plan: every send first (they never wait for the receiver),
-/// then every receive straight into the new executor's layers.
-void run_copies(stage_runtime& rt, const epoch_assignment& a, std::vector<char>& installed) {
+/// then every receive, each layer's full state (parameters, AdamW moments, step count) as the
+/// store's bytes: their size, then the bytes.
+void run_copies(stage_runtime& rt, const epoch_assignment& a) {
   for (const auto& c : a.copies) {
     if (c.source != a.rank) continue;
-    runtime::stage_executor* old = rt.holder_of(c.layer);
-    if (!old)
+    if (!rt.store.holds(c.layer))
       throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " from rank " +
                              std::to_string(a.rank) + ", which does not hold it");
-    auto state = layer_state(*old, c.layer);
-    state.push_back(torch::tensor({old->optimizer_state(c.layer).step}, torch::kInt64));
-    for (std::size_t i = 0; i < state.size(); ++i) rt.comm->send(state[i].contiguous(), c.target, copy_tag(c.layer, i));
+    const auto bytes = owning_tensor(rt.store.serialize_layer(c.layer));
+    rt.comm->send(torch::tensor({bytes.numel()}, torch::kInt64), c.target, copy_tag(c.layer, 0));
+    rt.comm->send(bytes, c.target, copy_tag(c.layer, 1));
   }
   for (const auto& c : a.copies) {
     if (c.target != a.rank) continue;
-    if (!rt.executor) throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " to rank " +
-                                             std::to_string(a.rank) + ", which runs no stage");
-    auto shapes = layer_state(*rt.executor, c.layer);
-    std::vector<torch::Tensor> received;
-    for (std::size_t i = 0; i < shapes.size(); ++i) {
-      auto t = torch::empty_like(shapes[i]).contiguous();
-      rt.comm->recv(t, c.source, copy_tag(c.layer, i));
-      received.push_back(t);
-    }
-    auto step = torch::zeros({1}, torch::kInt64);
-    rt.comm->recv(step, c.source, copy_tag(c.layer, shapes.size()));
-    install_state(*rt.executor, c.layer, received, step.item<std::int64_t>());
-    installed.at(static_cast<std::size_t>(c.layer)) = 1;
+    if (a.stages.empty()) throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " to rank " +
+                                                 std::to_string(a.rank) + ", which runs no stage");
+    auto size = torch::zeros({1}, torch::kInt64);
+    rt.comm->recv(size, c.source, copy_tag(c.layer, 0));
+    const auto n = size.item<std::int64_t>();
+    if (n < 0) throw std::runtime_error("layer " + std::to_string(c.layer) + " announced as " + std::to_string(n) + " bytes");
+    auto bytes = torch::empty({n}, torch::kUInt8);
+    rt.comm->recv(bytes, c.source, copy_tag(c.layer, 1));
+    rt.store.install_layer(c.layer, {static_cast<const std::byte*>(bytes.data_ptr()), static_cast<std::size_t>(n)});
   }
 }
 
@@ -167,11 +152,11 @@ bool form(stage_runtime& rt, const epoch_assignment& a) {
   if (a.stages.size() > 1) throw std::invalid_argument("a stage slot runs at most one stage per epoch");
   if (a.rank >= static_cast<std::int32_t>(a.peers.size()))
     throw std::invalid_argument("rank " + std::to_string(a.rank) + " is not among the epoch's peers");
-  // The old epoch ends here: its uncommitted gradients go, its mesh closes. Its layers stay
-  // (retained) until an epoch has formed everywhere.
+  // The old epoch ends here: its uncommitted gradients go, its mesh closes. Its layers stay in
+  // the store until an epoch has formed everywhere.
   if (rt.executor) {
     rt.executor->discard();
-    rt.retained.push_back(std::move(rt.executor));
+    rt.executor.reset();
   }
   rt.comm.reset();
   {
@@ -183,7 +168,7 @@ bool form(stage_runtime& rt, const epoch_assignment& a) {
   rt.assignment = a;
   rt.layer_groups.clear();
   if (a.rank < 0) {  // idle: the layers it held are no longer needed
-    rt.retained.clear();
+    for (int l : rt.store.layers_held()) rt.store.drop(l);
     return true;
   }
 
@@ -200,24 +185,19 @@ bool form(stage_runtime& rt, const epoch_assignment& a) {
   rt.transport->connect();
   rt.comm = std::make_unique<runtime::host_communicator>(*rt.transport);
 
-  std::vector<char> installed(static_cast<std::size_t>(rt.job.model.num_layers()), 0);
+  // Layers are built from their seed only at the job's first epoch; later a layer is kept (it
+  // stayed in the store) or copied.
+  if (!a.stages.empty() && !rt.formed_once) rt.store.ensure(a.stages[0].first_layer, a.stages[0].end_layer);
+  run_copies(rt, a);
   if (!a.stages.empty()) {
     const auto& s = a.stages[0];
-    runtime::stage_position pos{s.first_layer, s.end_layer, s.stage, s.num_stages, s.prev_rank, s.next_rank};
-    rt.executor = std::make_unique<runtime::stage_executor>(rt.job.model, pos, *rt.comm, options_of(rt.job));
-    // Layers this node keeps move across in memory.
     for (int l = s.first_layer; l < s.end_layer; ++l)
-      if (auto* old = rt.holder_of(l)) {
-        install_state(*rt.executor, l, layer_state(*old, l), old->optimizer_state(l).step);
-        installed[static_cast<std::size_t>(l)] = 1;
-      }
-  }
-  run_copies(rt, a, installed);
-  if (rt.executor && rt.formed_once)
-    for (int l = a.stages[0].first_layer; l < a.stages[0].end_layer; ++l)
-      if (!installed[static_cast<std::size_t>(l)])
+      if (!rt.store.holds(l))
         throw std::logic_error("epoch " + std::to_string(a.epoch) + ": layer " + std::to_string(l) +
                                " is neither kept nor copied to rank " + std::to_string(a.rank));
+    runtime::stage_position pos{s.first_layer, s.end_layer, s.stage, s.num_stages, s.prev_rank, s.next_rank};
+    rt.executor = std::make_unique<runtime::stage_executor>(rt.store, pos, *rt.comm, options_of(rt.job));
+  }
   rt.formed_once = true;
   for (const auto& g : a.layer_groups) rt.layer_groups.emplace_back(g.begin(), g.end());
   return true;
@@ -232,7 +212,8 @@ stage_done run(stage_runtime& rt, const stage_step& order) {
     const std::vector<std::int64_t> ids(all.begin() + static_cast<std::ptrdiff_t>(order.first_microbatch * b),
                                         all.begin() + static_cast<std::ptrdiff_t>((order.first_microbatch + order.microbatches) * b));
     const auto [inputs, targets] = rt.data.batch(ids);
-    done.loss_sum = rt.executor->run_step(order.microbatches, inputs, targets);
+    done.loss_sum = rt.executor->run_step(static_cast<std::int64_t>(order.step), order.first_microbatch,
+                                          order.microbatches, inputs, targets);
     rt.fire_faults(order.step);
     rt.executor->reduce_gradients(rt.layer_groups);
   } catch (const std::exception& e) {
@@ -256,7 +237,7 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
         auto& rt = *self->state.rt;
         if (!rt.executor || order.epoch != rt.assignment.epoch || rt.assignment.stages.empty())
           return {order.epoch, order.step, -1, -1, 0, "the stage is not formed for epoch " + std::to_string(order.epoch)};
-        rt.retained.clear();  // a step of this epoch: it formed everywhere
+        rt.drop_layers_outside_range();  // a step of this epoch: it formed everywhere
         return run(rt, order);
       },
       [self](commit_step& c) -> step_committed {
@@ -281,12 +262,14 @@ std::vector<double> train_single_process(const stage_job& job, std::uint64_t ste
   const runtime::sampler samples(job.sample_seed, data.size(), job.global_batch);
   solo_communicator comm;
   const int layers = job.model.num_layers();
-  runtime::stage_executor executor(job.model, {0, layers, 0, 1, -1, -1}, comm, options_of(job));
+  runtime::layer_store store(job.model);
+  store.ensure(0, layers);
+  runtime::stage_executor executor(store, {0, layers, 0, 1, -1, -1}, comm, options_of(job));
   const int microbatches = job.global_batch / job.microbatch;
   std::vector<double> losses;
   for (std::uint64_t k = 0; k < steps; ++k) {
     const auto [inputs, targets] = data.batch(samples.step_samples(static_cast<std::int64_t>(k)));
-    losses.push_back(executor.run_step(microbatches, inputs, targets) / microbatches);
+    losses.push_back(executor.run_step(static_cast<std::int64_t>(k), 0, microbatches, inputs, targets) / microbatches);
     executor.commit();
   }
   return losses;

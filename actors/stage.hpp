@@ -1,12 +1,13 @@
 #pragma once
 // The stage actor (DESIGN §5): one per slot of a worker, for the worker's whole life, detached (its
 // own thread), so that LibTorch compute and blocking collectives never run on CAF's cooperative
-// workers. It holds the node's layers across epochs (parameters and AdamW state), and per epoch
-// the data plane (host transport and communicator) and a stage executor over its layer range.
+// workers. It holds the node's layers across epochs in a layer store (parameters and AdamW state),
+// and per epoch the data plane (host transport and communicator) and a stage executor: a view
+// over its layer range of the store.
 //
 //   idle --epoch_assignment{e}--> forming: the old epoch's uncommitted gradients are dropped, the
-//        new mesh connects, the copy plan runs (full layer state, over the new mesh), kept layers
-//        move into the new range --> formed --stage_step / commit_step--> ... --assignment{e+1}-->
+//        new mesh connects, the copy plan runs (full layer state as bytes, over the new mesh), kept
+//        layers stay where they are --> formed --stage_step / commit_step--> ... --assignment{e+1}-->
 //
 // Messages are handled in order, so a commit decided before a failure is applied before the next
 // epoch forms. abort() is callable from any thread (the monitor's): it fails every pending

@@ -48,12 +48,14 @@ double trial(bool abort_peer) {
   transports[0]->connect(peers);
   connect_peer.join();
   runtime::host_communicator comm0(*transports[0]), comm1(*transports[1]);
-  runtime::stage_executor stage0(model, {0, 2, 0, 2, -1, 1}, comm0, {.microbatch_size = 2, .global_microbatches = 1});
+  runtime::layer_store store(model);
+  store.ensure(0, 2);
+  runtime::stage_executor stage0(store, {0, 2, 0, 2, -1, 1}, comm0, {.microbatch_size = 2, .global_microbatches = 1});
   const auto inputs = torch::randint(0, model.vocab, {2, model.seq_len}, torch::kInt64);
   clock_type::time_point gave_up;
   auto stuck = std::async(std::launch::async, [&] {
     try {
-      stage0.run_step(1, inputs, inputs);
+      stage0.run_step(0, 0, 1, inputs, inputs);
     } catch (const runtime::comm_error&) {
       gave_up = clock_type::now();
     }

@@ -71,7 +71,9 @@ int main(int argc, char** argv) {
     // The same work through the stage executor. Which model is allocated first changes where its
     // weights land and measurably its speed, so rounds are run in both orders.
     no_communicator comm;
-    runtime::stage_executor executor(model, {0, model.num_layers(), 0, 1, -1, -1}, comm,
+    runtime::layer_store store(model);
+    store.ensure(0, model.num_layers());
+    runtime::stage_executor executor(store, {0, model.num_layers(), 0, 1, -1, -1}, comm,
                                      {.microbatch_size = microbatch, .global_microbatches = microbatches, .optimizer = adamw});
     if (!plain_first) layers = runtime::build_layers(model, 0, model.num_layers());
     std::vector<runtime::layer_optimizer_state> states;
@@ -89,7 +91,7 @@ int main(int argc, char** argv) {
     };
     const std::vector<std::vector<int>> groups(model.num_layers(), std::vector<int>{0});
     auto staged_step = [&](const torch::Tensor& in, const torch::Tensor& out) {
-      executor.run_step(microbatches, in, out);
+      executor.run_step(0, 0, microbatches, in, out);
       executor.reduce_gradients(groups);
       executor.commit();
     };

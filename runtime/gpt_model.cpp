@@ -15,6 +15,23 @@ at::Generator layer_generator(const gpt_config& c, int layer) {
   return at::detail::createCPUGenerator(c.seed * 1000003ULL + static_cast<std::uint64_t>(layer) * 7919ULL + 17);
 }
 
+/// Inverted dropout as LibTorch's, with the mask drawn from `gen` (on the CPU, then moved: the
+/// same bits on every device).
+torch::Tensor dropout(const torch::Tensor& x, double p, bool training, at::Generator* gen) {
+  if (p == 0 || !training) return x;
+  if (gen == nullptr) throw std::logic_error("dropout > 0 in training needs a generator; none was given");
+  auto keep = torch::empty(x.sizes(), torch::kFloat32);
+  keep.bernoulli_(1 - p, *gen).div_(1 - p);
+  return x * keep.to(x.device(), x.scalar_type());
+}
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
 torch::Tensor normal(torch::IntArrayRef shape, at::Generator& gen, double std = kInitStd) {
   auto t = torch::empty(shape, torch::kFloat32);
   t.normal_(0.0, std, gen);
@@ -28,11 +45,11 @@ class embedding_layer : public model_layer {
     position_ = register_parameter("position", normal({c.seq_len, c.d_model}, gen));
     dropout_ = c.dropout;
   }
-  torch::Tensor forward(const torch::Tensor& tokens) override {
+  torch::Tensor forward(const torch::Tensor& tokens, at::Generator* gen) override {
     const auto s = tokens.size(1);
     auto x = token_.index_select(0, tokens.reshape({-1})).view({tokens.size(0), s, -1}) +
              position_.slice(0, 0, s).unsqueeze(0);
-    return torch::dropout(x, dropout_, is_training());
+    return dropout(x, dropout_, is_training(), gen);
   }
 
  private:
@@ -61,7 +78,7 @@ class block_layer : public model_layer {
     out_b_ = register_parameter("out_b", torch::zeros({d}));
   }
 
-  torch::Tensor forward(const torch::Tensor& x) override {
+  torch::Tensor forward(const torch::Tensor& x, at::Generator* gen) override {
     const auto b = x.size(0), s = x.size(1), d = x.size(2), dh = d / heads_;
     auto h = torch::layer_norm(x, {d}, ln1_w_, ln1_b_);
     auto qkv = torch::linear(h, qkv_w_).view({b, s, 3, heads_, dh}).permute({2, 0, 3, 1, 4});
@@ -69,12 +86,12 @@ class block_layer : public model_layer {
     auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dh));
     auto causal = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
     att = torch::softmax(att.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
-    att = torch::dropout(att, dropout_, is_training());
+    att = dropout(att, dropout_, is_training(), gen);
     auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, s, d});
-    auto x1 = x + torch::dropout(torch::linear(y, proj_w_, proj_b_), dropout_, is_training());
+    auto x1 = x + dropout(torch::linear(y, proj_w_, proj_b_), dropout_, is_training(), gen);
     auto h2 = torch::layer_norm(x1, {d}, ln2_w_, ln2_b_);
     auto m = torch::linear(torch::gelu(torch::linear(h2, fc_w_, fc_b_)), out_w_, out_b_);
-    return x1 + torch::dropout(m, dropout_, is_training());
+    return x1 + dropout(m, dropout_, is_training(), gen);
   }
 
  private:
@@ -90,7 +107,7 @@ class head_layer : public model_layer {
     ln_b_ = register_parameter("ln_b", torch::zeros({c.d_model}));
     lm_w_ = register_parameter("lm_w", normal({c.vocab, c.d_model}, gen));
   }
-  torch::Tensor forward(const torch::Tensor& x) override {
+  torch::Tensor forward(const torch::Tensor& x, at::Generator*) override {
     return torch::linear(torch::layer_norm(x, {x.size(-1)}, ln_w_, ln_b_), lm_w_);
   }
 
@@ -116,6 +133,16 @@ std::vector<std::shared_ptr<model_layer>> build_layers(const gpt_config& c, int 
     layers.push_back(std::move(layer));
   }
   return layers;
+}
+
+at::Generator dropout_generator(const gpt_config& c, std::int64_t step, std::int64_t microbatch, int layer) {
+  // Chained so that no two (step, microbatch, layer) triples of a job share a seed by arithmetic
+  // coincidence; the domain constant keeps these apart from the initialisation generators.
+  std::uint64_t h = splitmix64(c.seed ^ 0x64726f706f7574ULL);  // "dropout"
+  h = splitmix64(h ^ static_cast<std::uint64_t>(step));
+  h = splitmix64(h ^ static_cast<std::uint64_t>(microbatch));
+  h = splitmix64(h ^ static_cast<std::uint64_t>(layer));
+  return at::detail::createCPUGenerator(h);
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -14,13 +14,21 @@ namespace oobleck::runtime {
 /// layer 0 (int64 token ids in) and the last layer (logits [batch, seq, vocab] out).
 class model_layer : public torch::nn::Module {
  public:
-  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  /// `dropout` draws this forward's dropout masks, in a fixed order; it may be null only when no
+  /// mask is drawn (dropout 0 or eval mode), else std::logic_error: LibTorch's global generator is
+  /// never used, so that a re-run or a recompute sees the same masks (DESIGN §5, Randomness).
+  virtual torch::Tensor forward(const torch::Tensor& x, at::Generator* dropout) = 0;
+  torch::Tensor forward(const torch::Tensor& x) { return forward(x, nullptr); }
 };
 
 /// Layers [first, end) of the model, initialised exactly as in any other split: layer l draws from
 /// its own CPU generator seeded from (seed, l), then moves to `device`.
 std::vector<std::shared_ptr<model_layer>> build_layers(const gpt_config& c, int first, int end,
                                                        torch::Device device = torch::kCPU);
+
+/// The generator of layer l's dropout masks for global microbatch `microbatch` of step `step`:
+/// a pure function of (c.seed, step, microbatch, layer), whichever pipeline or stage runs it.
+at::Generator dropout_generator(const gpt_config& c, std::int64_t step, std::int64_t microbatch, int layer);
 
 /// Mean cross-entropy of logits [b, s, V] against targets [b, s].
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);

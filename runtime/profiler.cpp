@@ -109,9 +109,10 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
     torch::Tensor input = l == 0 ? tokens : torch::randn({b, s, d}).requires_grad_(true);
     const torch::Tensor upstream = last ? torch::Tensor() : torch::randn({b, s, d});
     for (int it = 0; it < options.warmup + options.repeats; ++it) {
+      auto dropout = dropout_generator(model, it, 0, l);  // masks as in training, never the global generator
       const auto live_before = live_cpu_bytes();
       auto start = now();
-      auto y = layers[l]->forward(input);
+      auto y = layers[l]->forward(input, &dropout);
       if (last) y = lm_loss(y, targets);
       const double fwd = ms_between(start, now());
       const auto retained = live_cpu_bytes() - live_before;

@@ -24,33 +24,61 @@ struct in_flight {
 
 }  // namespace
 
-stage_executor::stage_executor(const gpt_config& model, stage_position position, communicator& comm,
+stage_executor::stage_executor(layer_store& store, stage_position position, communicator& comm,
                                executor_options options)
-    : model_(model), position_(position), comm_(comm), options_(options) {
-  layers_ = build_layers(model, position.first_layer, position.end_layer, options.device);
-  for (const auto& layer : layers_) states_.push_back(initial_state(layer->parameters()));
+    : store_(store), position_(position), comm_(comm), options_(options) {
+  const int L = store.model().num_layers();
+  if (position.first_layer < 0 || position.end_layer > L || position.first_layer >= position.end_layer)
+    throw std::invalid_argument("stage layers [" + std::to_string(position.first_layer) + ", " +
+                                std::to_string(position.end_layer) + ") are not inside the model's " +
+                                std::to_string(L) + " layers");
+  for (int l = position.first_layer; l < position.end_layer; ++l)
+    if (!store.holds(l))
+      throw std::invalid_argument("stage layers [" + std::to_string(position.first_layer) + ", " +
+                                  std::to_string(position.end_layer) + ") need layer " + std::to_string(l) +
+                                  ", which the node's store does not hold");
 }
 
-torch::Tensor stage_executor::forward_layers(const torch::Tensor& x) {
+int stage_executor::checked(int layer) const {
+  if (layer < position_.first_layer || layer >= position_.end_layer)
+    throw std::out_of_range("layer " + std::to_string(layer) + " is outside this stage's layers [" +
+                            std::to_string(position_.first_layer) + ", " + std::to_string(position_.end_layer) + ")");
+  return layer;
+}
+
+torch::Tensor stage_executor::forward_layers(const torch::Tensor& x, std::int64_t step, std::int64_t microbatch) {
+  const auto& model = store_.model();
   torch::Tensor h = x;
-  for (const auto& layer : layers_) h = layer->forward(h);
+  for (int l = position_.first_layer; l < position_.end_layer; ++l) {
+    if (model.dropout > 0) {
+      auto gen = dropout_generator(model, step, microbatch, l);
+      h = store_.module(l).forward(h, &gen);
+    } else {
+      h = store_.module(l).forward(h, nullptr);
+    }
+  }
   return h;
 }
 
-double stage_executor::run_step(int num_microbatches, const torch::Tensor& inputs, const torch::Tensor& targets) {
+double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch, int num_microbatches,
+                                const torch::Tensor& inputs, const torch::Tensor& targets) {
+  const auto& model = store_.model();
+  const auto device = store_.device();
   const bool first = position_.stage == 0;
   const bool last = position_.stage == position_.num_stages - 1;
   const bool recompute = options_.activation_checkpointing;
   const int b = options_.microbatch_size;
-  const auto activation = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
+  const auto activation = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   auto rows = [&](const torch::Tensor& t, int microbatch) {
-    return t.slice(0, microbatch * b, (microbatch + 1) * b).to(options_.device);
+    return t.slice(0, microbatch * b, (microbatch + 1) * b).to(device);
   };
+  // Backward accumulates straight into each layer's flat gradient buffer.
+  for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.gradients(l);
   // Forward of one microbatch; under checkpointing autograd records nothing until backward redoes it.
   auto forward = [&](in_flight& mb, int microbatch, bool record) {
     std::optional<torch::NoGradGuard> no_grad;
     if (!record) no_grad.emplace();
-    auto out = forward_layers(mb.input);
+    auto out = forward_layers(mb.input, step, first_microbatch + microbatch);
     return last ? lm_loss(out, rows(targets, microbatch)) : out;
   };
   std::vector<in_flight> mbs(num_microbatches);
@@ -60,7 +88,7 @@ double stage_executor::run_step(int num_microbatches, const torch::Tensor& input
     const int tag = tag_of(op.kind, op.microbatch);
     switch (op.kind) {
       case op_kind::recv_activation:
-        mb.input = torch::empty({b, model_.seq_len, model_.d_model}, activation);
+        mb.input = torch::empty({b, model.seq_len, model.d_model}, activation);
         comm_.recv(mb.input, position_.prev_rank, tag);
         mb.input.requires_grad_(true);
         break;
@@ -77,7 +105,7 @@ double stage_executor::run_step(int num_microbatches, const torch::Tensor& input
         if (recompute) mb.output = torch::Tensor();
         break;
       case op_kind::recv_gradient:
-        mb.gradient = torch::empty({b, model_.seq_len, model_.d_model}, activation);
+        mb.gradient = torch::empty({b, model.seq_len, model.d_model}, activation);
         comm_.recv(mb.gradient, position_.next_rank, tag);
         break;
       case op_kind::backward: {
@@ -101,49 +129,24 @@ void stage_executor::reduce_gradients(const std::vector<std::vector<int>>& layer
   for (int l = position_.first_layer; l < position_.end_layer; ++l) {
     const auto& group = layer_groups.at(l);
     if (group.size() < 2) continue;
-    auto params = parameters(l);
-    std::vector<torch::Tensor> grads;
-    for (auto& p : params) grads.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
-    auto flat = torch::cat(grads);
-    comm_.all_reduce_sum(flat, group);
-    std::int64_t offset = 0;
-    for (auto& p : params) {
-      const auto n = p.numel();
-      p.mutable_grad() = flat.slice(0, offset, offset + n).view_as(p).clone();
-      offset += n;
-    }
+    comm_.all_reduce_sum(store_.gradients(l), group);
   }
 }
 
 void stage_executor::commit() {
-  for (std::size_t i = 0; i < layers_.size(); ++i) adamw_step(layers_[i]->parameters(), states_[i], options_.optimizer);
+  for (int l = position_.first_layer; l < position_.end_layer; ++l)
+    adamw_step(store_.parameters(l), store_.optimizer_state(l), options_.optimizer);
   discard();
 }
 
 void stage_executor::discard() {
-  for (const auto& layer : layers_)
-    for (auto& p : layer->parameters()) p.mutable_grad() = torch::Tensor();
+  for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.drop_gradients(l);
 }
 
-std::vector<torch::Tensor> stage_executor::parameters(int layer) const {
-  return layers_.at(layer - position_.first_layer)->parameters();
-}
+std::vector<torch::Tensor> stage_executor::parameters(int layer) const { return store_.parameters(checked(layer)); }
 
-layer_optimizer_state& stage_executor::optimizer_state(int layer) { return states_.at(layer - position_.first_layer); }
+layer_optimizer_state& stage_executor::optimizer_state(int layer) { return store_.optimizer_state(checked(layer)); }
 
-std::uint64_t stage_executor::parameter_digest(int layer) const { return tensor_digest(parameters(layer)); }
-
-std::uint64_t tensor_digest(const std::vector<torch::Tensor>& tensors) {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (const auto& t : tensors) {
-    const auto c = t.detach().to(torch::kCPU).contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
-    for (std::int64_t i = 0; i < c.numel() * static_cast<std::int64_t>(c.element_size()); ++i) {
-      h ^= bytes[i];
-      h *= 1099511628211ULL;
-    }
-  }
-  return h;
-}
+std::uint64_t stage_executor::parameter_digest(int layer) const { return store_.parameter_digest(checked(layer)); }
 
 }  // namespace oobleck::runtime

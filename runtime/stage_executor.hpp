@@ -1,6 +1,6 @@
 #pragma once
-// Runs one pipeline stage: layers [first, end) of the model, the 1F1B op list of planning/, the
-// per-layer gradient all-reduce across pipelines, and the optimizer step on commit.
+// Runs one pipeline stage: layers [first, end) of the node's layer store, the 1F1B op list of
+// planning/, the per-layer gradient all-reduce across pipelines, and the optimizer step on commit.
 
 #include <torch/torch.h>
 
@@ -10,6 +10,7 @@
 
 #include "runtime/communicator.hpp"
 #include "runtime/gpt_model.hpp"
+#include "runtime/layer_store.hpp"
 #include "runtime/optimizer.hpp"
 
 namespace oobleck::runtime {
@@ -31,24 +32,33 @@ struct executor_options {
   int global_microbatches = 1;
   bool activation_checkpointing = false;  ///< keep only stage inputs; recompute in backward
   adamw_options optimizer;
-  torch::Device device = torch::kCPU;
 };
 
+/// A stage of one epoch: a view over layers [first_layer, end_layer) of the node's store, bound to
+/// the epoch's communicator. It owns no layer: the store outlives it and keeps the layers when the
+/// next epoch builds other views.
 class stage_executor {
  public:
-  stage_executor(const gpt_config& model, stage_position position, communicator& comm, executor_options options);
+  /// Every layer of the range must be held by `store` (std::invalid_argument otherwise); `store`
+  /// and `comm` must outlive the executor.
+  stage_executor(layer_store& store, stage_position position, communicator& comm, executor_options options);
 
-  /// The 1F1B ops of this step for `num_microbatches` microbatches. `inputs` and `targets` are the
-  /// pipeline's token ids [num_microbatches * b, seq] (read on the first / last stage only).
+  /// The 1F1B ops of step `step` for the pipeline's `num_microbatches` microbatches, which are
+  /// microbatches [first_microbatch, first_microbatch + num_microbatches) of the global batch:
+  /// dropout masks follow from (model seed, step, global microbatch, layer), so any split of the
+  /// batch, a re-run of the step and a recompute draw the same masks. `inputs` and `targets` are
+  /// the pipeline's token ids [num_microbatches * b, seq] (read on the first / last stage only).
   /// Returns the sum of the unscaled microbatch losses on the last stage, 0 elsewhere.
   /// Throws comm_error when the data plane fails; gradients are then partial: discard() them.
-  double run_step(int num_microbatches, const torch::Tensor& inputs, const torch::Tensor& targets);
+  double run_step(std::int64_t step, std::int64_t first_microbatch, int num_microbatches, const torch::Tensor& inputs,
+                  const torch::Tensor& targets);
 
   /// Sums each layer's gradient over layer_groups[l], the ranks of every holder of layer l
-  /// (groups of one rank are skipped). Layers go in increasing order on every rank.
+  /// (groups of one rank are skipped): one all-reduce of the layer's flat gradient buffer. Layers
+  /// go in increasing order on every rank.
   void reduce_gradients(const std::vector<std::vector<int>>& layer_groups);
 
-  /// The step is committed everywhere: apply AdamW to every layer and clear gradients.
+  /// The step is committed everywhere: apply AdamW to every layer of the range and drop gradients.
   void commit();
   /// The step failed somewhere: drop its gradients.
   void discard();
@@ -61,17 +71,13 @@ class stage_executor {
   std::uint64_t parameter_digest(int layer) const;
 
  private:
-  torch::Tensor forward_layers(const torch::Tensor& x);
+  int checked(int layer) const;
+  torch::Tensor forward_layers(const torch::Tensor& x, std::int64_t step, std::int64_t microbatch);
 
-  gpt_config model_;
+  layer_store& store_;
   stage_position position_;
   communicator& comm_;
   executor_options options_;
-  std::vector<std::shared_ptr<model_layer>> layers_;
-  std::vector<layer_optimizer_state> states_;
 };
-
-/// FNV-1a over the raw bytes of tensors (moved to CPU, contiguous).
-std::uint64_t tensor_digest(const std::vector<torch::Tensor>& tensors);
 
 }  // namespace oobleck::runtime

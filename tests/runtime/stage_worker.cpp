@@ -36,7 +36,9 @@ int main(int argc, char** argv) {
     transport.connect(peers);
     runtime::host_communicator comm(transport);
     const auto& me = scenario.ranks[rank];
-    runtime::stage_executor executor(setup.model, me.position, comm,
+    runtime::layer_store store(setup.model);
+    store.ensure(me.position.first_layer, me.position.end_layer);
+    runtime::stage_executor executor(store, me.position, comm,
                                      {.microbatch_size = setup.microbatch,
                                       .global_microbatches = setup.global_batch / setup.microbatch,
                                       .optimizer = setup.optimizer});
@@ -46,7 +48,9 @@ int main(int argc, char** argv) {
       const auto ids = runtime::sampler::slice(sampler.step_samples(step), scenario.microbatches, me.pipeline,
                                                setup.microbatch);
       const auto [inputs, targets] = data.batch(ids);
-      executor.run_step(scenario.microbatches[me.pipeline], inputs, targets);
+      int first_microbatch = 0;
+      for (int p = 0; p < me.pipeline; ++p) first_microbatch += scenario.microbatches[p];
+      executor.run_step(step, first_microbatch, scenario.microbatches[me.pipeline], inputs, targets);
       executor.reduce_gradients(scenario.layer_groups);
       executor.commit();
     }

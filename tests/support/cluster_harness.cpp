@@ -34,11 +34,29 @@ training_result train_reference(const training_setup& s) {
   training_result r;
   for (int step = 0; step < s.steps; ++step) {
     auto [input, target] = data.batch(sampler.step_samples(step));
-    torch::Tensor h = input;
-    for (auto& l : layers) h = l->forward(h);
-    auto loss = runtime::lm_loss(h, target);
-    r.losses.push_back(loss.item<double>());
-    loss.backward();
+    if (s.model.dropout == 0) {
+      torch::Tensor h = input;
+      for (auto& l : layers) h = l->forward(h);
+      auto loss = runtime::lm_loss(h, target);
+      r.losses.push_back(loss.item<double>());
+      loss.backward();
+    } else {
+      // Dropout masks belong to (step, global microbatch, layer): draw them microbatch by
+      // microbatch, as any pipeline split does.
+      const int M = s.global_batch / s.microbatch;
+      double loss_sum = 0;
+      for (int m = 0; m < M; ++m) {
+        torch::Tensor h = input.slice(0, m * s.microbatch, (m + 1) * s.microbatch);
+        for (int l = 0; l < static_cast<int>(layers.size()); ++l) {
+          auto gen = runtime::dropout_generator(s.model, step, m, l);
+          h = layers[l]->forward(h, &gen);
+        }
+        auto loss = runtime::lm_loss(h, target.slice(0, m * s.microbatch, (m + 1) * s.microbatch));
+        loss_sum += loss.item<double>();
+        (loss / M).backward();
+      }
+      r.losses.push_back(loss_sum / M);
+    }
     if (step == 0)
       for (auto& l : layers) {
         std::vector<torch::Tensor> g;
@@ -77,11 +95,19 @@ training_result train_pipelines(const training_setup& s, const std::vector<pipel
                                     .global_microbatches = s.global_batch / s.microbatch,
                                     .activation_checkpointing = s.activation_checkpointing,
                                     .optimizer = s.optimizer};
+  // One store per rank, as one node per stage; the executors are views over them.
+  std::vector<std::unique_ptr<runtime::layer_store>> stores;
   std::vector<std::unique_ptr<runtime::stage_executor>> executors;
-  for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
-    executors.push_back(std::make_unique<runtime::stage_executor>(s.model, ranks[r].position, hub.at(r), options));
-  std::vector<int> microbatches;
-  for (const auto& p : pipelines) microbatches.push_back(p.microbatches);
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+    stores.push_back(std::make_unique<runtime::layer_store>(s.model));
+    stores.back()->ensure(ranks[r].position.first_layer, ranks[r].position.end_layer);
+    executors.push_back(std::make_unique<runtime::stage_executor>(*stores[r], ranks[r].position, hub.at(r), options));
+  }
+  std::vector<int> microbatches, first_microbatch;
+  for (const auto& p : pipelines) {
+    first_microbatch.push_back(microbatches.empty() ? 0 : first_microbatch.back() + microbatches.back());
+    microbatches.push_back(p.microbatches);
+  }
   training_result result;
   result.first_gradients.resize(L);
   for (int step = 0; step < s.steps; ++step) {
@@ -94,7 +120,8 @@ training_result train_pipelines(const training_setup& s, const std::vector<pipel
     for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
       stages.push_back(std::async(std::launch::async, [&, r] {
         const int p = ranks[r].pipeline;
-        loss[r] = executors[r]->run_step(pipelines[p].microbatches, batches[p].first, batches[p].second);
+        loss[r] = executors[r]->run_step(step, first_microbatch[p], pipelines[p].microbatches, batches[p].first,
+                                         batches[p].second);
         executors[r]->reduce_gradients(layer_groups);
         if (step == 0)
           for (int l = ranks[r].position.first_layer; l < ranks[r].position.end_layer; ++l)

@@ -43,8 +43,10 @@ struct training_result {
 training_setup small_setup();
 const runtime::token_dataset& test_dataset(std::int64_t seq_len);
 
-/// Plain LibTorch: all layers in one loop, the whole global batch at once, torch::optim::AdamW
-/// with the same hyper-parameters and schedule (not the project's AdamW, which is under test).
+/// Plain LibTorch: all layers in one loop, the whole global batch at once (microbatch by
+/// microbatch when the model has dropout: masks belong to global microbatches),
+/// torch::optim::AdamW with the same hyper-parameters and schedule (not the project's AdamW, which
+/// is under test).
 training_result train_reference(const training_setup& s);
 
 /// The pipelines on threads (one per stage) with the 1F1B executor and per-layer all-reduce.

@@ -1,0 +1,95 @@
+#pragma once
+// A node's layers (DESIGN §5, Layer store): per layer its module, gradients and optimizer state,
+// each kept in one flat buffer, so that all-reduce, copy and checkpoint are one operation per
+// layer. Stage executors are views over a range of the store; a new epoch builds new views over
+// the same store and keeps the layers the node still holds.
+
+#include <torch/torch.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/gpt_config.hpp"
+#include "runtime/gpt_model.hpp"
+#include "runtime/optimizer.hpp"
+
+namespace oobleck::runtime {
+
+/// Bytes that are not a layer of this store's model: wrong layer, other model, torn or corrupt.
+class layer_install_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Not synchronised: ensure, drop and install while no view runs. Views of one epoch may run on
+/// threads of their own, since no two of them share a layer.
+class layer_store {
+ public:
+  explicit layer_store(gpt_config model, torch::Device device = torch::kCPU);
+  layer_store(const layer_store&) = delete;
+  layer_store& operator=(const layer_store&) = delete;
+
+  const gpt_config& model() const { return model_; }
+  torch::Device device() const { return device_; }
+
+  /// Builds layer l from its seed unless held: identical on every node (job start only; later a
+  /// layer arrives by install_layer).
+  void ensure(int layer);
+  /// ensure() for each layer in [first, end).
+  void ensure(int first, int end);
+  /// Frees layer l (nothing happens when it is not held).
+  void drop(int layer);
+  bool holds(int layer) const { return slots_.count(layer) != 0; }
+  /// Held layers in increasing order.
+  std::vector<int> layers_held() const;
+
+  /// Layer l's full state (parameters, AdamW moments, step count) behind a header naming the layer
+  /// and the model; gradients are not state. Throws std::out_of_range when l is not held.
+  std::vector<std::byte> serialize_layer(int layer) const;
+  /// Replaces (or adds) layer l with the state in `bytes`, dropping any gradients. Bytes of
+  /// another layer or model, or torn or corrupt bytes, throw layer_install_error and change nothing.
+  void install_layer(int layer, std::span<const std::byte> bytes);
+
+  model_layer& module(int layer);
+  /// The module's parameters: views of flat_parameters(layer), in registration order.
+  std::vector<torch::Tensor> parameters(int layer) const;
+  /// Every parameter of layer l, concatenated.
+  const torch::Tensor& flat_parameters(int layer) const;
+  /// Layer l's gradient buffer (zeros when the layer has none yet), and the parameters' .grad()
+  /// are its views from now on: backward accumulates into it, and one all-reduce sums it.
+  torch::Tensor& gradients(int layer);
+  /// Frees layer l's gradients; the parameters' .grad() are undefined again.
+  void drop_gradients(int layer);
+  /// Moments are views of one flat buffer each.
+  layer_optimizer_state& optimizer_state(int layer);
+  /// FNV-1a over the bytes of layer l's parameters: equal digests = bitwise equal replicas.
+  std::uint64_t parameter_digest(int layer) const;
+
+ private:
+  struct slot {
+    std::shared_ptr<model_layer> module;
+    std::vector<torch::Tensor> parameters;
+    torch::Tensor flat_parameters, flat_gradients, flat_exp_avg, flat_exp_avg_sq;
+    layer_optimizer_state optimizer;
+  };
+
+  std::unique_ptr<slot> build(int layer) const;
+  slot& at(int layer);
+  const slot& at(int layer) const;
+
+  gpt_config model_;
+  std::string model_hash_;
+  torch::Device device_;
+  std::map<int, std::unique_ptr<slot>> slots_;
+};
+
+/// FNV-1a over the raw bytes of tensors (moved to CPU, contiguous).
+std::uint64_t tensor_digest(const std::vector<torch::Tensor>& tensors);
+
+}  // namespace oobleck::runtime
