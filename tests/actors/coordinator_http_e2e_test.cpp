@@ -136,7 +136,7 @@ TEST_CASE("coordinator http: /status and /metrics show what oobleck-ctl sees, 40
   CHECK(w1->wait_exit() == 0);
 }
 
-TEST_CASE("coordinator http: off unless configured; the job file's http.port serves on the --listen host") {
+TEST_CASE("coordinator http: off unless configured, and the job file's http.port serves on the --listen host") {
   job_dir d;
   coordinator off(d, 1, {});
   CHECK(off.p->output().find("http on") == std::string::npos);
