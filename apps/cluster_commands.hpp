@@ -1,6 +1,7 @@
 #pragma once
 // The cluster programs' commands (composition roots call them through run_program):
 //   oobleck-coordinator --listen HOST:PORT --config JOB.toml [--token-file FILE] [--nodes N]
+//                       [--steps K] [--http HOST:PORT] [--metrics-out FILE]
 //   oobleck-worker --coordinator HOST:PORT --token-file FILE [--name NAME] [--slots K] ...
 //   oobleck-ctl --coordinator HOST:PORT --token-file FILE status [--json] | kill-node ID |
 //               hang-node ID [--seconds S] | shutdown [--reason TEXT]

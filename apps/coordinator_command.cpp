@@ -17,6 +17,7 @@
 #include "apps/cluster_commands.hpp"
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
+#include "apps/http_status.hpp"
 #include "apps/job_file.hpp"
 #include "messages/input_error.hpp"
 #include "messages/profile_file.hpp"
@@ -126,7 +127,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   std::string listen, config, token_file = "oobleck.token";
   std::optional<int> nodes_flag, fault_tolerance_flag;
   std::optional<std::int64_t> steps_flag;
-  std::string metrics_out;
+  std::string metrics_out, http;
   add_text(app, "--listen", listen, "HOST:PORT to accept workers and operators on (PORT 0: any free port)")
       ->required();
   add_text(app, "--config", config, "the job file (TOML); workers receive it when admitted")->required();
@@ -140,6 +141,9 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   add_integer(app, "--fault-tolerance", fault_tolerance_flag, 0, 64,
               "f: the plan keeps at least f+1 pipelines (default: the job's cluster.fault_tolerance)");
   add_text(app, "--metrics-out", metrics_out, "append one JSON line per committed step to FILE");
+  add_text(app, "--http", http,
+           "HOST:PORT to serve GET /status (JSON) and GET /metrics (Prometheus) on (PORT 0: any free "
+           "port; default: the job's http.port on the --listen host, off when it is 0)");
   if (!parse_flags(app, args, out)) return 0;
 
   const host_port at = parse_host_port("--listen", listen, true);
@@ -161,6 +165,18 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   cluster_config cfg;
   cfg.set_heartbeat(job.cluster.heartbeat_interval_ms, job.cluster.connection_timeout_ms);
   caf::actor_system sys{cfg};
+  // The status endpoint listens before the coordinator does: an address in use stops the start.
+  // (Declared after the actor system, so that it stops before the system it asks goes away.)
+  std::unique_ptr<http_status_server> http_server;
+  host_port http_at{at.host, static_cast<std::uint16_t>(job.http.port)};
+  if (!http.empty()) http_at = parse_host_port("--http", http, true);
+  if (!http.empty() || job.http.port != 0) {
+    try {
+      http_server = std::make_unique<http_status_server>(http_at.host, http_at.port);
+    } catch (const messages::input_error& e) {
+      throw messages::input_error((http.empty() ? "http.port: " : "--http: ") + std::string(e.what()));
+    }
+  }
   actors::coordinator_deps deps;
   deps.policy = {token, actors::sha256_hex(job_text), messages::protocol_version};
   deps.job_toml = job_text;
@@ -192,6 +208,13 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   log("listening on " + at.host + ":" + std::to_string(*port) + " (job " +
       deps.policy.job_hash.substr(0, 12) + ", protocol " + std::to_string(messages::protocol_version) +
       "), waiting for " + std::to_string(nodes) + " node(s)");
+  if (http_server) {
+    http_server->start([&sys, coord, token](std::function<void(status_reply)> done) {
+      request_status(sys, coord, token, std::chrono::seconds(5), std::move(done));
+    });
+    log("http on " + http_at.host + ":" + std::to_string(http_server->port()) +
+        " (GET /status, GET /metrics)");
+  }
   signals.start(sys, coord, token, log);
 
   caf::error reason;
@@ -199,6 +222,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   self->monitor(coord);
   self->receive([&](caf::down_msg& dm) { reason = dm.reason; });
   signals.stop();
+  http_server.reset();  // before the actor system it asks goes away
   if (reason && reason != caf::exit_reason::user_shutdown) {
     std::cerr << "error: the job failed: " << messages::describe(reason) << "\n";
     return 1;

@@ -1,12 +1,12 @@
 #include <iomanip>
 
 #include <caf/scoped_actor.hpp>
-#include <nlohmann/json.hpp>
 
 #include "actors/admission.hpp"
 #include "apps/cluster_commands.hpp"
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
+#include "apps/status_report.hpp"
 #include "messages/input_error.hpp"
 
 namespace oobleck::apps {
@@ -14,24 +14,6 @@ namespace oobleck::apps {
 namespace {
 
 using namespace oobleck::messages;
-
-nlohmann::json to_json(const job_status& s) {
-  nlohmann::json nodes = nlohmann::json::array();
-  for (const auto& n : s.nodes)
-    nodes.push_back({{"node", n.node}, {"name", n.name}, {"state", n.state}, {"rank", n.rank}});
-  nlohmann::json pipelines = nlohmann::json::array();
-  for (const auto& p : s.pipelines)
-    pipelines.push_back(
-        {{"nodes", p.nodes}, {"stage_layers", p.stage_layers}, {"microbatches", p.microbatches}});
-  return {{"state", s.state},
-          {"epoch", s.epoch},
-          {"committed_steps", s.committed_steps},
-          {"last_loss", static_cast<double>(s.last_loss)},
-          {"samples_per_second", static_cast<double>(s.samples_per_second)},
-          {"dropped_messages", s.dropped_messages},
-          {"nodes", nodes},
-          {"pipelines", pipelines}};
-}
 
 void print_status(std::ostream& out, const job_status& s) {
   out << "job: " << s.state << ", epoch " << s.epoch << ", " << s.committed_steps
@@ -102,7 +84,7 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
   if (status->parsed()) {
     const auto s = ask<job_status>(sys, c, token, status_atom_v);
     if (json)
-      out << to_json(s).dump(2) << "\n";
+      out << status_json(s).dump(2) << "\n";
     else
       print_status(out, s);
   } else if (kill->parsed() || hang->parsed()) {
