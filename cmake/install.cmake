@@ -23,6 +23,7 @@ endforeach()
 install(FILES
     messages/actor_interfaces.hpp messages/admission.hpp messages/control_messages.hpp
     messages/epoch_messages.hpp messages/input_error.hpp messages/protocol.hpp messages/step_messages.hpp
+    messages/wire_double.hpp
   DESTINATION ${OOBLECK_INSTALL_INCLUDEDIR}/messages)
 install(FILES runtime/gpt_config.hpp runtime/optimizer_options.hpp runtime/sampler.hpp
   DESTINATION ${OOBLECK_INSTALL_INCLUDEDIR}/runtime)
