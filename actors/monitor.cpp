@@ -161,9 +161,12 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
   self->monitor(self->state.deps.coordinator);
   self->set_down_handler([self](caf::down_msg& dm) {
     if (dm.source != self->state.deps.coordinator.address()) return;
-    self->state.deps.log("the coordinator is gone (" + self->system().render(dm.reason) +
-                         "); stopping");
-    retire_stage(self, "the coordinator is gone");
+    // Either the coordinator stopped, or it stopped hearing this node (a hang longer than the
+    // heartbeat timeout) and declared it lost: the job has moved on without it (fencing), and
+    // its stage's old epoch is aborted so nothing of it touches the data plane again.
+    self->state.deps.log("lost contact with the coordinator (" + self->system().render(dm.reason) +
+                         "): it stopped, or it declared this node lost; stopping");
+    retire_stage(self, "lost contact with the coordinator");
     self->quit(caf::make_error(caf::exit_reason::remote_link_unreachable));
   });
   start_registration(self);

@@ -49,7 +49,8 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   CLI::App app{"oobleck-worker: one node of a job. Registers with the coordinator (proving the job\n"
                "token), then runs what the coordinator assigns until it is shut down.\n"
                "Exit status: 0 shut down by the coordinator; 2 bad flags or refused (token, job or\n"
-               "protocol version); 3 the coordinator went away.",
+               "protocol version); 3 lost contact with the coordinator (it stopped, or declared this\n"
+               "node lost after a hang).",
                "oobleck-worker"};
   std::string coordinator, token_file, name = default_name(), config, data_host;
   int slots = 1, data_port = 0;
@@ -118,7 +119,8 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
     err << "error: refused by the coordinator: " << messages::describe(reason) << "\n";
     return 2;
   }
-  err << "error: the coordinator at " << coordinator << " went away\n";
+  err << "error: lost contact with the coordinator at " << coordinator
+      << " (it stopped, or it declared this node lost)\n";
   return 3;
 }
 

@@ -188,7 +188,7 @@ TEST_CASE("cluster: a worker whose coordinator dies says so and exits 3") {
   c.p->signal(SIGKILL);
   CHECK(c.p->wait_exit() == 128 + SIGKILL);
   CHECK(w0->wait_exit() == 3);
-  CHECK(w0->output().find("the coordinator is gone") != std::string::npos);
+  CHECK(w0->output().find("lost contact with the coordinator") != std::string::npos);
 }
 
 TEST_CASE("cluster: bad flags and unreachable coordinators are one clear error") {

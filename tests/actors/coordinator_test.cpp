@@ -220,5 +220,5 @@ TEST_CASE("monitor: a monitor whose coordinator is gone says so and stops") {
   caf::anon_send_exit(f.coord, caf::exit_reason::kill);
   f.sched.run();
   CHECK_FALSE(f.alive(a->handle));
-  CHECK(a->log.back().find("the coordinator is gone") != std::string::npos);
+  CHECK(a->log.back().find("lost contact with the coordinator") != std::string::npos);
 }

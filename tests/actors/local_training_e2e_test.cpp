@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
 #include <cmath>
 #include <set>
 #include <filesystem>
@@ -109,4 +111,63 @@ TEST_CASE("oobleck-local: a bad job file is refused before any process starts") 
   CHECK(r.exit_status == 2);
   CHECK(r.err.rfind("error: ", 0) == 0);
   CHECK(r.out.empty());
+}
+
+TEST_CASE("cluster: a hung worker is replaced; when it wakes up it changes nothing and exits") {
+  // Separate processes (not oobleck-local) so the test can wake the frozen worker itself.
+  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-fencing-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct cleanup {
+    std::filesystem::path d;
+    ~cleanup() { std::filesystem::remove_all(d); }
+  } remove{dir};
+  auto job_text = run_process(bin + "/oobleck-local", {"--print-default-job"}).out;
+  const auto at = job_text.find("[cluster]");
+  REQUIRE(at != std::string::npos);
+  job_text.insert(at + std::string("[cluster]\n").size(), "heartbeat_interval_ms = 200\nconnection_timeout_ms = 2000\n");
+  std::ofstream(dir / "job.toml") << job_text;
+  const auto job = apps::parse_job(job_text, "job");
+  constexpr int steps = 40;
+  const std::string metrics = (dir / "metrics.jsonl").string();
+  background_process coordinator(bin + "/oobleck-coordinator",
+                                 {"--listen", "127.0.0.1:0", "--config", (dir / "job.toml").string(), "--token-file",
+                                  (dir / "token").string(), "--steps", std::to_string(steps), "--metrics-out", metrics});
+  const auto line = coordinator.wait_for_line("listening on ");
+  const auto begin = line.find("127.0.0.1:");
+  const std::string address = line.substr(begin, line.find(' ', begin) - begin);
+  std::vector<std::unique_ptr<background_process>> workers;
+  for (int i = 0; i < job.cluster.nodes; ++i)
+    workers.push_back(std::make_unique<background_process>(
+        bin + "/oobleck-worker",
+        std::vector<std::string>{"--coordinator", address, "--token-file", (dir / "token").string(), "--name",
+                                 "w" + std::to_string(i), "--heartbeat-interval-ms", "200", "--connection-timeout-ms",
+                                 "2000"}));
+  coordinator.wait_for_line("step 3:");
+  // Node 2 is whichever worker registered third.
+  const auto joined = coordinator.wait_for_line("node 2 joined: ");
+  const auto name = joined.substr(joined.find("joined: ") + 8, joined.find(' ', joined.find("joined: ") + 8) -
+                                                                   (joined.find("joined: ") + 8));
+  auto& victim = *workers.at(static_cast<std::size_t>(std::stoi(name.substr(1))));
+  victim.signal(SIGSTOP);
+  coordinator.wait_for_line("node 2 lost", std::chrono::seconds(30));
+  coordinator.wait_for_line("reconfigured after losing node(s) 2", std::chrono::seconds(30));
+  victim.signal(SIGCONT);  // it wakes up after it was replaced
+  CHECK(victim.wait_exit(std::chrono::seconds(60)) == 3);
+  CHECK(victim.output().find("lost contact with the coordinator") != std::string::npos);
+  CHECK(coordinator.wait_exit(std::chrono::seconds(180)) == 0);
+  INFO(coordinator.output());
+  CHECK(coordinator.output().find("training finished: " + std::to_string(steps) + " step(s) committed") !=
+        std::string::npos);
+  CHECK(coordinator.output().find("ERROR") == std::string::npos);  // no digest ever disagreed
+  // Every step committed once, and the woken node is in none after its loss.
+  std::ifstream in(metrics);
+  int count = 0;
+  for (std::string l; std::getline(in, l); ++count) {
+    const auto m = nlohmann::json::parse(l);
+    CHECK(m["step"] == count);
+    CHECK(m["samples"] == job.training.global_batch);
+  }
+  CHECK(count == steps);
+  for (auto& w : workers)
+    if (w.get() != &victim) CHECK(w->wait_exit(std::chrono::seconds(30)) == 0);
 }
