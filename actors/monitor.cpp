@@ -72,6 +72,11 @@ void retire_stage(monitor_pointer self, const std::string& why) {
   if (!st.stage) return;
   st.stage->abort(std::numeric_limits<std::uint64_t>::max(), why);
   caf::anon_send_exit(st.stage->actor, caf::exit_reason::user_shutdown);
+  // The stage's handle went to the coordinator in node_ready, which put the stage into this
+  // system's registry (so remote nodes can address it); CAF 0.17 does not always take it out
+  // when the actor ends, and the registry's reference keeps the detached stage's thread, hence
+  // the actor system's destructor, waiting forever (workers hung on exit).
+  self->system().registry().erase(st.stage->actor.id());
   st.stage.reset();
 }
 

@@ -2,7 +2,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include <caf/scoped_actor.hpp>
@@ -111,17 +113,29 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   auto mon = sys.spawn(actors::monitor, deps);
 
   caf::error reason;
-  caf::scoped_actor self{sys};
-  self->monitor(mon);
-  self->receive([&](caf::down_msg& dm) { reason = dm.reason; });
-  if (!reason) return 0;
-  if (messages::is_protocol_error(reason)) {
-    err << "error: refused by the coordinator: " << messages::describe(reason) << "\n";
-    return 2;
+  {
+    caf::scoped_actor self{sys};
+    self->monitor(mon);
+    self->receive([&](caf::down_msg& dm) { reason = dm.reason; });
   }
-  err << "error: lost contact with the coordinator at " << coordinator
-      << " (it stopped, or it declared this node lost)\n";
-  return 3;
+  int status = 0;
+  if (reason && messages::is_protocol_error(reason)) {
+    err << "error: refused by the coordinator: " << messages::describe(reason) << "\n";
+    status = 2;
+  } else if (reason) {
+    err << "error: lost contact with the coordinator at " << coordinator
+        << " (it stopped, or it declared this node lost)\n";
+    status = 3;
+  }
+  // The node's part of the job is over and nothing is left to write. The actor system's
+  // destructor is not waited for: CAF 0.17 can keep a detached stage actor that a remote node
+  // once addressed referenced after it ended, and then waits for its thread forever (seen: a
+  // worker hung on exit after training, 1 run in 2 to 4).
+  out.flush();
+  err.flush();
+  std::cout.flush();
+  std::cerr.flush();
+  std::_Exit(status);
 }
 
 }  // namespace oobleck::apps
