@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,20 @@ struct step_record {
   double wall_ms = 0;
 };
 
+/// One reconfiguration, for metrics: written once the first step after it has committed.
+struct reconfiguration_record {
+  std::uint64_t epoch = 0;            ///< the epoch that took over
+  std::vector<std::int64_t> lost;     ///< nodes lost since the last formed epoch
+  std::vector<std::int64_t> joined;
+  std::string action;                 ///< the policy's rules, e.g. "simple", "borrow+merge", "unchanged"
+  double detect_ms = 0;   ///< from the start of the interrupted step to the loss notice (an upper bound)
+  double plan_ms = 0;     ///< the policy's decision and the epoch mapping
+  std::int64_t copy_bytes = 0;
+  double copy_ms = 0;     ///< from the assignments to every node ready: mesh, copies, stage views
+  std::uint64_t resumed_step = 0;
+  double downtime_ms = 0;  ///< from the last commit before the failure to the first one after
+};
+
 /// What the coordinator is built with (the composition root fills it).
 struct coordinator_deps {
   admission_policy policy;
@@ -56,6 +71,7 @@ struct coordinator_deps {
   planning::job_config job;
   std::uint64_t steps = 0;
   std::function<void(const step_record&)> on_step = [](const step_record&) {};
+  std::function<void(const reconfiguration_record&)> on_reconfigured = [](const reconfiguration_record&) {};
 };
 
 /// One admitted node.
@@ -91,6 +107,9 @@ struct coordinator_state {
   std::map<std::int64_t, bool> commits_pending;
   step_record record;
   nonce_book::clock::time_point step_started;
+  nonce_book::clock::time_point last_commit;  ///< when the last step committed (or training began)
+  std::optional<reconfiguration_record> recovering;  ///< until the first commit after it
+  nonce_book::clock::time_point assignments_sent;
   double last_loss = 0;
   double samples_per_second = 0;
   std::uint64_t dropped = 0;  ///< messages of another epoch or step

@@ -50,6 +50,10 @@ void start_training(coordinator_pointer self) {
   // Every node formed the epoch: its configuration is where the layers are now.
   st.formed = st.forming;
   st.lost_since_formed.clear();
+  if (st.recovering)
+    st.recovering->copy_ms = std::chrono::duration<double, std::milli>(st.deps.now() - st.assignments_sent).count();
+  else
+    st.last_commit = st.deps.now();  // the job's first epoch: downtime counts from here
   for (std::size_t i = 0; i < st.pipelines.size(); ++i) {
     pipeline_deps d;
     d.epoch = st.epoch;
@@ -102,6 +106,7 @@ void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::
   auto& st = self->state;
   st.job_state = "forming";
   ++st.epoch;
+  st.assignments_sent = st.deps.now();
   st.ready.clear();
   st.in_epoch = live;
   for (auto& p : st.pipelines)
@@ -198,6 +203,7 @@ void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
   }
 
   const auto started = st.deps.now();
+  const double detect_ms = std::chrono::duration<double, std::milli>(started - st.step_started).count();
   const planning::layer_costs costs(st.deps.profile, planning::job_memory(st.deps.profile, st.deps.job));
   const planning::reconfiguration_context ctx{st.templates, costs, st.deps.job.fault_tolerance,
                                               st.deps.job.global_batch / st.deps.job.microbatch,
@@ -226,8 +232,17 @@ void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
   for (const auto& c : r.copies) bytes += c.bytes;
   std::string rules;
   for (auto rule : r.rules) rules += std::string(rules.empty() ? "" : "+") + planning::to_string(rule);
-  send_epoch(self, ep, live);
   const double plan_ms = std::chrono::duration<double, std::milli>(st.deps.now() - started).count();
+  send_epoch(self, ep, live);
+  reconfiguration_record rec;
+  rec.epoch = st.epoch;
+  rec.lost.assign(lost.begin(), lost.end());
+  rec.action = rules.empty() ? "unchanged" : rules;
+  rec.detect_ms = st.recovering ? st.recovering->detect_ms : detect_ms;  // the first failure's
+  rec.plan_ms = plan_ms;
+  rec.copy_bytes = bytes;
+  rec.resumed_step = st.step;
+  st.recovering = rec;
   st.deps.log((lost.empty() ? std::string("re-formed the epoch") : "reconfigured after losing node(s)" + [&] {
     std::string ids;
     for (int n : lost) ids += " " + std::to_string(n);
@@ -331,6 +346,14 @@ void on_step_committed(coordinator_pointer self, step_committed& c) {
     st.deps.log("ERROR: replicas of layer(s)" + mismatch + " disagree after step " + std::to_string(st.step));
   st.deps.on_step(rec);
   st.failures_without_loss = 0;
+  if (st.recovering) {
+    st.recovering->downtime_ms = std::chrono::duration<double, std::milli>(st.deps.now() - st.last_commit).count();
+    st.deps.log("recovered: step " + std::to_string(st.step) + " committed " +
+                std::to_string(static_cast<long long>(st.recovering->downtime_ms)) + " ms after the last commit before the failure");
+    st.deps.on_reconfigured(*st.recovering);
+    st.recovering.reset();
+  }
+  st.last_commit = st.deps.now();
   publish(self, {event_kind::step_committed, st.epoch, st.step, -1, rec.loss, {}});
   ++st.step;
   if (st.step >= st.deps.steps) {

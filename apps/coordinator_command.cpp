@@ -194,6 +194,21 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
     metrics = std::make_shared<std::ofstream>(metrics_out, std::ios::app);
     if (!*metrics) throw messages::input_error("--metrics-out: cannot write " + metrics_out);
     deps.on_step = [metrics](const actors::step_record& r) { *metrics << step_json(r) << std::endl; };
+    deps.on_reconfigured = [metrics](const actors::reconfiguration_record& r) {
+      nlohmann::ordered_json j;
+      j["event"] = "reconfigured";
+      j["epoch"] = r.epoch;
+      j["lost"] = r.lost;
+      j["joined"] = r.joined;
+      j["action"] = r.action;
+      j["detect_ms"] = r.detect_ms;
+      j["plan_ms"] = r.plan_ms;
+      j["copy_bytes"] = r.copy_bytes;
+      j["copy_ms"] = r.copy_ms;
+      j["resumed_step"] = r.resumed_step;
+      j["downtime_ms"] = r.downtime_ms;
+      *metrics << j.dump() << std::endl;
+    };
   }
   if (steps > 0) {
     // Refuse a job that cannot be planned on the expected nodes before anyone registers.

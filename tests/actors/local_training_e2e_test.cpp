@@ -31,6 +31,9 @@ apps::job_file default_job() {
   return apps::parse_job(r.out, "default job");
 }
 
+/// The metrics file's event records ("reconfigured") of the last run_local.
+std::vector<nlohmann::json> last_events;
+
 std::vector<nlohmann::json> run_local(int nodes, int steps, const std::vector<std::string>& extra = {},
                                      const std::vector<std::string>& expect = {}) {
   const auto metrics = std::filesystem::temp_directory_path() /
@@ -47,7 +50,10 @@ std::vector<nlohmann::json> run_local(int nodes, int steps, const std::vector<st
   for (const auto& e : expect) CHECK(local.output().find(e) != std::string::npos);
   std::vector<nlohmann::json> lines;
   std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    (j.contains("event") ? last_events : lines).push_back(std::move(j));
+  }
   std::filesystem::remove(metrics);
   return lines;
 }
@@ -57,7 +63,19 @@ void check_run(int nodes, const std::vector<std::string>& extra = {}, const std:
   constexpr int steps = 12;
   const auto job = default_job();
   const auto reference = actors::train_single_process(apps::stage_job_for(job), steps);
+  last_events.clear();
   const auto lines = run_local(nodes, steps, extra, expect);
+  CHECK(last_events.size() == (lost_at >= 0 ? 1u : 0u));
+  if (lost_at >= 0 && !last_events.empty()) {
+    const auto& e = last_events.front();
+    CHECK(e["event"] == "reconfigured");
+    CHECK(e["lost"] == nlohmann::json::array({*gone.begin()}));
+    CHECK(e["resumed_step"] == lost_at);
+    CHECK(e["copy_bytes"].get<std::int64_t>() > 0);
+    CHECK(e["downtime_ms"].get<double>() > 0);
+    CHECK(e["plan_ms"].get<double>() < 1000);
+    MESSAGE("recovery: " << e.dump());
+  }
   REQUIRE(lines.size() == steps);
   for (int k = 0; k < steps; ++k) {
     const auto& m = lines[static_cast<std::size_t>(k)];
@@ -164,9 +182,11 @@ TEST_CASE("cluster: a hung worker is replaced, and when it wakes up it changes n
   // Every step committed once, and the woken node is in none after its loss.
   std::ifstream in(metrics);
   int count = 0;
-  for (std::string l; std::getline(in, l); ++count) {
+  for (std::string l; std::getline(in, l);) {
     const auto m = nlohmann::json::parse(l);
-    CHECK(m["step"] == count);
+    if (m.contains("event")) continue;
+    ++count;
+    CHECK(m["step"] == count - 1);
     CHECK(m["samples"] == job.training.global_batch);
   }
   CHECK(count == steps);
