@@ -45,9 +45,12 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   if (!monitor) return make_error(protocol_error::bad_request, "registration without a sender");
   const std::int64_t id = st.next_node++;
   self->monitor(monitor);
-  st.nodes[id] = node_entry{r.name, r.slots, r.data, monitor, "registered", {}};
+  const bool training = st.job_state != "registering" && st.job_state != "ready";
+  st.nodes[id] = node_entry{r.name, r.slots, r.data, monitor, training ? "joining" : "registered", {}};
+  if (training) st.joining.push_back(id);
   st.deps.log("node " + std::to_string(id) + " joined: " + r.name + " (" + std::to_string(r.slots) +
-              " slot(s), data plane " + r.data.host + ":" + std::to_string(r.data.port) + ")");
+              " slot(s), data plane " + r.data.host + ":" + std::to_string(r.data.port) + ")" +
+              (training ? "; it enters at the next step boundary" : ""));
   publish(self, {event_kind::node_joined, 0, 0, id, 0, r.name});
   // The admission must reach the node before its first epoch assignment, which this very
   // registration may trigger: deliver it now, then update the job.
@@ -65,6 +68,7 @@ void on_down(coordinator_pointer self, const caf::down_msg& dm) {
     n.lost_reason = self->system().render(dm.reason);
     st.deps.log("node " + std::to_string(id) + " lost: " + n.name + " (" + n.lost_reason + ")");
     publish(self, {event_kind::node_lost, st.epoch, st.step, id, 0, n.lost_reason});
+    std::erase(st.joining, id);
     const bool in_epoch = std::find(st.in_epoch.begin(), st.in_epoch.end(), id) != st.in_epoch.end();
     if (in_epoch && st.job_state != "registering" && st.job_state != "ready")
       return recover(self, id);
@@ -115,7 +119,7 @@ job_status make_status(const coordinator_state& st) {
         ++r;
       }
     std::string state = n.state;
-    if (state != "lost" && st.epoch > 0) state = rank >= 0 ? "training" : "idle";
+    if (state != "lost" && state != "joining" && st.epoch > 0) state = rank >= 0 ? "training" : "idle";
     s.nodes.push_back({id, n.name, state, rank});
   }
   for (const auto& p : st.pipelines) s.pipelines.push_back({p.nodes, {}, p.microbatches});

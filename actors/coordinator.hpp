@@ -118,6 +118,7 @@ struct coordinator_state {
   planning::cluster_state formed;          ///< the last epoch that formed everywhere: where layers are
   planning::cluster_state forming;         ///< the configuration of the epoch being formed
   std::vector<std::int64_t> lost_since_formed;
+  std::vector<std::int64_t> joining;  ///< admitted during training: enter at the next step boundary
   std::uint64_t reconfigurations = 0;
   int failures_without_loss = 0;  ///< failed steps or epochs since the last commit or loss
   static constexpr int max_failures_without_loss = 3;

@@ -50,6 +50,8 @@ void start_training(coordinator_pointer self) {
   // Every node formed the epoch: its configuration is where the layers are now.
   st.formed = st.forming;
   st.lost_since_formed.clear();
+  for (std::int64_t id : st.joining) st.nodes.at(id).state = "registered";
+  st.joining.clear();
   if (st.recovering)
     st.recovering->copy_ms = std::chrono::duration<double, std::milli>(st.deps.now() - st.assignments_sent).count();
   else
@@ -209,7 +211,8 @@ void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
                                               st.deps.job.global_batch / st.deps.job.microbatch,
                                               st.deps.job.microbatch};
   std::vector<int> lost(st.lost_since_formed.begin(), st.lost_since_formed.end());
-  const auto r = planning::reconfigure(ctx, st.formed, lost, {});
+  std::vector<int> joined(st.joining.begin(), st.joining.end());
+  const auto r = planning::reconfigure(ctx, st.formed, lost, joined);
   if (r.action == planning::reconfiguration_action::checkpoint_and_stop)
     return stop_job(self, "cannot continue after losing node(s)" + [&] {
       std::string ids;
@@ -237,20 +240,26 @@ void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
   reconfiguration_record rec;
   rec.epoch = st.epoch;
   rec.lost.assign(lost.begin(), lost.end());
+  rec.joined.assign(joined.begin(), joined.end());
   rec.action = rules.empty() ? "unchanged" : rules;
   rec.detect_ms = st.recovering ? st.recovering->detect_ms : detect_ms;  // the first failure's
   rec.plan_ms = plan_ms;
   rec.copy_bytes = bytes;
   rec.resumed_step = st.step;
   st.recovering = rec;
-  st.deps.log((lost.empty() ? std::string("re-formed the epoch") : "reconfigured after losing node(s)" + [&] {
-    std::string ids;
-    for (int n : lost) ids += " " + std::to_string(n);
-    return ids;
-  }()) + " (" + rules + ", " + std::to_string(plan_ms) + " ms): epoch " + std::to_string(st.epoch) + ", " +
+  auto list = [](const std::vector<int>& ids) {
+    std::string out;
+    for (int n : ids) out += " " + std::to_string(n);
+    return out;
+  };
+  std::string what = !lost.empty() ? "reconfigured after losing node(s)" + list(lost)
+                     : !joined.empty() ? "reconfigured to admit node(s)" + list(joined)
+                                       : std::string("re-formed the epoch");
+  if (!lost.empty() && !joined.empty()) what += " and admitting node(s)" + list(joined);
+  st.deps.log(what + " (" + rules + ", " + std::to_string(plan_ms) + " ms): epoch " + std::to_string(st.epoch) + ", " +
               std::to_string(st.pipelines.size()) + " pipeline(s), " + std::to_string(r.copies.size()) +
               " layer copies (" + std::to_string(bytes) + " bytes); step " + std::to_string(st.step) +
-              " runs again");
+              (lost.empty() && !joined.empty() ? " is next" : " runs again"));
   publish(self, {event_kind::epoch_formed, st.epoch, st.step, -1, 0, "reconfigured: " + rules});
 }
 
@@ -348,8 +357,9 @@ void on_step_committed(coordinator_pointer self, step_committed& c) {
   st.failures_without_loss = 0;
   if (st.recovering) {
     st.recovering->downtime_ms = std::chrono::duration<double, std::milli>(st.deps.now() - st.last_commit).count();
-    st.deps.log("recovered: step " + std::to_string(st.step) + " committed " +
-                std::to_string(static_cast<long long>(st.recovering->downtime_ms)) + " ms after the last commit before the failure");
+    st.deps.log("back to training: step " + std::to_string(st.step) + " committed " +
+                std::to_string(static_cast<long long>(st.recovering->downtime_ms)) +
+                " ms after the last commit before the reconfiguration");
     st.deps.on_reconfigured(*st.recovering);
     st.recovering.reset();
   }
@@ -361,6 +371,8 @@ void on_step_committed(coordinator_pointer self, step_committed& c) {
     return stop_job(self, "training finished", false);
   }
   st.job_state = "training";
+  // Nodes that registered during the step enter now, at the step boundary.
+  if (!st.joining.empty()) return recover(self, std::nullopt);
   run_step(self);
 }
 

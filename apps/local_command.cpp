@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -127,7 +128,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   std::string config, metrics_out;
   double timeout = 600;
   bool print_default = false;
-  std::vector<std::string> fail_at, hang_at;
+  std::vector<std::string> fail_at, hang_at, join_at;
   add_integer(app, "--nodes", nodes_flag, 1, 64, "worker processes (default: the job's cluster.nodes, 6 for the default job)");
   add_text(app, "--config", config, "the job file (default: the built-in default job)");
   add_integer(app, "--steps", steps_flag, 1, std::int64_t{1} << 40,
@@ -143,6 +144,10 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
                  "STEP:ID[,ID...]: those nodes' processes freeze (SIGSTOP) in the middle of step STEP; "
                  "the heartbeat timeout declares them lost (repeatable)")
       ->type_name("STEP:IDS");
+  app.add_option("--join-at", join_at,
+                 "STEP:K: start K more worker processes when step STEP has committed; they join at the "
+                 "next step boundary and take the next node ids (repeatable)")
+      ->type_name("STEP:K");
   app.add_flag("--print-default-job", print_default, "print the default job file and exit (a start for your own)");
   if (!parse_flags(app, args, out)) return 0;
   if (print_default) {
@@ -175,6 +180,14 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   };
   for (const auto& f : fail_at) add_faults("--fail-at", f, messages::fault_kind::kill);
   for (const auto& h : hang_at) add_faults("--hang-at", h, messages::fault_kind::hang);
+  std::vector<std::pair<std::int64_t, int>> joins;  // (step, workers)
+  for (const auto& j : join_at) {
+    const auto colon = j.find(':');
+    const auto parts = colon == std::string::npos ? std::vector<int>{}
+                                                  : parse_id_list("--join-at", j.substr(0, colon) + "," + j.substr(colon + 1));
+    if (parts.size() != 2 || parts[1] < 1) throw messages::input_error("--join-at: expected STEP:K with K >= 1, got '" + j + "'");
+    joins.emplace_back(parts[0], parts[1]);
+  }
   const int nodes = nodes_flag.value_or(job.cluster.nodes);
   const std::int64_t steps = steps_flag.value_or(static_cast<std::int64_t>(job.training.steps));
   const int fault_tolerance = fault_tolerance_flag.value_or(job.cluster.fault_tolerance);
@@ -206,8 +219,9 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
 
   // Echo the coordinator's lines; the first "listening on" gives its address.
   std::atomic<bool> have_address{false};
+  std::atomic<std::int64_t> last_step{-1};  // the newest "step K:" line of the coordinator
   std::string address;
-  std::thread echo([fd = pipe_fds[0], &address, &have_address, &out] {
+  std::thread echo([fd = pipe_fds[0], &address, &have_address, &last_step, &out] {
     std::string pending;
     char buf[4096];
     for (;;) {
@@ -218,6 +232,10 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
         const std::string line = pending.substr(0, nl);
         pending.erase(0, nl + 1);
         out << line << std::endl;
+        if (const auto at = line.find("[coordinator] step "); at == 0) {
+          std::int64_t k = -1;
+          if (std::sscanf(line.c_str() + 19, "%lld:", reinterpret_cast<long long*>(&k)) == 1) last_step = k;
+        }
         if (!have_address) {
           const auto at = line.find("listening on 127.0.0.1:");
           if (at != std::string::npos) {
@@ -267,7 +285,22 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
                  "--heartbeat-interval-ms", std::to_string(job.cluster.heartbeat_interval_ms),
                  "--connection-timeout-ms", std::to_string(job.cluster.connection_timeout_ms)});
 
+  int next_worker = nodes;
+  auto start_worker = [&](int i) {
+    procs.start((bin / "oobleck-worker").string(),
+                {"--coordinator", address, "--token-file", token, "--name", "node" + std::to_string(i),
+                 "--heartbeat-interval-ms", std::to_string(job.cluster.heartbeat_interval_ms),
+                 "--connection-timeout-ms", std::to_string(job.cluster.connection_timeout_ms)});
+  };
   while (!(coordinator_status = procs.poll(coordinator))) {
+    for (auto it = joins.begin(); it != joins.end();)
+      if (last_step >= it->first) {
+        out << "[local] step " << it->first << " committed: starting " << it->second << " more worker(s)" << std::endl;
+        for (int k = 0; k < it->second; ++k) start_worker(next_worker++);
+        it = joins.erase(it);
+      } else {
+        ++it;
+      }
     if (stop_signal) {
       out << "[local] stopping on " << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << std::endl;
       ::kill(coordinator, SIGTERM);  // an orderly stop of the whole job

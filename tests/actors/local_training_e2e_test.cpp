@@ -59,13 +59,13 @@ std::vector<nlohmann::json> run_local(int nodes, int steps, const std::vector<st
 }
 
 void check_run(int nodes, const std::vector<std::string>& extra = {}, const std::vector<std::string>& expect = {},
-               std::set<std::int64_t> gone = {}, int lost_at = -1) {
-  constexpr int steps = 12;
+               std::set<std::int64_t> gone = {}, int lost_at = -1, int steps = 12) {
   const auto job = default_job();
   const auto reference = actors::train_single_process(apps::stage_job_for(job), steps);
   last_events.clear();
   const auto lines = run_local(nodes, steps, extra, expect);
-  CHECK(last_events.size() == (lost_at >= 0 ? 1u : 0u));
+  if (lost_at >= 0) CHECK(last_events.size() == 1u);
+  if (extra.empty()) CHECK(last_events.empty());
   if (lost_at >= 0 && !last_events.empty()) {
     const auto& e = last_events.front();
     CHECK(e["event"] == "reconfigured");
@@ -120,6 +120,20 @@ TEST_CASE("oobleck-local: a worker killed in the middle of a step: recovery, and
   // layer copies (parameters and AdamW state), and step 5 runs again; nothing of the training
   // changes: every step B samples, equal replicas, the loss of the run without failures.
   check_run(6, {"--fail-at", "5:2"}, {"injected fault: kill (step 5)", "node 2 lost", "step 5 runs again"}, {2}, 5);
+}
+
+TEST_CASE("oobleck-local: workers that join during training enter at a step boundary, and nothing else changes") {
+  // 4 workers, 2 more started after step 2: they register while the job trains, enter at the
+  // next step boundary (a 3rd pipeline once both are in, its layers copied from the others), and
+  // the run still equals the single-process one, every step B samples, equal replicas.
+  check_run(4, {"--join-at", "2:2"}, {"it enters at the next step boundary", "reconfigured to admit node(s)"}, {}, -1,
+            150);
+  for (const auto& e : last_events) {
+    CHECK(e["event"] == "reconfigured");
+    CHECK(e["lost"].empty());
+    CHECK(e["action"] == "join");
+  }
+  CHECK(!last_events.empty());
 }
 
 TEST_CASE("oobleck-local: a bad job file is refused before any process starts") {
