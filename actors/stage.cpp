@@ -96,8 +96,8 @@ class solo_communicator final : public runtime::communicator {
   int rank() const override { return 0; }
   void send(const torch::Tensor&, int, int) override { fail(); }
   void recv(torch::Tensor&, int, int) override { fail(); }
-  void all_reduce_sum(torch::Tensor&, const std::vector<int>&) override {}
-  void broadcast(torch::Tensor&, int, const std::vector<int>&) override {}
+  void all_reduce_sum(torch::Tensor&, const std::vector<int>&, int) override {}
+  void broadcast(torch::Tensor&, int, const std::vector<int>&, int) override {}
   void abort() override {}
 
  private:

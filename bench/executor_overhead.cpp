@@ -29,8 +29,8 @@ class no_communicator final : public runtime::communicator {
   int rank() const override { return 0; }
   void send(const torch::Tensor&, int, int) override { throw runtime::comm_error("unexpected send"); }
   void recv(torch::Tensor&, int, int) override { throw runtime::comm_error("unexpected recv"); }
-  void all_reduce_sum(torch::Tensor&, const std::vector<int>&) override { throw runtime::comm_error("unexpected"); }
-  void broadcast(torch::Tensor&, int, const std::vector<int>&) override { throw runtime::comm_error("unexpected"); }
+  void all_reduce_sum(torch::Tensor&, const std::vector<int>&, int) override { throw runtime::comm_error("unexpected"); }
+  void broadcast(torch::Tensor&, int, const std::vector<int>&, int) override { throw runtime::comm_error("unexpected"); }
   void abort() override {}
 };
 

@@ -5,16 +5,41 @@
 #include <torch/torch.h>
 
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace oobleck::runtime {
 
-/// Any failure of the data plane: a peer died, the epoch was aborted, a fault was injected.
-class comm_error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
+/// What went wrong in the data plane.
+enum class comm_failure {
+  aborted,    ///< abort() was called on this rank (its epoch is over)
+  peer_lost,  ///< a peer crashed, closed its side, or its link failed: peer() names it
+  mismatch,   ///< the two sides disagree about a message (size): a usage bug
+  injected,   ///< a fault knob of a test communicator
+  other,      ///< anything else the implementation reports (CUDA, NCCL)
 };
 
+/// Any failure of the data plane, with its kind and the peer it is attributed to (-1: none).
+class comm_error : public std::runtime_error {
+ public:
+  comm_error(comm_failure kind, int peer, const std::string& what)
+      : std::runtime_error(what), kind_(kind), peer_(peer) {}
+  explicit comm_error(const std::string& what) : comm_error(comm_failure::other, -1, what) {}
+  [[nodiscard]] comm_failure kind() const noexcept { return kind_; }
+  [[nodiscard]] int peer() const noexcept { return peer_; }
+
+ private:
+  comm_failure kind_;
+  int peer_;
+};
+
+/// Tags: point-to-point messages are matched by (peer, tag) and arrive in send order per (peer,
+/// tag). Collectives are matched by (group, tag): every member issues the collectives of one
+/// (group, tag) in the same order; collectives of different tags are independent, so two of them
+/// may run at the same time (from different threads) and be issued in different orders on
+/// different members (the gradient all-reduce and a layer copy, say). Collective tags and
+/// point-to-point tags are separate spaces. The NCCL communicator orders everything on one stream
+/// per group and does not give different tags independence yet (issue: the GPU path).
 class communicator {
  public:
   virtual ~communicator() = default;
@@ -24,9 +49,9 @@ class communicator {
   /// Fills `t` (shape and dtype known to both sides) with the next message from `peer` on `tag`.
   virtual void recv(torch::Tensor& t, int peer, int tag) = 0;
   /// In-place sum over `group` (ranks, this one included); bitwise identical on every member.
-  virtual void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group) = 0;
+  virtual void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) = 0;
   /// Copies `t` of `root` into `t` of every member of `group`.
-  virtual void broadcast(torch::Tensor& t, int root, const std::vector<int>& group) = 0;
+  virtual void broadcast(torch::Tensor& t, int root, const std::vector<int>& group, int tag) = 0;
   /// From any thread: every pending and later operation fails with comm_error.
   virtual void abort() = 0;
 };

@@ -17,7 +17,14 @@ void translated(F&& f) {
   try {
     f();
   } catch (const transport_error& e) {
-    throw comm_error(e.what());
+    comm_failure kind = comm_failure::other;
+    switch (e.kind()) {
+      case transport_failure::aborted: kind = comm_failure::aborted; break;
+      case transport_failure::peer_lost: kind = comm_failure::peer_lost; break;
+      case transport_failure::mismatch: kind = comm_failure::mismatch; break;
+      case transport_failure::connect_failed: kind = comm_failure::peer_lost; break;
+    }
+    throw comm_error(kind, e.peer(), e.what());
   }
 }
 
@@ -37,16 +44,17 @@ void host_communicator::recv(torch::Tensor& t, int peer, int tag) {
   translated([&] { transport_.recv(peer, static_cast<std::uint32_t>(tag), bytes_of(t)); });
 }
 
-void host_communicator::all_reduce_sum(torch::Tensor& t, const std::vector<int>& group) {
+void host_communicator::all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) {
   if (t.scalar_type() != torch::kFloat32) throw std::invalid_argument("host transport: all-reduce is float32 only");
   const auto b = bytes_of(t);
   translated([&] {
-    transport_.all_reduce_sum(group, {reinterpret_cast<float*>(b.data()), static_cast<std::size_t>(t.numel())});
+    transport_.all_reduce_sum(group, {reinterpret_cast<float*>(b.data()), static_cast<std::size_t>(t.numel())},
+                              static_cast<std::uint32_t>(tag));
   });
 }
 
-void host_communicator::broadcast(torch::Tensor& t, int root, const std::vector<int>& group) {
-  translated([&] { transport_.broadcast(group, root, bytes_of(t)); });
+void host_communicator::broadcast(torch::Tensor& t, int root, const std::vector<int>& group, int tag) {
+  translated([&] { transport_.broadcast(group, root, bytes_of(t), static_cast<std::uint32_t>(tag)); });
 }
 
 }  // namespace oobleck::runtime

@@ -17,8 +17,8 @@ class host_communicator final : public communicator {
   /// modified in place after the call (its storage may be freed by the caller, not changed).
   void send(const torch::Tensor& t, int peer, int tag) override;
   void recv(torch::Tensor& t, int peer, int tag) override;
-  void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group) override;
-  void broadcast(torch::Tensor& t, int root, const std::vector<int>& group) override;
+  void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) override;
+  void broadcast(torch::Tensor& t, int root, const std::vector<int>& group, int tag) override;
   void abort() override { transport_.abort("aborted by the runtime"); }
 
  private:

@@ -154,7 +154,7 @@ void nccl_communicator::prepare_groups(const std::vector<std::vector<int>>& grou
   }
 }
 
-void nccl_communicator::all_reduce_sum(torch::Tensor& t, const std::vector<int>& group) {
+void nccl_communicator::all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int /*tag: see communicator.hpp*/) {
   check_device_tensor(t);
   ncclComm_t comm;
   {
@@ -168,7 +168,7 @@ void nccl_communicator::all_reduce_sum(torch::Tensor& t, const std::vector<int>&
   wait(collective_stream_, comm, "all-reduce");
 }
 
-void nccl_communicator::broadcast(torch::Tensor& t, int root, const std::vector<int>& group) {
+void nccl_communicator::broadcast(torch::Tensor& t, int root, const std::vector<int>& group, int /*tag*/) {
   check_device_tensor(t);
   ncclComm_t comm;
   {

@@ -39,8 +39,8 @@ class nccl_communicator final : public communicator {
   /// order, so the tag is not transmitted (the executor issues them in schedule order).
   void send(const torch::Tensor& t, int peer, int tag) override;
   void recv(torch::Tensor& t, int peer, int tag) override;
-  void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group) override;
-  void broadcast(torch::Tensor& t, int root, const std::vector<int>& group) override;
+  void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) override;
+  void broadcast(torch::Tensor& t, int root, const std::vector<int>& group, int tag) override;
   void abort() override;
 
  private:

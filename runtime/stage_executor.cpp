@@ -7,6 +7,11 @@
 namespace oobleck::runtime {
 
 namespace {
+/// The tag of the gradient all-reduce (communicator.hpp: collectives of other tags are independent).
+constexpr int gradient_tag = 0;
+}  // namespace
+
+namespace {
 
 using planning::op_kind;
 
@@ -129,7 +134,7 @@ void stage_executor::reduce_gradients(const std::vector<std::vector<int>>& layer
   for (int l = position_.first_layer; l < position_.end_layer; ++l) {
     const auto& group = layer_groups.at(l);
     if (group.size() < 2) continue;
-    comm_.all_reduce_sum(store_.gradients(l), group);
+    comm_.all_reduce_sum(store_.gradients(l), group, gradient_tag);
   }
 }
 

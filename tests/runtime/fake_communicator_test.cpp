@@ -49,7 +49,7 @@ std::vector<std::vector<float>> reduce_on_threads(int world, const std::vector<i
       const auto pos = std::find(group.begin(), group.end(), r) - group.begin();
       if (pos == static_cast<std::ptrdiff_t>(group.size())) return;
       auto t = tensor_of(in[pos]);
-      c.all_reduce_sum(t, group);
+      c.all_reduce_sum(t, group, 0);
       out[pos] = values_of(t);
     }));
   testing::wait_or_fail(ranks, 30s, "an all-reduce rank", release);
@@ -123,7 +123,7 @@ TEST_CASE("the fake's broadcast copies the root's tensor to every member of a gr
   for (std::size_t pos = 0; pos < group.size(); ++pos)
     ranks.push_back(std::async(std::launch::async, [&, pos] {
       auto t = tensor_of(in[pos]);
-      hub.at(group[pos]).broadcast(t, 0, group);  // root: rank 0, group position 1
+      hub.at(group[pos]).broadcast(t, 0, group, 0);  // root: rank 0, group position 1
       out[pos] = values_of(t);
     }));
   testing::wait_or_fail(ranks, 30s, "a broadcast rank", [&] { hub.abort_all(); });

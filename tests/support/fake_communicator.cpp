@@ -5,6 +5,7 @@
 namespace oobleck::testing {
 
 using runtime::comm_error;
+using runtime::comm_failure;
 
 class fake_hub::endpoint : public runtime::communicator {
  public:
@@ -12,9 +13,11 @@ class fake_hub::endpoint : public runtime::communicator {
   int rank() const override { return rank_; }
   void send(const torch::Tensor& t, int peer, int tag) override { hub_.send(rank_, t, peer, tag); }
   void recv(torch::Tensor& t, int peer, int tag) override { hub_.recv(rank_, t, peer, tag); }
-  void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group) override { hub_.reduce(rank_, t, group, -1); }
-  void broadcast(torch::Tensor& t, int root, const std::vector<int>& group) override {
-    hub_.reduce(rank_, t, group, root);
+  void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) override {
+    hub_.reduce(rank_, t, group, -1, tag);
+  }
+  void broadcast(torch::Tensor& t, int root, const std::vector<int>& group, int tag) override {
+    hub_.reduce(rank_, t, group, root, tag);
   }
   void abort() override {
     std::lock_guard lock(hub_.mutex_);
@@ -84,10 +87,10 @@ void fake_hub::park(std::unique_lock<std::mutex>& lock, Pred ready) {
 
 // Counts the operation, applies the rank's own faults, and fails when a peer has crashed.
 void fake_hub::check(int rank, std::unique_lock<std::mutex>& lock, std::initializer_list<int> peers) {
-  if (aborted_.count(rank)) throw comm_error("rank " + std::to_string(rank) + ": aborted");
-  if (crashed_.count(rank)) throw comm_error("rank " + std::to_string(rank) + ": crashed");
+  if (aborted_.count(rank)) throw comm_error(comm_failure::aborted, -1, "rank " + std::to_string(rank) + ": aborted");
+  if (crashed_.count(rank)) throw comm_error(comm_failure::injected, -1, "rank " + std::to_string(rank) + ": crashed");
   if (fail_after_[rank] >= 0 && ops_[rank] >= fail_after_[rank])
-    throw comm_error("rank " + std::to_string(rank) + ": injected failure after " + std::to_string(ops_[rank]) + " ops");
+    throw comm_error(comm_failure::injected, -1, "rank " + std::to_string(rank) + ": injected failure after " + std::to_string(ops_[rank]) + " ops");
   ++ops_[rank];
   if (blocked_.count(rank)) {
     // A crashed rank stands for a dead process: its own thread stops with an error too.
@@ -95,7 +98,8 @@ void fake_hub::check(int rank, std::unique_lock<std::mutex>& lock, std::initiali
     throw comm_error("rank " + std::to_string(rank) + (crashed_.count(rank) ? ": crashed" : ": aborted while blocked"));
   }
   for (int p : peers)
-    if (crashed_.count(p)) throw comm_error("rank " + std::to_string(rank) + ": peer " + std::to_string(p) + " crashed");
+    if (crashed_.count(p))
+      throw comm_error(comm_failure::peer_lost, p, "rank " + std::to_string(rank) + ": peer " + std::to_string(p) + " crashed");
 }
 
 void fake_hub::send(int from, const torch::Tensor& t, int to, int tag) {
@@ -143,11 +147,12 @@ torch::Tensor ring_order_sum(const std::vector<torch::Tensor>& in_group_order) {
 
 // Sum in the transport's ring order (root < 0) or the root's tensor (broadcast); every member
 // copies the result.
-void fake_hub::reduce(int rank, torch::Tensor& t, const std::vector<int>& group, int root) {
+void fake_hub::reduce(int rank, torch::Tensor& t, const std::vector<int>& group, int root, int tag) {
   std::unique_lock lock(mutex_);
   check(rank, lock, {});
-  const int seq = sequence_[{rank, group}]++;
-  auto& c = collectives_[{group, seq}];
+  // Matched per (group, tag) in issue order: collectives of other tags are independent.
+  const int seq = sequence_[{rank, group, tag}]++;
+  auto& c = collectives_[{group, tag, seq}];
   c.contributions[rank] = t.detach().clone();
   changed_.notify_all();
   auto failed = [&] {
@@ -156,7 +161,14 @@ void fake_hub::reduce(int rank, torch::Tensor& t, const std::vector<int>& group,
     return aborted_.count(rank) > 0;
   };
   park(lock, [&] { return c.contributions.size() == group.size() || failed(); });
-  if (c.contributions.size() != group.size()) throw comm_error("rank " + std::to_string(rank) + ": collective failed");
+  if (c.contributions.size() != group.size()) {
+    int lost = -1;
+    for (int m : group)
+      if (crashed_.count(m)) lost = m;
+    throw comm_error(lost >= 0 ? comm_failure::peer_lost : comm_failure::aborted, lost,
+                     "rank " + std::to_string(rank) + ": collective failed" +
+                         (lost >= 0 ? ": peer " + std::to_string(lost) + " crashed" : std::string(": aborted")));
+  }
   if (!c.result.defined()) {
     if (root >= 0) {
       c.result = c.contributions.at(root);
@@ -170,7 +182,7 @@ void fake_hub::reduce(int rank, torch::Tensor& t, const std::vector<int>& group,
     torch::NoGradGuard no_grad;
     t.copy_(c.result);
   }
-  if (++c.collected == static_cast<int>(group.size())) collectives_.erase({group, seq});
+  if (++c.collected == static_cast<int>(group.size())) collectives_.erase({group, tag, seq});
 }
 
 }  // namespace oobleck::testing

@@ -59,14 +59,14 @@ class fake_hub {
   void park(std::unique_lock<std::mutex>& lock, Pred ready);
   void send(int from, const torch::Tensor& t, int to, int tag);
   void recv(int to, torch::Tensor& t, int from, int tag);
-  void reduce(int rank, torch::Tensor& t, const std::vector<int>& group, int root);
+  void reduce(int rank, torch::Tensor& t, const std::vector<int>& group, int root, int tag);
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<std::unique_ptr<endpoint>> comms_;
   std::map<key, std::deque<torch::Tensor>> mailboxes_;
-  std::map<std::pair<std::vector<int>, int>, collective> collectives_;  // (group, sequence)
-  std::map<std::pair<int, std::vector<int>>, int> sequence_;            // (rank, group) -> next
+  std::map<std::tuple<std::vector<int>, int, int>, collective> collectives_;  // (group, tag, sequence)
+  std::map<std::tuple<int, std::vector<int>, int>, int> sequence_;            // (rank, group, tag) -> next
   std::vector<int> ops_, fail_after_;
   int parked_ = 0;
   std::set<int> crashed_, blocked_, dropping_, aborted_;
