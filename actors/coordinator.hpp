@@ -116,6 +116,7 @@ struct coordinator_state {
   // reconfiguration
   planning::template_set templates;        ///< of the job, from the first plan
   planning::cluster_state formed;          ///< the last epoch that formed everywhere: where layers are
+  bool formed_once = false;                ///< some epoch has formed everywhere (layers exist)
   planning::cluster_state forming;         ///< the configuration of the epoch being formed
   std::vector<std::int64_t> lost_since_formed;
   std::vector<std::int64_t> joining;  ///< admitted during training: enter at the next step boundary

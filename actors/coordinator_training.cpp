@@ -48,6 +48,7 @@ void start_training(coordinator_pointer self) {
   auto& st = self->state;
   st.job_state = "training";
   // Every node formed the epoch: its configuration is where the layers are now.
+  st.formed_once = true;
   st.formed = st.forming;
   st.lost_since_formed.clear();
   for (std::int64_t id : st.joining) st.nodes.at(id).state = "registered";
@@ -179,15 +180,30 @@ void form_epoch(coordinator_pointer self) {
               std::to_string(plan.step_ms) + " ms");
 }
 
+namespace {
+void record_committed_step(coordinator_pointer self, const std::string& note);
+}  // namespace
+
 void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
   auto& st = self->state;
   if (st.job_state == "committing") {
     // The commit was decided before the loss: it stands. Survivors apply it before anything of
-    // the next epoch (their stages handle messages in order); the lost node's digests are gone.
+    // the next epoch (their stages handle messages in order); the record holds the digests that
+    // arrived (the lost node's never will).
     st.deps.log("step " + std::to_string(st.step) + " was committed before " +
                 (lost_node ? "node " + std::to_string(*lost_node) + " was lost" : "the failure"));
-    ++st.committed;
-    ++st.step;
+    record_committed_step(self, " (committed before the failure; digests of the nodes that replied)");
+    st.last_commit = st.deps.now();
+  }
+  if (!st.formed_once) {
+    // Nothing has trained yet, and no epoch has formed everywhere: plan the job afresh on the
+    // survivors (every layer from its seed; there is nothing to copy).
+    for (std::int64_t id : st.in_epoch) {
+      const auto& n = st.nodes.at(id);
+      if (n.state != "lost") self->send(n.monitor, abort_epoch{st.epoch, "re-planning before the first step"});
+    }
+    st.deps.log("node lost before the job's first epoch formed: planning the job again on the survivors");
+    return form_epoch(self);
   }
   const std::uint64_t old_epoch = st.epoch;
   const std::string reason = lost_node ? "node " + std::to_string(*lost_node) + " was lost" : "the epoch failed";
@@ -237,14 +253,20 @@ void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
   for (auto rule : r.rules) rules += std::string(rules.empty() ? "" : "+") + planning::to_string(rule);
   const double plan_ms = std::chrono::duration<double, std::milli>(st.deps.now() - started).count();
   send_epoch(self, ep, live);
-  reconfiguration_record rec;
+  // One record per recovery, from the last commit to the next: a second reconfiguration before
+  // that commit merges into it (every node lost or joined, every action, every byte copied).
+  reconfiguration_record rec = st.recovering.value_or(reconfiguration_record{});
+  const bool first = !st.recovering;
   rec.epoch = st.epoch;
-  rec.lost.assign(lost.begin(), lost.end());
-  rec.joined.assign(joined.begin(), joined.end());
-  rec.action = rules.empty() ? "unchanged" : rules;
-  rec.detect_ms = st.recovering ? st.recovering->detect_ms : detect_ms;  // the first failure's
-  rec.plan_ms = plan_ms;
-  rec.copy_bytes = bytes;
+  for (int n : lost)
+    if (std::find(rec.lost.begin(), rec.lost.end(), n) == rec.lost.end()) rec.lost.push_back(n);
+  for (int n : joined)
+    if (std::find(rec.joined.begin(), rec.joined.end(), n) == rec.joined.end()) rec.joined.push_back(n);
+  const std::string action = rules.empty() ? "unchanged" : rules;
+  rec.action = first ? action : rec.action + "," + action;
+  if (first) rec.detect_ms = detect_ms;  // the first failure's
+  rec.plan_ms += plan_ms;
+  rec.copy_bytes += bytes;
   rec.resumed_step = st.step;
   st.recovering = rec;
   auto list = [](const std::vector<int>& ids) {
@@ -321,21 +343,19 @@ void on_pipeline_done(coordinator_pointer self, pipeline_done& d) {
   }
 }
 
-void on_step_committed(coordinator_pointer self, step_committed& c) {
-  auto& st = self->state;
-  if (c.epoch != st.epoch || c.step != st.step || st.job_state != "committing" || !st.commits_pending.count(c.node)) {
-    ++st.dropped;
-    return;
-  }
-  st.commits_pending.erase(c.node);
-  for (const auto& d : c.digests) st.record.layer_digests[d.layer].push_back(d.digest);
-  if (!st.commits_pending.empty()) return;
+namespace {
 
+/// Closes the record of the step being committed: its loss, samples, pipelines and the digests
+/// received (all of them, or those of the survivors when a node was lost during the commit),
+/// prints the progress line, checks the replicas and reports the record.
+void record_committed_step(coordinator_pointer self, const std::string& note) {
+  auto& st = self->state;
   auto& rec = st.record;
   const std::int64_t microbatches = st.deps.job.global_batch / st.deps.job.microbatch;
   rec.loss = st.loss_sum / static_cast<double>(microbatches);
   rec.samples = st.deps.job.global_batch;
   rec.wall_ms = std::chrono::duration<double, std::milli>(st.deps.now() - st.step_started).count();
+  rec.pipelines.clear();
   for (const auto& p : st.pipelines) rec.pipelines.push_back({p.nodes, p.microbatches});
   std::string mismatch;
   for (const auto& [layer, digests] : rec.layer_digests)
@@ -349,23 +369,39 @@ void on_step_committed(coordinator_pointer self, step_committed& c) {
   line << "step " << st.step << ": loss " << rec.loss << ", " << std::fixed;
   line.precision(1);
   line << st.samples_per_second << " samples/s, " << rec.wall_ms << " ms, " << st.pipelines.size()
-       << " pipeline(s), epoch " << st.epoch;
+       << " pipeline(s), epoch " << st.epoch << note;
   st.deps.log(line.str());
   if (!mismatch.empty())
     st.deps.log("ERROR: replicas of layer(s)" + mismatch + " disagree after step " + std::to_string(st.step));
   st.deps.on_step(rec);
+  publish(self, {event_kind::step_committed, st.epoch, st.step, -1, rec.loss, {}});
+  ++st.step;
+}
+
+}  // namespace
+
+void on_step_committed(coordinator_pointer self, step_committed& c) {
+  auto& st = self->state;
+  if (c.epoch != st.epoch || c.step != st.step || st.job_state != "committing" || !st.commits_pending.count(c.node)) {
+    ++st.dropped;
+    return;
+  }
+  st.commits_pending.erase(c.node);
+  for (const auto& d : c.digests) st.record.layer_digests[d.layer].push_back(d.digest);
+  if (!st.commits_pending.empty()) return;
+
+  const std::uint64_t committed_step = st.step;
+  record_committed_step(self, "");
   st.failures_without_loss = 0;
   if (st.recovering) {
     st.recovering->downtime_ms = std::chrono::duration<double, std::milli>(st.deps.now() - st.last_commit).count();
-    st.deps.log("back to training: step " + std::to_string(st.step) + " committed " +
+    st.deps.log("back to training: step " + std::to_string(committed_step) + " committed " +
                 std::to_string(static_cast<long long>(st.recovering->downtime_ms)) +
                 " ms after the last commit before the reconfiguration");
     st.deps.on_reconfigured(*st.recovering);
     st.recovering.reset();
   }
   st.last_commit = st.deps.now();
-  publish(self, {event_kind::step_committed, st.epoch, st.step, -1, rec.loss, {}});
-  ++st.step;
   if (st.step >= st.deps.steps) {
     st.deps.log("training finished: " + std::to_string(st.committed) + " step(s) committed");
     return stop_job(self, "training finished", false);
