@@ -550,3 +550,134 @@ TEST_CASE("recovery e2e: a copy source is lost while the first reconfiguration f
   CHECK(r.events[0]["resumed_step"] == 3);
   CHECK(r.events[0]["lost"].size() == 2u);
 }
+
+namespace {
+
+/// splitmix64: the same schedules on every platform (std's distributions are not portable).
+struct seeded {
+  std::uint64_t state;
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int below(int n) { return static_cast<int>(next() % static_cast<std::uint64_t>(n)); }
+};
+
+/// The jobs chaos draws from: different shapes, so that simple, borrow and merge all occur.
+struct chaos_job {
+  int nodes, f;
+  std::int64_t memory;
+};
+constexpr chaos_job chaos_jobs[] = {
+    {6, 1, 1'500'000},  // 2 pipelines of 3
+    {5, 1, 1'500'000},  // 3 + 2
+    {6, 1, 1'000'000},  // 3 pipelines of 2
+    {7, 1, 1'500'000},  // 3 + 2 + 2
+    {8, 2, 1'500'000},  // f = 2: 4 pipelines of 2
+};
+
+constexpr int chaos_steps = 6;
+
+struct chaos_schedule {
+  chaos_job shape;
+  std::map<int, std::vector<int>> kills;  ///< step -> nodes that kill themselves in its middle
+  std::string text;
+};
+
+/// Whether every way the coordinator may see the kills keeps training: a step's victims lost
+/// together (the second death arrives while the epoch forms) or one after the other (the second
+/// victim's fault fires in the re-run of the step), and each victim runs a stage when its fault
+/// is due (otherwise it would never fire).
+bool survivable(const planner_model& planner, const std::map<int, std::vector<int>>& kills) {
+  std::vector<planning::cluster_state> states{planner.initial()};
+  for (const auto& [step, victims] : kills) {
+    std::vector<planning::cluster_state> next;
+    // Every order in which the victims may be lost, in every grouping of consecutive ones.
+    std::vector<int> order = victims;
+    std::sort(order.begin(), order.end());
+    do {
+      for (int cuts = 0; cuts < (1 << (order.size() - 1)); ++cuts)
+        for (const auto& s0 : states) {
+          auto s = s0;
+          std::vector<int> group;
+          bool ok = true;
+          for (std::size_t i = 0; i < order.size() && ok; ++i) {
+            if (pipeline_of(s, order[i]) < 0) ok = false;  // idle: its fault would never fire
+            group.push_back(order[i]);
+            if (i + 1 == order.size() || (cuts >> i & 1)) {
+              const auto r = planner.lose(s, group);
+              if (!continues(r)) ok = false;
+              s = planner_model::after(r);
+              group.clear();
+            }
+          }
+          if (!ok) return false;
+          next.push_back(std::move(s));
+        }
+    } while (std::next_permutation(order.begin(), order.end()));
+    states = std::move(next);
+  }
+  return true;
+}
+
+chaos_schedule draw_schedule(std::uint64_t seed) {
+  seeded rng{seed * 7919 + 17};
+  for (;;) {
+    chaos_schedule s;
+    s.shape = chaos_jobs[rng.below(static_cast<int>(std::size(chaos_jobs)))];
+    const planner_model planner(make_job(s.shape.nodes, s.shape.f, s.shape.memory));
+    std::vector<int> alive(static_cast<std::size_t>(s.shape.nodes));
+    for (int i = 0; i < s.shape.nodes; ++i) alive[static_cast<std::size_t>(i)] = i;
+    const int events = 1 + rng.below(3);
+    for (int e = 0; e < events; ++e) {
+      const int step = 2 + rng.below(chaos_steps - 2);  // armed once the first epoch formed
+      auto& victims = s.kills[step];
+      const int count = 1 + rng.below(s.shape.f);
+      for (int v = 0; v < count && static_cast<int>(victims.size()) < s.shape.f && !alive.empty(); ++v) {
+        const auto at = static_cast<std::size_t>(rng.below(static_cast<int>(alive.size())));
+        victims.push_back(alive[at]);
+        alive.erase(alive.begin() + static_cast<std::ptrdiff_t>(at));
+      }
+    }
+    if (!survivable(planner, s.kills)) continue;  // a schedule the job cannot survive: draw again
+    std::ostringstream t;
+    t << "seed " << seed << ": " << s.shape.nodes << " nodes, f = " << s.shape.f << ", slot memory " << s.shape.memory
+      << "; kills:";
+    for (const auto& [step, victims] : s.kills) t << " step " << step << ": " << ids_list(victims) << ";";
+    s.text = t.str();
+    return s;
+  }
+}
+
+void run_chaos(std::uint64_t first_seed, int count) {
+  for (std::uint64_t seed = first_seed; seed < first_seed + static_cast<std::uint64_t>(count); ++seed) {
+    const auto s = draw_schedule(seed);
+    const auto c = make_job(s.shape.nodes, s.shape.f, s.shape.memory);
+    std::vector<std::string> args;
+    std::set<int> victims;
+    for (const auto& [step, ids] : s.kills) {
+      args.push_back("--fail-at");
+      args.push_back(std::to_string(step) + ":" + ids_list(ids));
+      victims.insert(ids.begin(), ids.end());
+    }
+    CAPTURE(s.text);
+    const auto started = std::chrono::steady_clock::now();
+    const auto r = run_local(c, chaos_steps, args);
+    const auto summary = check_run(c, r, chaos_steps, victims);
+    std::string paths;
+    for (const auto& lr : summary.reconfigurations)
+      paths += " [" + (lr.lost.empty() ? std::string("none") : ids_list(lr.lost)) + ": " + lr.rules + "]";
+    MESSAGE("chaos " << s.text << " ->" << paths << " ("
+                     << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s)");
+  }
+}
+
+}  // namespace
+
+// 20 seeded schedules in 4 cases (each case its own CTest test, with its own timeout).
+TEST_CASE("recovery e2e: chaos: seeded random kill schedules 0-4") { run_chaos(0, 5); }
+TEST_CASE("recovery e2e: chaos: seeded random kill schedules 5-9") { run_chaos(5, 5); }
+TEST_CASE("recovery e2e: chaos: seeded random kill schedules 10-14") { run_chaos(10, 5); }
+TEST_CASE("recovery e2e: chaos: seeded random kill schedules 15-19") { run_chaos(15, 5); }
