@@ -1,0 +1,755 @@
+// Recovery end to end (issue 8, the parts that exist: losses): oobleck-local with worker processes
+// that kill (or freeze) themselves in the middle of a step, or that the test kills while a
+// reconfiguration is forming. Every run checks DESIGN §5's "nothing lost" invariants:
+//   (1) every committed step consumed exactly B samples (the pipelines' microbatches tile B/b),
+//   (2) every holder of a layer reports the same parameter digest after every commit,
+//   (3) the loss curve equals the failure-free single-process run (actors::train_single_process)
+//       within 1e-4 relative,
+// and, beyond them, that the coordinator did what the reconfiguration policy says: each
+// "reconfigured after losing node(s) ..." line of its log is replayed through planning::reconfigure
+// on the coordinator's own profile (the synthetic profile of the job's model), from the last
+// configuration that formed, and must name the same rules (simple / borrow / merge / ...); every
+// committed step ran on exactly the pipelines (nodes in stage order, microbatches) the policy
+// predicted for its epoch; lost nodes never appear again. Victims are chosen by asking the
+// planner, so each test takes the policy path it names. Every wait has a deadline.
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/job_file.hpp"
+#include "apps/stage_job.hpp"
+#include "planning/planner.hpp"
+#include "planning/reconfiguration.hpp"
+#include "planning/synthetic_profile.hpp"
+#include "support/background_process.hpp"
+#include "support/subprocess.hpp"
+
+using namespace oobleck;
+using namespace oobleck::testing;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string bin = OOBLECK_APPS_DIR;
+
+const std::string& default_job_text() {
+  static const std::string text = [] {
+    const auto r = run_process(bin + "/oobleck-local", {"--print-default-job"});
+    REQUIRE(r.exit_status == 0);
+    return r.out;
+  }();
+  return text;
+}
+
+/// The default job with `section.key = value` set (replaced where the default sets it).
+std::string job_with(const std::vector<std::tuple<std::string, std::string, std::string>>& keys) {
+  std::string text = default_job_text();
+  for (const auto& [section, key, value] : keys) {
+    const auto header = text.find("[" + section + "]\n");
+    REQUIRE(header != std::string::npos);
+    const auto body = header + section.size() + 3;
+    const auto next = text.find("\n[", body);
+    const auto end = next == std::string::npos ? text.size() : next + 1;
+    const auto at = text.find("\n" + key + " =", body - 1);
+    if (at != std::string::npos && at < end) {
+      const auto eol = text.find('\n', at + 1);
+      text.replace(at + 1, eol - at - 1, key + " = " + value);
+    } else {
+      text.insert(body, key + " = " + value + "\n");
+    }
+  }
+  return text;
+}
+
+/// A job of the default model on `nodes` nodes with f and the slot memory given (the memory only
+/// steers the planner: n0 and the templates).
+struct job_case {
+  std::string text;
+  apps::job_file job;
+  int nodes = 0;
+};
+
+job_case make_job(int nodes, int f, std::int64_t memory) {
+  job_case c;
+  c.text = job_with({{"cluster", "nodes", std::to_string(nodes)},
+                     {"cluster", "fault_tolerance", std::to_string(f)},
+                     {"cluster", "device_memory_bytes", std::to_string(memory)}});
+  c.job = apps::parse_job(c.text, "job");
+  c.nodes = nodes;
+  return c;
+}
+
+/// The policy exactly as the coordinator runs it: the same profile, job and templates.
+class planner_model {
+ public:
+  explicit planner_model(const job_case& c) {
+    profile_ = planning::synthetic_gpt_profile(apps::synthetic_model(c.job));
+    profile_.config_hash = c.job.model.hash();
+    job_.nodes = c.nodes;
+    job_.fault_tolerance = c.job.cluster.fault_tolerance;
+    job_.global_batch = c.job.training.global_batch;
+    job_.microbatch = c.job.training.microbatch;
+    job_.device_memory_bytes = c.job.cluster.device_memory_bytes;
+    plan_ = planning::plan_job(profile_, job_);
+    costs_.emplace(profile_, planning::job_memory(profile_, job_));
+  }
+  /// The first epoch's configuration (node ids are registration order, 0..N-1).
+  planning::cluster_state initial() const { return {plan_.pipelines, plan_.idle_nodes}; }
+  int n0() const { return plan_.spec.n0; }
+  planning::reconfiguration lose(const planning::cluster_state& from, const std::vector<int>& lost) const {
+    const planning::reconfiguration_context ctx{plan_.templates, *costs_, job_.fault_tolerance,
+                                                job_.global_batch / job_.microbatch, job_.microbatch};
+    return planning::reconfigure(ctx, from, lost, {});
+  }
+  static planning::cluster_state after(const planning::reconfiguration& r) { return {r.pipelines, r.idle_nodes}; }
+
+ private:
+  planning::profile profile_;
+  planning::job_config job_;
+  planning::job_plan plan_;
+  std::optional<planning::layer_costs> costs_;
+};
+
+bool continues(const planning::reconfiguration& r) {
+  return r.action == planning::reconfiguration_action::continue_training;
+}
+
+/// Which pipeline of `s` runs `node` (-1: none).
+int pipeline_of(const planning::cluster_state& s, int node) {
+  for (std::size_t i = 0; i < s.pipelines.size(); ++i)
+    for (int n : s.pipelines[i].nodes)
+      if (n == node) return static_cast<int>(i);
+  return -1;
+}
+
+std::string describe(const planning::cluster_state& s) {
+  std::string out;
+  for (const auto& p : s.pipelines) {
+    out += "[";
+    for (std::size_t i = 0; i < p.nodes.size(); ++i) out += (i ? " " : "") + std::to_string(p.nodes[i]);
+    out += " x" + std::to_string(p.microbatches) + "] ";
+  }
+  return out;
+}
+
+/// The failure-free run: every job here has the default model, data, batch and optimizer.
+const std::vector<double>& reference_losses() {
+  static const std::vector<double> losses =
+      actors::train_single_process(apps::stage_job_for(apps::parse_job(default_job_text(), "job")), 12);
+  return losses;
+}
+
+struct run_result {
+  int status = -1;
+  std::string output;
+  std::vector<json> steps;   ///< one per committed step
+  std::vector<json> events;  ///< "reconfigured" records
+};
+
+/// The pid of worker `node` (its node id) of a running oobleck-local: its name from the
+/// coordinator's "node ID joined: NAME" line, its process among oobleck-local's children.
+pid_t worker_pid(background_process& local, int node) {
+  const auto line = local.wait_for_line("node " + std::to_string(node) + " joined: ");
+  const auto begin = line.find("joined: ") + 8;
+  const std::string name = line.substr(begin, line.find(' ', begin) - begin);
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string statline;
+    std::getline(stat, statline);
+    const auto close = statline.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(statline.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    fields >> state >> ppid;
+    if (ppid != local.pid()) continue;
+    std::ifstream cmd(entry.path() / "cmdline", std::ios::binary);
+    std::vector<std::string> argv;
+    for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);
+    for (std::size_t i = 0; i + 1 < argv.size(); ++i)
+      if (argv[i] == "--name" && argv[i + 1] == name) return static_cast<pid_t>(std::stoi(pid));
+  }
+  FAIL("no worker process named " << name << " (node " << node << ")");
+  return -1;
+}
+
+/// Runs oobleck-local on the job; `during` runs while it does (a test's own failure injection).
+run_result run_local(const job_case& c, int steps, const std::vector<std::string>& extra,
+                     const std::function<void(background_process&)>& during = {}) {
+  static int counter = 0;
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("oobleck-recovery-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  std::filesystem::create_directories(dir);
+  struct cleanup {
+    std::filesystem::path d;
+    ~cleanup() { std::filesystem::remove_all(d); }
+  } remove{dir};
+  std::ofstream(dir / "job.toml") << c.text;
+  const auto metrics = (dir / "metrics.jsonl").string();
+  std::vector<std::string> args{"--config", (dir / "job.toml").string(), "--steps", std::to_string(steps),
+                                "--metrics-out", metrics, "--timeout", "150"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  background_process local(bin + "/oobleck-local", args);
+  run_result r;
+  try {
+    if (during) during(local);
+    r.status = local.wait_exit(std::chrono::seconds(170));
+  } catch (...) {
+    local.signal(SIGTERM);  // oobleck-local stops its coordinator and workers in order
+    try {
+      local.wait_exit(std::chrono::seconds(20));
+    } catch (...) {
+    }
+    throw;
+  }
+  r.output = local.output();
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    auto j = json::parse(line);
+    (j.contains("event") ? r.events : r.steps).push_back(std::move(j));
+  }
+  return r;
+}
+
+/// One reconfiguration the coordinator logged.
+struct logged_reconfiguration {
+  std::vector<int> lost;
+  std::string rules;
+  std::uint64_t epoch = 0;
+};
+
+/// What a run did, as the checks saw it.
+struct run_summary {
+  std::vector<logged_reconfiguration> reconfigurations;
+  std::set<int> lost;
+};
+
+std::vector<std::string> coordinator_lines(const std::string& output) {
+  std::vector<std::string> out;
+  std::istringstream in(output);
+  const std::string prefix = "[coordinator] ";
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(prefix, 0) == 0) out.push_back(line.substr(prefix.size()));
+  return out;
+}
+
+/// Every invariant of one run (see the file's comment). `victims`: the nodes the run killed.
+run_summary check_run(const job_case& c, const run_result& r, int steps, const std::set<int>& victims) {
+  INFO("output of the run:\n" << r.output);
+  run_summary summary;
+  REQUIRE(r.status == 0);
+  CHECK(r.output.find("training finished: " + std::to_string(steps) + " step(s) committed") != std::string::npos);
+  CHECK(r.output.find("ERROR") == std::string::npos);  // the coordinator logs a digest mismatch so
+
+  // Replay the coordinator's decisions through the policy.
+  const planner_model planner(c);
+  std::map<std::uint64_t, planning::cluster_state> configuration;  // per formed epoch
+  planning::cluster_state formed, forming = planner.initial();
+  std::uint64_t forming_epoch = 1;
+  for (const auto& line : coordinator_lines(r.output)) {
+    CAPTURE(line);
+    const std::string reconf = "reconfigured after losing node(s)";
+    const std::string reform = "re-formed the epoch (";
+    if (line.rfind(reconf, 0) == 0 || line.rfind(reform, 0) == 0) {
+      logged_reconfiguration lr;
+      const auto open = line.find(" (");
+      if (line.rfind(reconf, 0) == 0) {
+        std::istringstream ids(line.substr(reconf.size(), open - reconf.size()));
+        for (int id; ids >> id;) lr.lost.push_back(id);
+      }
+      const auto comma = line.find(", ", open);
+      lr.rules = line.substr(open + 2, comma - open - 2);
+      const auto e = line.find("): epoch ");
+      REQUIRE(e != std::string::npos);
+      lr.epoch = std::stoull(line.substr(e + 9));
+      const auto predicted = planner.lose(formed, lr.lost);
+      REQUIRE(continues(predicted));
+      CHECK(lr.rules == predicted.reason);
+      forming = planner_model::after(predicted);
+      forming_epoch = lr.epoch;
+      summary.lost.insert(lr.lost.begin(), lr.lost.end());
+      summary.reconfigurations.push_back(std::move(lr));
+    } else if (line.rfind("epoch ", 0) == 0 && line.find(" formed: ") != std::string::npos) {
+      const auto epoch = std::stoull(line.substr(6));
+      CHECK(epoch == forming_epoch);
+      formed = forming;
+      configuration[epoch] = formed;
+    }
+  }
+  CHECK(summary.lost == victims);
+
+  // The steps: each once, in order, B samples, on the predicted pipelines, equal replicas, and
+  // the failure-free run's loss.
+  const auto& reference = reference_losses();
+  REQUIRE(static_cast<int>(reference.size()) >= steps);
+  REQUIRE(static_cast<int>(r.steps.size()) == steps);
+  const auto layers = static_cast<std::size_t>(c.job.model.num_layers());
+  for (int k = 0; k < steps; ++k) {
+    const auto& m = r.steps[static_cast<std::size_t>(k)];
+    CAPTURE(k);
+    CAPTURE(m.dump());
+    CHECK(m["step"] == k);
+    CHECK(m["samples"] == c.job.training.global_batch);
+    const auto epoch = m["epoch"].get<std::uint64_t>();
+    REQUIRE(configuration.count(epoch) == 1);
+    const auto& expected = configuration.at(epoch);
+    CAPTURE(describe(expected));
+    REQUIRE(m["pipelines"].size() == expected.pipelines.size());
+    CHECK(m["pipelines"].size() >= static_cast<std::size_t>(c.job.cluster.fault_tolerance + 1));
+    int microbatches = 0;
+    std::set<int> used;
+    for (std::size_t i = 0; i < expected.pipelines.size(); ++i) {
+      const auto& p = m["pipelines"][i];
+      CHECK(p["nodes"].get<std::vector<int>>() == expected.pipelines[i].nodes);
+      CHECK(p["microbatches"].get<int>() == expected.pipelines[i].microbatches);
+      microbatches += p["microbatches"].get<int>();
+      for (int n : p["nodes"].get<std::vector<int>>()) CHECK(used.insert(n).second);
+    }
+    CHECK(microbatches * c.job.training.microbatch == c.job.training.global_batch);
+    REQUIRE(m["layer_digests"].size() == layers);
+    for (const auto& [layer, digests] : m["layer_digests"].items()) {
+      CAPTURE(layer);
+      CHECK(digests.size() == expected.pipelines.size());  // one holder per pipeline
+      for (const auto& d : digests) CHECK(d == digests[0]);
+    }
+    const double want = reference[static_cast<std::size_t>(k)];
+    CHECK(std::abs(m["loss"].get<double>() - want) <= 1e-4 * std::abs(want));
+  }
+  // A lost node is in no pipeline of any epoch formed after its loss.
+  for (const auto& lr : summary.reconfigurations)
+    for (const auto& [epoch, config] : configuration)
+      if (epoch >= lr.epoch)
+        for (int n : lr.lost) CHECK(pipeline_of(config, n) < 0);
+
+  // The metrics' recovery records: each one is a reconfiguration the log shows, with its lost
+  // nodes and the policy's rules; at least one whenever nodes were lost.
+  CHECK(r.events.empty() == victims.empty());
+  CHECK(r.events.size() <= summary.reconfigurations.size());
+  for (const auto& e : r.events) {
+    CAPTURE(e.dump());
+    CHECK(e["event"] == "reconfigured");
+    const auto epoch = e["epoch"].get<std::uint64_t>();
+    const auto it = std::find_if(summary.reconfigurations.begin(), summary.reconfigurations.end(),
+                                 [&](const logged_reconfiguration& lr) { return lr.epoch == epoch; });
+    REQUIRE(it != summary.reconfigurations.end());
+    CHECK(e["lost"].get<std::vector<int>>() == it->lost);
+    CHECK(e["action"].get<std::string>() == it->rules);
+    CHECK(e["resumed_step"].get<int>() < steps);
+    CHECK(e["downtime_ms"].get<double>() > 0);
+  }
+  return summary;
+}
+
+std::string ids_list(const std::vector<int>& ids) {
+  std::string s;
+  for (int n : ids) s += (s.empty() ? "" : ",") + std::to_string(n);
+  return s;
+}
+
+/// The single victim whose loss takes exactly `rules` (with layer copies, if `with_copies`).
+std::optional<int> victim_for(const planner_model& planner, int nodes, const std::string& rules) {
+  for (int v = 0; v < nodes; ++v) {
+    const auto r = planner.lose(planner.initial(), {v});
+    if (continues(r) && r.reason == rules && !r.copies.empty()) return v;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("recovery e2e: a single loss that the policy answers with simple re-instantiation") {
+  // 6 nodes, 2 pipelines of 3 (n0 = 2): a pipeline that keeps 2 nodes runs the 2-node template.
+  const auto c = make_job(6, 1, 1'500'000);
+  const planner_model planner(c);
+  const auto v = victim_for(planner, c.nodes, "simple");
+  REQUIRE(v);
+  constexpr int steps = 6;
+  const auto r = run_local(c, steps, {"--fail-at", "3:" + std::to_string(*v)});
+  const auto s = check_run(c, r, steps, {*v});
+  REQUIRE(!s.reconfigurations.empty());
+  CHECK(s.reconfigurations.back().rules == "simple");
+  REQUIRE(r.events.size() == 1);
+  CHECK(r.events[0]["action"] == "simple");
+  CHECK(r.events[0]["resumed_step"] == 3);
+}
+
+TEST_CASE("recovery e2e: a loss that forces borrow: the shrunken pipeline takes a node from a larger one") {
+  // 5 nodes: pipelines of 3 and 2 (n0 = 2). A node of the 2-node pipeline dies: 1 node is left,
+  // below n0, and the 3-node pipeline can spare one (it still has a 2-node template).
+  const auto c = make_job(5, 1, 1'500'000);
+  const planner_model planner(c);
+  const auto v = victim_for(planner, c.nodes, "borrow");
+  REQUIRE(v);
+  MESSAGE("borrow: " << describe(planner.initial()) << "- node " << *v << " -> "
+                     << describe(planner_model::after(planner.lose(planner.initial(), {*v}))));
+  constexpr int steps = 6;
+  const auto r = run_local(c, steps, {"--fail-at", "3:" + std::to_string(*v)});
+  const auto s = check_run(c, r, steps, {*v});
+  REQUIRE(!s.reconfigurations.empty());
+  CHECK(s.reconfigurations.back().rules == "borrow");
+  CHECK(r.output.find("(borrow, ") != std::string::npos);
+  REQUIRE(r.events.size() == 1);
+  CHECK(r.events[0]["action"] == "borrow");
+  CHECK(r.events[0]["copy_bytes"].get<std::int64_t>() > 0);
+}
+
+TEST_CASE("recovery e2e: a loss that forces merge: no pipeline can spare a node, the survivor joins another") {
+  // 6 nodes with less slot memory: 3 pipelines of 2 (n0 = 2), none can give a node away; the
+  // survivor of the broken one is merged into another, which becomes a 3-node pipeline.
+  const auto c = make_job(6, 1, 1'000'000);
+  const planner_model planner(c);
+  const auto v = victim_for(planner, c.nodes, "merge");
+  REQUIRE(v);
+  MESSAGE("merge: " << describe(planner.initial()) << "- node " << *v << " -> "
+                    << describe(planner_model::after(planner.lose(planner.initial(), {*v}))));
+  constexpr int steps = 6;
+  const auto r = run_local(c, steps, {"--fail-at", "3:" + std::to_string(*v)});
+  const auto s = check_run(c, r, steps, {*v});
+  REQUIRE(!s.reconfigurations.empty());
+  CHECK(s.reconfigurations.back().rules == "merge");
+  CHECK(r.output.find("(merge, ") != std::string::npos);
+  REQUIRE(r.events.size() == 1);
+  CHECK(r.events[0]["action"] == "merge");
+}
+
+TEST_CASE("recovery e2e: f = 2: two nodes of different pipelines killed in the same step") {
+  // 8 nodes, f = 2: 4 pipelines of 2. Two nodes of two different pipelines kill themselves in
+  // the middle of step 3. Whether the coordinator sees both losses before the new epoch forms
+  // (one reconfiguration, both lost) or the second node dies in the re-run of step 3 (two), the
+  // policy must survive both ways, and the checks replay whichever happened.
+  const auto c = make_job(8, 2, 1'500'000);
+  const planner_model planner(c);
+  const auto start = planner.initial();
+  REQUIRE(start.pipelines.size() >= 3);
+  std::optional<std::pair<int, int>> pick;
+  for (int a = 0; a < c.nodes && !pick; ++a)
+    for (int b = a + 1; b < c.nodes && !pick; ++b) {
+      if (pipeline_of(start, a) == pipeline_of(start, b)) continue;
+      const auto both = planner.lose(start, {a, b});
+      const auto first_a = planner.lose(start, {a});
+      const auto first_b = planner.lose(start, {b});
+      if (continues(both) && continues(first_a) && continues(first_b) &&
+          continues(planner.lose(planner_model::after(first_a), {b})) &&
+          continues(planner.lose(planner_model::after(first_b), {a})) && !both.copies.empty())
+        pick = std::pair{a, b};
+    }
+  REQUIRE(pick);
+  const auto [a, b] = *pick;
+  MESSAGE("f = 2: " << describe(start) << "- nodes " << a << ", " << b << " -> "
+                    << describe(planner_model::after(planner.lose(start, {a, b}))) << "("
+                    << planner.lose(start, {a, b}).reason << ")");
+  constexpr int steps = 6;
+  const auto r = run_local(c, steps, {"--fail-at", "3:" + ids_list({a, b})});
+  const auto s = check_run(c, r, steps, {a, b});
+  for (const auto& lr : s.reconfigurations) MESSAGE("reconfigured after losing " << ids_list(lr.lost) << ": " << lr.rules);
+  for (const auto& m : r.steps) CHECK(m["pipelines"].size() >= 3u);  // f + 1 pipelines throughout
+}
+
+TEST_CASE("recovery e2e: two losses in a row: a second node dies in the step after the first recovery") {
+  // 6 nodes: one node of a 3-node pipeline dies in step 3 (simple: it runs the 2-node template),
+  // then one of the remaining two in step 4 (now below n0: borrow from the other pipeline).
+  const auto c = make_job(6, 1, 1'500'000);
+  const planner_model planner(c);
+  std::optional<std::pair<int, int>> pick;
+  for (int a = 0; a < c.nodes && !pick; ++a) {
+    const auto first = planner.lose(planner.initial(), {a});
+    if (!continues(first) || first.reason != "simple") continue;
+    for (int b = 0; b < c.nodes && !pick; ++b) {
+      if (b == a) continue;
+      const auto second = planner.lose(planner_model::after(first), {b});
+      if (continues(second) && second.reason == "borrow") pick = std::pair{a, b};
+    }
+  }
+  REQUIRE(pick);
+  const auto [a, b] = *pick;
+  constexpr int steps = 7;
+  const auto r = run_local(c, steps, {"--fail-at", "3:" + std::to_string(a), "--fail-at", "4:" + std::to_string(b)});
+  const auto s = check_run(c, r, steps, {a, b});
+  REQUIRE(s.reconfigurations.size() >= 2);
+  CHECK(s.reconfigurations.front().lost == std::vector<int>{a});
+  CHECK(s.reconfigurations.front().rules == "simple");
+  CHECK(s.reconfigurations.back().lost == std::vector<int>{b});
+  CHECK(s.reconfigurations.back().rules == "borrow");
+  REQUIRE(r.events.size() == 2);  // two recoveries, each ended by a commit
+  CHECK(r.events[0]["resumed_step"] == 3);
+  CHECK(r.events[1]["resumed_step"] == 4);
+}
+
+TEST_CASE("recovery e2e: a copy source is lost while the first reconfiguration forms") {
+  // Node C, which the policy picks as a copy source for the recovery from losing node A, freezes
+  // in the middle of step 3 (--hang-at: SIGSTOP, before its gradient all-reduce, so every other
+  // node waits for it). The test then kills A: the coordinator reconfigures, and the new epoch
+  // cannot form (C never answers, its layers cannot be copied). The test kills C while it is
+  // forming: the coordinator must abort the half-formed epoch and plan again from the last
+  // configuration that formed, without A and C, then run step 3 once and go on.
+  const auto c = make_job(6, 1, 1'000'000);
+  const planner_model planner(c);
+  const auto start = planner.initial();
+  std::optional<std::pair<int, int>> pick;  // A, C: prefer C in another pipeline than A
+  for (int pass = 0; pass < 2 && !pick; ++pass)
+    for (int a = 0; a < c.nodes && !pick; ++a) {
+      const auto first = planner.lose(start, {a});
+      if (!continues(first)) continue;
+      for (const auto& copy : first.copies) {
+        const int src = copy.from_node;
+        if (pass == 0 && pipeline_of(start, src) == pipeline_of(start, a)) continue;
+        if (continues(planner.lose(start, {a, src}))) {
+          pick = std::pair{a, src};
+          break;
+        }
+      }
+    }
+  REQUIRE(pick);
+  const auto [a, src] = *pick;
+  MESSAGE("lose " << a << " from " << describe(start) << "-> " << describe(planner_model::after(planner.lose(start, {a})))
+                  << "with copies from node " << src << "; then lose " << src << " too -> "
+                  << describe(planner_model::after(planner.lose(start, {a, src}))) << "("
+                  << planner.lose(start, {a, src}).reason << ")");
+  constexpr int steps = 6;
+  const auto r = run_local(c, steps, {"--hang-at", "3:" + std::to_string(src)}, [&, a = a, src = src](background_process& local) {
+    local.wait_for_line("injected fault: hang (step 3)", std::chrono::seconds(60));
+    const pid_t frozen = worker_pid(local, src);
+    REQUIRE(::kill(worker_pid(local, a), SIGKILL) == 0);
+    local.wait_for_line("reconfigured after losing node(s) " + std::to_string(a) + " (", std::chrono::seconds(30));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the survivors connect and copy
+    // Still forming: the frozen copy source cannot have reported ready.
+    const auto so_far = coordinator_lines(local.output());
+    const auto at = std::find_if(so_far.begin(), so_far.end(), [&](const std::string& l) {
+      return l.rfind("reconfigured after losing node(s) " + std::to_string(a) + " (", 0) == 0;
+    });
+    REQUIRE(at != so_far.end());
+    for (auto it = at; it != so_far.end(); ++it) CHECK(it->find(" formed: ") == std::string::npos);
+    REQUIRE(::kill(frozen, SIGKILL) == 0);
+  });
+  const auto s = check_run(c, r, steps, {a, src});
+  REQUIRE(s.reconfigurations.size() >= 2);
+  // The last reconfiguration planned from the configuration that formed (epoch 1): both lost.
+  auto both = s.reconfigurations.back().lost;
+  std::sort(both.begin(), both.end());
+  CHECK(both == std::vector<int>{std::min(a, src), std::max(a, src)});
+  REQUIRE(r.events.size() == 1);  // one recovery: step 3 committed once, after both losses
+  CHECK(r.events[0]["resumed_step"] == 3);
+  CHECK(r.events[0]["lost"].size() == 2u);
+}
+
+namespace {
+
+/// splitmix64: the same schedules on every platform (std's distributions are not portable).
+struct seeded {
+  std::uint64_t state;
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int below(int n) { return static_cast<int>(next() % static_cast<std::uint64_t>(n)); }
+};
+
+/// The jobs chaos draws from: different shapes, so that simple, borrow and merge all occur.
+struct chaos_job {
+  int nodes, f;
+  std::int64_t memory;
+};
+constexpr chaos_job chaos_jobs[] = {
+    {6, 1, 1'500'000},  // 2 pipelines of 3
+    {5, 1, 1'500'000},  // 3 + 2
+    {6, 1, 1'000'000},  // 3 pipelines of 2
+    {7, 1, 1'500'000},  // 3 + 2 + 2
+    {8, 2, 1'500'000},  // f = 2: 4 pipelines of 2
+};
+
+constexpr int chaos_steps = 6;
+
+struct chaos_schedule {
+  chaos_job shape;
+  std::map<int, std::vector<int>> kills;  ///< step -> nodes that kill themselves in its middle
+  std::string text;
+};
+
+/// Whether every way the coordinator may see the kills keeps training: a step's victims lost
+/// together (the second death arrives while the epoch forms) or one after the other (the second
+/// victim's fault fires in the re-run of the step), and each victim runs a stage when its fault
+/// is due (otherwise it would never fire).
+bool survivable(const planner_model& planner, const std::map<int, std::vector<int>>& kills) {
+  std::vector<planning::cluster_state> states{planner.initial()};
+  for (const auto& [step, victims] : kills) {
+    std::vector<planning::cluster_state> next;
+    // Every order in which the victims may be lost, in every grouping of consecutive ones.
+    std::vector<int> order = victims;
+    std::sort(order.begin(), order.end());
+    do {
+      for (int cuts = 0; cuts < (1 << (order.size() - 1)); ++cuts)
+        for (const auto& s0 : states) {
+          auto s = s0;
+          std::vector<int> group;
+          bool ok = true;
+          for (std::size_t i = 0; i < order.size() && ok; ++i) {
+            if (pipeline_of(s, order[i]) < 0) ok = false;  // idle: its fault would never fire
+            group.push_back(order[i]);
+            if (i + 1 == order.size() || (cuts >> i & 1)) {
+              const auto r = planner.lose(s, group);
+              if (!continues(r)) ok = false;
+              s = planner_model::after(r);
+              group.clear();
+            }
+          }
+          if (!ok) return false;
+          next.push_back(std::move(s));
+        }
+    } while (std::next_permutation(order.begin(), order.end()));
+    states = std::move(next);
+  }
+  return true;
+}
+
+chaos_schedule draw_schedule(std::uint64_t seed) {
+  seeded rng{seed * 7919 + 17};
+  for (;;) {
+    chaos_schedule s;
+    s.shape = chaos_jobs[rng.below(static_cast<int>(std::size(chaos_jobs)))];
+    const planner_model planner(make_job(s.shape.nodes, s.shape.f, s.shape.memory));
+    std::vector<int> alive(static_cast<std::size_t>(s.shape.nodes));
+    for (int i = 0; i < s.shape.nodes; ++i) alive[static_cast<std::size_t>(i)] = i;
+    const int events = 1 + rng.below(3);
+    for (int e = 0; e < events; ++e) {
+      const int step = 2 + rng.below(chaos_steps - 2);  // armed once the first epoch formed
+      auto& victims = s.kills[step];
+      const int count = 1 + rng.below(s.shape.f);
+      for (int v = 0; v < count && static_cast<int>(victims.size()) < s.shape.f && !alive.empty(); ++v) {
+        const auto at = static_cast<std::size_t>(rng.below(static_cast<int>(alive.size())));
+        victims.push_back(alive[at]);
+        alive.erase(alive.begin() + static_cast<std::ptrdiff_t>(at));
+      }
+    }
+    if (!survivable(planner, s.kills)) continue;  // a schedule the job cannot survive: draw again
+    std::ostringstream t;
+    t << "seed " << seed << ": " << s.shape.nodes << " nodes, f = " << s.shape.f << ", slot memory " << s.shape.memory
+      << "; kills:";
+    for (const auto& [step, victims] : s.kills) t << " step " << step << ": " << ids_list(victims) << ";";
+    s.text = t.str();
+    return s;
+  }
+}
+
+void run_chaos(std::uint64_t first_seed, int count) {
+  for (std::uint64_t seed = first_seed; seed < first_seed + static_cast<std::uint64_t>(count); ++seed) {
+    const auto s = draw_schedule(seed);
+    const auto c = make_job(s.shape.nodes, s.shape.f, s.shape.memory);
+    std::vector<std::string> args;
+    std::set<int> victims;
+    for (const auto& [step, ids] : s.kills) {
+      args.push_back("--fail-at");
+      args.push_back(std::to_string(step) + ":" + ids_list(ids));
+      victims.insert(ids.begin(), ids.end());
+    }
+    CAPTURE(s.text);
+    const auto started = std::chrono::steady_clock::now();
+    const auto r = run_local(c, chaos_steps, args);
+    const auto summary = check_run(c, r, chaos_steps, victims);
+    std::string paths;
+    for (const auto& lr : summary.reconfigurations)
+      paths += " [" + (lr.lost.empty() ? std::string("none") : ids_list(lr.lost)) + ": " + lr.rules + "]";
+    MESSAGE("chaos " << s.text << " ->" << paths << " ("
+                     << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s)");
+  }
+}
+
+}  // namespace
+
+// 20 seeded schedules in 4 cases (each case its own CTest test, with its own timeout).
+TEST_CASE("recovery e2e: chaos: seeded random kill schedules 0-4") { run_chaos(0, 5); }
+TEST_CASE("recovery e2e: chaos: seeded random kill schedules 5-9") { run_chaos(5, 5); }
+TEST_CASE("recovery e2e: chaos: seeded random kill schedules 10-14") { run_chaos(10, 5); }
+TEST_CASE("recovery e2e: chaos: seeded random kill schedules 15-19") { run_chaos(15, 5); }
+
+// BUG: a node lost while the job's first epoch forms stops the job (exit 1) although nothing was
+// trained yet. The survivors' stages block in the first epoch's transport connect (the frozen node
+// never connects) before they build their layers from the seed (actors/stage.cpp, form(): ensure()
+// runs after connect()); the abort fails the connect, so their stores stay empty and formed_once
+// false. The coordinator then treats the loss like any other: reconfigure() from the first plan
+// (st.formed, set in form_epoch() before anything formed) with a copy plan whose sources are the
+// first plan's holders. In epoch 2 each node builds only its *new* range from the seed, so a
+// source asked for a layer outside it does not have it: "node 1 failed in epoch 2: bad_request:
+// forming the stage: the copy plan sends layer 3 from rank 0, which does not hold it; forming the
+// epoch again", the same plan for epochs 3, 4, 5, then "stopping (failed): ... (4 failures in a
+// row without a lost node)". Expected: a loss before the first epoch formed re-plans the job on
+// the survivors (form_epoch: every layer from its seed, no copies), or a node without a layer it
+// must send builds it from its seed while the job has not formed once.
+TEST_CASE("recovery e2e: a node lost while the job's first epoch forms" * doctest::skip()) {
+  // The coordinator and the workers as separate processes, so the test controls the victim from
+  // the start: it registers first and freezes (SIGSTOP) at once; when the other five have joined,
+  // the first epoch is planned on all six and cannot form (the frozen node never connects). The
+  // test kills the frozen node while the others wait for it: the job must go on with five nodes
+  // and train exactly like the single-process run. No layer was trained yet: every layer is still
+  // its seed's.
+  const auto c = make_job(6, 1, 1'500'000);
+  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-first-epoch-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct cleanup {
+    std::filesystem::path d;
+    ~cleanup() { std::filesystem::remove_all(d); }
+  } remove{dir};
+  std::ofstream(dir / "job.toml") << c.text;
+  constexpr int steps = 5;
+  const std::string metrics = (dir / "metrics.jsonl").string();
+  const std::string token = (dir / "token").string();
+  background_process coordinator(bin + "/oobleck-coordinator",
+                                 {"--listen", "127.0.0.1:0", "--config", (dir / "job.toml").string(), "--token-file",
+                                  token, "--steps", std::to_string(steps), "--metrics-out", metrics});
+  const auto line = coordinator.wait_for_line("listening on ");
+  const auto begin = line.find("127.0.0.1:");
+  const std::string address = line.substr(begin, line.find(' ', begin) - begin);
+  auto worker = [&](const std::string& name) {
+    return std::make_unique<background_process>(
+        bin + "/oobleck-worker", std::vector<std::string>{"--coordinator", address, "--token-file", token, "--name", name});
+  };
+  auto victim = worker("victim");
+  victim->wait_for_line("admitted as node 0", std::chrono::seconds(30));
+  victim->signal(SIGSTOP);
+  std::vector<std::unique_ptr<background_process>> others;
+  for (int i = 1; i < c.nodes; ++i) others.push_back(worker("w" + std::to_string(i)));
+  coordinator.wait_for_line("forming epoch 1 on 6 node(s)", std::chrono::seconds(60));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the others form, waiting for node 0
+  CHECK(coordinator.output().find("epoch 1 formed") == std::string::npos);
+  victim->signal(SIGKILL);
+  int status = -1;
+  try {
+    status = coordinator.wait_exit(std::chrono::seconds(120));
+  } catch (...) {
+    coordinator.signal(SIGTERM);
+    throw;
+  }
+  run_result r;
+  r.status = status;
+  r.output = coordinator.output();
+  std::ifstream in(metrics);
+  for (std::string l; std::getline(in, l);) {
+    auto j = json::parse(l);
+    (j.contains("event") ? r.events : r.steps).push_back(std::move(j));
+  }
+  for (auto& w : others) {
+    r.output += w->output();
+    CHECK(w->wait_exit(std::chrono::seconds(30)) == 0);
+  }
+  check_run(c, r, steps, {0});
+}
