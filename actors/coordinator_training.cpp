@@ -262,8 +262,13 @@ void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
     if (std::find(rec.lost.begin(), rec.lost.end(), n) == rec.lost.end()) rec.lost.push_back(n);
   for (int n : joined)
     if (std::find(rec.joined.begin(), rec.joined.end(), n) == rec.joined.end()) rec.joined.push_back(n);
+  // The policy's decisions, in order; an epoch formed again unchanged (a failed step whose cause
+  // was not known yet) is not a decision and only shows when nothing else happened.
   const std::string action = rules.empty() ? "unchanged" : rules;
-  rec.action = first ? action : rec.action + "," + action;
+  if (first || rec.action == "unchanged")
+    rec.action = action;
+  else if (action != "unchanged")
+    rec.action += "," + action;
   if (first) rec.detect_ms = detect_ms;  // the first failure's
   rec.plan_ms += plan_ms;
   rec.copy_bytes += bytes;

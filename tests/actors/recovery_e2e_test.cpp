@@ -351,8 +351,12 @@ run_summary check_run(const job_case& c, const run_result& r, int steps, const s
     const auto it = std::find_if(summary.reconfigurations.begin(), summary.reconfigurations.end(),
                                  [&](const logged_reconfiguration& lr) { return lr.epoch == epoch; });
     REQUIRE(it != summary.reconfigurations.end());
-    CHECK(e["lost"].get<std::vector<int>>() == it->lost);
-    CHECK(e["action"].get<std::string>() == it->rules);
+    // One record per recovery (last commit to next): when several reconfigurations happen in
+    // between, it lists every node lost and every decision; the epoch's own appear in it.
+    const auto lost = e["lost"].get<std::vector<int>>();
+    for (int n : it->lost) CHECK(std::find(lost.begin(), lost.end(), n) != lost.end());
+    const std::string action = "," + e["action"].get<std::string>() + ",";
+    CHECK((it->rules == "unchanged" || action.find("," + it->rules + ",") != std::string::npos));
     CHECK(e["resumed_step"].get<int>() < steps);
     CHECK(e["downtime_ms"].get<double>() > 0);
   }
@@ -682,7 +686,7 @@ TEST_CASE("recovery e2e: chaos: seeded random kill schedules 5-9") { run_chaos(5
 TEST_CASE("recovery e2e: chaos: seeded random kill schedules 10-14") { run_chaos(10, 5); }
 TEST_CASE("recovery e2e: chaos: seeded random kill schedules 15-19") { run_chaos(15, 5); }
 
-// BUG: a node lost while the job's first epoch forms stops the job (exit 1) although nothing was
+// Was a bug (fixed): a node lost while the job's first epoch forms stops the job (exit 1) although nothing was
 // trained yet. The survivors' stages block in the first epoch's transport connect (the frozen node
 // never connects) before they build their layers from the seed (actors/stage.cpp, form(): ensure()
 // runs after connect()); the abort fails the connect, so their stores stay empty and formed_once
@@ -695,7 +699,7 @@ TEST_CASE("recovery e2e: chaos: seeded random kill schedules 15-19") { run_chaos
 // row without a lost node)". Expected: a loss before the first epoch formed re-plans the job on
 // the survivors (form_epoch: every layer from its seed, no copies), or a node without a layer it
 // must send builds it from its seed while the job has not formed once.
-TEST_CASE("recovery e2e: a node lost while the job's first epoch forms" * doctest::skip()) {
+TEST_CASE("recovery e2e: a node lost while the job's first epoch forms") {
   // The coordinator and the workers as separate processes, so the test controls the victim from
   // the start: it registers first and freezes (SIGSTOP) at once; when the other five have joined,
   // the first epoch is planned on all six and cannot form (the frozen node never connects). The
@@ -751,5 +755,22 @@ TEST_CASE("recovery e2e: a node lost while the job's first epoch forms" * doctes
     r.output += w->output();
     CHECK(w->wait_exit(std::chrono::seconds(30)) == 0);
   }
-  check_run(c, r, steps, {0});
+  // Nothing had trained: the coordinator plans the job afresh on the five survivors (no policy
+  // replay applies), then trains exactly like the single-process run.
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.find("planning the job again on the survivors") != std::string::npos);
+  REQUIRE(r.steps.size() == static_cast<std::size_t>(steps));
+  for (int k = 0; k < steps; ++k) {
+    const auto& m = r.steps[static_cast<std::size_t>(k)];
+    CAPTURE(k);
+    CHECK(m["step"] == k);
+    CHECK(m["samples"] == c.job.training.global_batch);
+    for (const auto& p : m["pipelines"])
+      for (const auto& n : p["nodes"]) CHECK(n.get<int>() != 0);
+    for (const auto& [layer, digests] : m["layer_digests"].items())
+      for (const auto& d : digests) CHECK(d == digests[0]);
+    const double want = reference_losses()[static_cast<std::size_t>(k)];
+    CHECK(std::abs(m["loss"].get<double>() - want) <= 1e-4 * std::abs(want));
+  }
 }
