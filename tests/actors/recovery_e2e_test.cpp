@@ -239,7 +239,8 @@ struct logged_reconfiguration {
 
 /// What a run did, as the checks saw it.
 struct run_summary {
-  std::vector<logged_reconfiguration> reconfigurations;
+  std::vector<logged_reconfiguration> reconfigurations;  ///< also re-formations without a loss
+  std::vector<logged_reconfiguration> losses;            ///< those after lost nodes
   std::set<int> lost;
 };
 
@@ -287,6 +288,7 @@ run_summary check_run(const job_case& c, const run_result& r, int steps, const s
       forming = planner_model::after(predicted);
       forming_epoch = lr.epoch;
       summary.lost.insert(lr.lost.begin(), lr.lost.end());
+      if (!lr.lost.empty()) summary.losses.push_back(lr);
       summary.reconfigurations.push_back(std::move(lr));
     } else if (line.rfind("epoch ", 0) == 0 && line.find(" formed: ") != std::string::npos) {
       const auto epoch = std::stoull(line.substr(6));
@@ -363,6 +365,49 @@ run_summary check_run(const job_case& c, const run_result& r, int steps, const s
   return summary;
 }
 
+std::string ids_list(const std::vector<int>& ids);
+
+/// The nodes whose injected fault fired in a run (their worker printed "injected fault: ...").
+std::set<int> fired_faults(const run_result& r) {
+  std::map<std::string, int> id_of;  // worker name -> node id
+  std::set<std::string> fired;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) {
+    const auto joined = line.find("] node ");
+    if (line.rfind("[coordinator] node ", 0) == 0 && line.find(" joined: ") != std::string::npos) {
+      const auto name_at = line.find(" joined: ") + 9;
+      id_of[line.substr(name_at, line.find(' ', name_at) - name_at)] = std::stoi(line.substr(joined + 7));
+    }
+    if (line.rfind("[worker ", 0) == 0 && line.find("] injected fault: ") != std::string::npos)
+      fired.insert(line.substr(8, line.find(']') - 8));
+  }
+  std::set<int> out;
+  for (const auto& name : fired) out.insert(id_of.at(name));
+  return out;
+}
+
+/// oobleck-local arms --fail-at / --hang-at faults asynchronously once the first epoch formed
+/// (its injector asks the coordinator, which tells the node): on a heavily loaded machine the job
+/// can pass the step before a fault is armed, and that fault never fires (see the BUG test
+/// "faults armed late" below). Every attempt is checked in full, against the faults that did
+/// fire; an attempt where some did not is run again, up to three times.
+struct checked_run {
+  run_result result;
+  run_summary summary;
+};
+checked_run run_faults(const job_case& c, int steps, const std::vector<std::string>& args, const std::set<int>& scheduled,
+                       const std::function<void(background_process&)>& during = {}) {
+  for (int attempt = 1;; ++attempt) {
+    auto r = run_local(c, steps, args, during);
+    const auto fired = fired_faults(r);
+    auto s = check_run(c, r, steps, fired);
+    if (fired == scheduled) return {std::move(r), std::move(s)};
+    MESSAGE("attempt " << attempt << ": only the faults of node(s) " << ids_list({fired.begin(), fired.end()}) << " of "
+                       << ids_list({scheduled.begin(), scheduled.end()}) << " fired (armed too late)");
+    REQUIRE(attempt < 3);
+  }
+}
+
 std::string ids_list(const std::vector<int>& ids) {
   std::string s;
   for (int n : ids) s += (s.empty() ? "" : ",") + std::to_string(n);
@@ -387,10 +432,9 @@ TEST_CASE("recovery e2e: a single loss that the policy answers with simple re-in
   const auto v = victim_for(planner, c.nodes, "simple");
   REQUIRE(v);
   constexpr int steps = 6;
-  const auto r = run_local(c, steps, {"--fail-at", "3:" + std::to_string(*v)});
-  const auto s = check_run(c, r, steps, {*v});
-  REQUIRE(!s.reconfigurations.empty());
-  CHECK(s.reconfigurations.back().rules == "simple");
+  const auto [r, s] = run_faults(c, steps, {"--fail-at", "3:" + std::to_string(*v)}, {*v});
+  REQUIRE(!s.losses.empty());  // (a retry of the same plan would log it again)
+  CHECK(s.losses.back().rules == "simple");
   REQUIRE(r.events.size() == 1);
   CHECK(r.events[0]["action"] == "simple");
   CHECK(r.events[0]["resumed_step"] == 3);
@@ -406,10 +450,9 @@ TEST_CASE("recovery e2e: a loss that forces borrow: the shrunken pipeline takes 
   MESSAGE("borrow: " << describe(planner.initial()) << "- node " << *v << " -> "
                      << describe(planner_model::after(planner.lose(planner.initial(), {*v}))));
   constexpr int steps = 6;
-  const auto r = run_local(c, steps, {"--fail-at", "3:" + std::to_string(*v)});
-  const auto s = check_run(c, r, steps, {*v});
-  REQUIRE(!s.reconfigurations.empty());
-  CHECK(s.reconfigurations.back().rules == "borrow");
+  const auto [r, s] = run_faults(c, steps, {"--fail-at", "3:" + std::to_string(*v)}, {*v});
+  REQUIRE(!s.losses.empty());  // (a retry of the same plan would log it again)
+  CHECK(s.losses.back().rules == "borrow");
   CHECK(r.output.find("(borrow, ") != std::string::npos);
   REQUIRE(r.events.size() == 1);
   CHECK(r.events[0]["action"] == "borrow");
@@ -426,10 +469,9 @@ TEST_CASE("recovery e2e: a loss that forces merge: no pipeline can spare a node,
   MESSAGE("merge: " << describe(planner.initial()) << "- node " << *v << " -> "
                     << describe(planner_model::after(planner.lose(planner.initial(), {*v}))));
   constexpr int steps = 6;
-  const auto r = run_local(c, steps, {"--fail-at", "3:" + std::to_string(*v)});
-  const auto s = check_run(c, r, steps, {*v});
-  REQUIRE(!s.reconfigurations.empty());
-  CHECK(s.reconfigurations.back().rules == "merge");
+  const auto [r, s] = run_faults(c, steps, {"--fail-at", "3:" + std::to_string(*v)}, {*v});
+  REQUIRE(!s.losses.empty());  // (a retry of the same plan would log it again)
+  CHECK(s.losses.back().rules == "merge");
   CHECK(r.output.find("(merge, ") != std::string::npos);
   REQUIRE(r.events.size() == 1);
   CHECK(r.events[0]["action"] == "merge");
@@ -462,9 +504,8 @@ TEST_CASE("recovery e2e: f = 2: two nodes of different pipelines killed in the s
                     << describe(planner_model::after(planner.lose(start, {a, b}))) << "("
                     << planner.lose(start, {a, b}).reason << ")");
   constexpr int steps = 6;
-  const auto r = run_local(c, steps, {"--fail-at", "3:" + ids_list({a, b})});
-  const auto s = check_run(c, r, steps, {a, b});
-  for (const auto& lr : s.reconfigurations) MESSAGE("reconfigured after losing " << ids_list(lr.lost) << ": " << lr.rules);
+  const auto [r, s] = run_faults(c, steps, {"--fail-at", "3:" + ids_list({a, b})}, {a, b});
+  for (const auto& lr : s.losses) MESSAGE("reconfigured after losing " << ids_list(lr.lost) << ": " << lr.rules);
   for (const auto& m : r.steps) CHECK(m["pipelines"].size() >= 3u);  // f + 1 pipelines throughout
 }
 
@@ -486,13 +527,13 @@ TEST_CASE("recovery e2e: two losses in a row: a second node dies in the step aft
   REQUIRE(pick);
   const auto [a, b] = *pick;
   constexpr int steps = 7;
-  const auto r = run_local(c, steps, {"--fail-at", "3:" + std::to_string(a), "--fail-at", "4:" + std::to_string(b)});
-  const auto s = check_run(c, r, steps, {a, b});
-  REQUIRE(s.reconfigurations.size() >= 2);
-  CHECK(s.reconfigurations.front().lost == std::vector<int>{a});
-  CHECK(s.reconfigurations.front().rules == "simple");
-  CHECK(s.reconfigurations.back().lost == std::vector<int>{b});
-  CHECK(s.reconfigurations.back().rules == "borrow");
+  const auto [r, s] =
+      run_faults(c, steps, {"--fail-at", "3:" + std::to_string(a), "--fail-at", "4:" + std::to_string(b)}, {a, b});
+  REQUIRE(s.losses.size() >= 2);
+  CHECK(s.losses.front().lost == std::vector<int>{a});
+  CHECK(s.losses.front().rules == "simple");
+  CHECK(s.losses.back().lost == std::vector<int>{b});
+  CHECK(s.losses.back().rules == "borrow");
   REQUIRE(r.events.size() == 2);  // two recoveries, each ended by a commit
   CHECK(r.events[0]["resumed_step"] == 3);
   CHECK(r.events[1]["resumed_step"] == 4);
@@ -529,25 +570,42 @@ TEST_CASE("recovery e2e: a copy source is lost while the first reconfiguration f
                   << describe(planner_model::after(planner.lose(start, {a, src}))) << "("
                   << planner.lose(start, {a, src}).reason << ")");
   constexpr int steps = 6;
-  const auto r = run_local(c, steps, {"--hang-at", "3:" + std::to_string(src)}, [&, a = a, src = src](background_process& local) {
-    local.wait_for_line("injected fault: hang (step 3)", std::chrono::seconds(60));
-    const pid_t frozen = worker_pid(local, src);
-    REQUIRE(::kill(worker_pid(local, a), SIGKILL) == 0);
-    local.wait_for_line("reconfigured after losing node(s) " + std::to_string(a) + " (", std::chrono::seconds(30));
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the survivors connect and copy
-    // Still forming: the frozen copy source cannot have reported ready.
-    const auto so_far = coordinator_lines(local.output());
-    const auto at = std::find_if(so_far.begin(), so_far.end(), [&](const std::string& l) {
-      return l.rfind("reconfigured after losing node(s) " + std::to_string(a) + " (", 0) == 0;
+  run_result r;
+  run_summary s;
+  for (int attempt = 1;; ++attempt) {
+    bool froze = false;
+    r = run_local(c, steps, {"--hang-at", "3:" + std::to_string(src)}, [&, a = a, src = src](background_process& local) {
+      // The hang fires, or (armed too late, see run_faults) the job finishes without it.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+      for (;;) {
+        const auto out = local.output();
+        if (out.find("injected fault: hang (step 3)") != std::string::npos) break;
+        if (out.find("training finished") != std::string::npos) return;
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      froze = true;
+      const pid_t frozen = worker_pid(local, src);
+      REQUIRE(::kill(worker_pid(local, a), SIGKILL) == 0);
+      local.wait_for_line("reconfigured after losing node(s) " + std::to_string(a) + " (", std::chrono::seconds(30));
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the survivors connect and copy
+      // Still forming: the frozen copy source cannot have reported ready.
+      const auto so_far = coordinator_lines(local.output());
+      const auto at = std::find_if(so_far.begin(), so_far.end(), [&](const std::string& l) {
+        return l.rfind("reconfigured after losing node(s) " + std::to_string(a) + " (", 0) == 0;
+      });
+      REQUIRE(at != so_far.end());
+      for (auto it = at; it != so_far.end(); ++it) CHECK(it->find(" formed: ") == std::string::npos);
+      REQUIRE(::kill(frozen, SIGKILL) == 0);
     });
-    REQUIRE(at != so_far.end());
-    for (auto it = at; it != so_far.end(); ++it) CHECK(it->find(" formed: ") == std::string::npos);
-    REQUIRE(::kill(frozen, SIGKILL) == 0);
-  });
-  const auto s = check_run(c, r, steps, {a, src});
-  REQUIRE(s.reconfigurations.size() >= 2);
+    s = check_run(c, r, steps, froze ? std::set<int>{a, src} : std::set<int>{});
+    if (froze) break;
+    MESSAGE("attempt " << attempt << ": the hang was armed too late, the job finished without it");
+    REQUIRE(attempt < 3);
+  }
+  REQUIRE(s.losses.size() >= 2);
   // The last reconfiguration planned from the configuration that formed (epoch 1): both lost.
-  auto both = s.reconfigurations.back().lost;
+  auto both = s.losses.back().lost;
   std::sort(both.begin(), both.end());
   CHECK(both == std::vector<int>{std::min(a, src), std::max(a, src)});
   REQUIRE(r.events.size() == 1);  // one recovery: step 3 committed once, after both losses
@@ -630,7 +688,7 @@ chaos_schedule draw_schedule(std::uint64_t seed) {
   seeded rng{seed * 7919 + 17};
   for (;;) {
     chaos_schedule s;
-    s.shape = chaos_jobs[rng.below(static_cast<int>(std::size(chaos_jobs)))];
+    s.shape = chaos_jobs[seed % std::size(chaos_jobs)];  // each shape 4 times in 20 seeds
     const planner_model planner(make_job(s.shape.nodes, s.shape.f, s.shape.memory));
     std::vector<int> alive(static_cast<std::size_t>(s.shape.nodes));
     for (int i = 0; i < s.shape.nodes; ++i) alive[static_cast<std::size_t>(i)] = i;
@@ -668,8 +726,7 @@ void run_chaos(std::uint64_t first_seed, int count) {
     }
     CAPTURE(s.text);
     const auto started = std::chrono::steady_clock::now();
-    const auto r = run_local(c, chaos_steps, args);
-    const auto summary = check_run(c, r, chaos_steps, victims);
+    const auto [r, summary] = run_faults(c, chaos_steps, args, victims);
     std::string paths;
     for (const auto& lr : summary.reconfigurations)
       paths += " [" + (lr.lost.empty() ? std::string("none") : ids_list(lr.lost)) + ": " + lr.rules + "]";
@@ -773,4 +830,72 @@ TEST_CASE("recovery e2e: a node lost while the job's first epoch forms") {
     const double want = reference_losses()[static_cast<std::size_t>(k)];
     CHECK(std::abs(m["loss"].get<double>() - want) <= 1e-4 * std::abs(want));
   }
+}
+
+// BUG: oobleck-local's --fail-at / --hang-at faults can silently never fire. Its injector
+// (actors/injector.cpp) arms them only when the first epoch has formed (the epoch_formed event,
+// or a status with epoch > 0), by two requests per fault to the coordinator, which forwards each
+// to the node; training starts at the same moment, so a job that passes step STEP before the
+// node's stage is armed never fires that fault, and the run ends with status 0 as if no fault
+// had been asked for. Seen without any help on this machine under load (load average ~17 on 2
+// cores): schedule "seed 2: 7 nodes, kills: step 2: 4; step 3: 1; step 5: 2" trained all 6
+// steps with no "sent kill" line at all (the recovery tests now detect this and run again). Here
+// the test makes it certain: it freezes oobleck-local (where the injector lives; the coordinator
+// and workers are its children and go on) from the moment the workers exist until the job has
+// committed 3 steps, with a kill asked for step 1. Expected: faults armed before the job's first
+// step (e.g. handed to the coordinator with the job, armed on each node before its first
+// assignment), or at least a run that says a fault did not fire (non-zero status).
+TEST_CASE("recovery e2e: a --fail-at fault armed late still fires, or the run says it did not" * doctest::skip()) {
+  const auto c = make_job(6, 1, 1'500'000);
+  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-late-arm-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct cleanup {
+    std::filesystem::path d;
+    ~cleanup() { std::filesystem::remove_all(d); }
+  } remove{dir};
+  std::ofstream(dir / "job.toml") << c.text;
+  const auto metrics = dir / "metrics.jsonl";
+  background_process local(bin + "/oobleck-local", {"--config", (dir / "job.toml").string(), "--steps", "8",
+                                                    "--metrics-out", metrics.string(), "--timeout", "120",
+                                                    "--fail-at", "1:2"});
+  auto count_children = [&] {
+    int n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+      std::ifstream cmd(entry.path() / "cmdline", std::ios::binary);
+      std::string argv0;
+      std::getline(cmd, argv0, '\0');
+      if (argv0.find("oobleck-worker") == std::string::npos) continue;
+      std::ifstream stat(entry.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      std::istringstream fields(line.substr(line.rfind(')') + 2));
+      char state = 0;
+      pid_t ppid = 0;
+      fields >> state >> ppid;
+      n += ppid == local.pid();
+    }
+    return n;
+  };
+  auto wait_until = [](const std::function<bool()>& done, const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline) FAIL("timed out waiting for " << what);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  };
+  wait_until([&] { return count_children() == c.nodes; }, "the workers");
+  local.signal(SIGSTOP);
+  wait_until(
+      [&] {
+        std::ifstream in(metrics);
+        int lines = 0;
+        for (std::string l; std::getline(in, l);) ++lines;
+        return lines >= 3;
+      },
+      "3 committed steps");
+  local.signal(SIGCONT);
+  const int status = local.wait_exit(std::chrono::seconds(150));
+  INFO(local.output());
+  const bool fired = local.output().find("injected fault: kill (step 1)") != std::string::npos;
+  CHECK((fired || status != 0));
 }
