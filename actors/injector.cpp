@@ -25,12 +25,25 @@ void ask(injector_pointer self, std::function<void(Reply&)> then, Ts... xs) {
           [self](caf::error& e) { self->state.deps.log("no nonce from the coordinator: " + describe(e)); });
 }
 
-void arm_all(injector_pointer self) {
+void arm_node(injector_pointer self, std::int64_t node) {
   auto& st = self->state;
-  if (st.armed) return;
-  st.armed = true;
+  if (!st.armed_nodes.insert(node).second) return;
   for (const auto& f : st.deps.faults)
-    ask<std::string>(self, [self](std::string& what) { self->state.deps.log(what + " (armed)"); }, f);
+    if (f.node == node)
+      ask<std::string>(self, [self](std::string& what) { self->state.deps.log(what + " (armed)"); }, f);
+}
+
+void count_unfired(injector_pointer self) {
+  auto& st = self->state;
+  int unfired = 0;
+  for (const auto& f : st.deps.faults)
+    if (!st.lost_nodes.count(f.node)) {
+      ++unfired;
+      st.deps.log("the " + to_string(f.kind) + " of node " + std::to_string(f.node) + " at step " +
+                  std::to_string(f.at_step) + " did not fire (the step passed before it was armed, or the "
+                  "node ran no stage in it)");
+    }
+  *st.deps.unfired = unfired;
 }
 
 }  // namespace
@@ -38,18 +51,29 @@ void arm_all(injector_pointer self) {
 caf::behavior injector(caf::stateful_actor<injector_state>* self, injector_deps deps) {
   self->state.deps = std::move(deps);
   self->monitor(self->state.deps.coordinator);
-  self->set_down_handler([self](caf::down_msg&) { self->quit(); });
+  self->set_down_handler([self](caf::down_msg&) {
+    count_unfired(self);  // the coordinator is gone: every loss it published has arrived
+    self->quit();
+  });
+  *self->state.deps.unfired = static_cast<int>(self->state.deps.faults.size());
   ask<std::string>(
       self,
       [self](std::string&) {
-        // Subscribed after the first epoch formed? Then arm now.
-        ask<job_status>(self, [self](job_status& s) { if (s.epoch > 0) arm_all(self); }, status_atom_v);
+        // Nodes that joined before the subscription: arm them now.
+        ask<job_status>(self, [self](job_status& s) {
+          for (const auto& n : s.nodes)
+            if (n.state != "lost") arm_node(self, n.node);
+        }, status_atom_v);
       },
       subscribe_atom_v, caf::actor_cast<caf::actor>(self));
   return {
       [self](job_event& e) {
-        if (e.kind == event_kind::epoch_formed) arm_all(self);
-        if (e.kind == event_kind::stopped) self->quit();
+        if (e.kind == event_kind::node_joined) arm_node(self, e.node);
+        if (e.kind == event_kind::node_lost) self->state.lost_nodes.insert(e.node);
+        if (e.kind == event_kind::stopped) {
+          count_unfired(self);
+          self->quit();
+        }
       },
   };
 }

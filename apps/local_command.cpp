@@ -271,12 +271,14 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   // The failure injector: an actor of this process, subscribed to the coordinator's events.
   std::unique_ptr<cluster_config> caf_cfg;
   std::unique_ptr<caf::actor_system> caf_sys;
+  std::shared_ptr<std::atomic<int>> unfired;
   if (!faults.empty()) {
     caf_cfg = std::make_unique<cluster_config>();
     caf_sys = std::make_unique<caf::actor_system>(*caf_cfg);
     const auto coord = connect_coordinator(*caf_sys, parse_host_port("coordinator", address), 10,
                                            [](const std::string&) {});
     actors::injector_deps d{coord, actors::read_token_file(token), faults, progress_printer("injector")};
+    unfired = d.unfired;
     caf_sys->spawn(actors::injector, d);
   }
   for (int i = 0; i < nodes; ++i)
@@ -317,6 +319,14 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   while (!procs.pids().empty() && std::chrono::steady_clock::now() < grace) {
     for (pid_t p : std::vector<pid_t>(procs.pids())) procs.poll(p);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (*coordinator_status == 0 && unfired) {
+    // The injector counts the faults whose node was never lost once the job has stopped.
+    caf_sys.reset();  // waits for the injector, which ends on the job's stop
+    if (*unfired > 0) {
+      err << "error: " << *unfired << " injected fault(s) did not fire; the job ran without them\n";
+      return 1;
+    }
   }
   return *coordinator_status;
 }
