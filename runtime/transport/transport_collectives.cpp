@@ -96,8 +96,8 @@ void host_transport::all_reduce_sum(std::span<const int> group, std::span<float>
       "all_reduce_sum over " + describe_group(group) + " (tag " + std::to_string(tag) + ")";
   const std::size_t pos = position_in(op, group, s.config.rank, s.world);
   {
-    std::unique_lock lock(s.mu);
-    s.throw_if_failed(lock, op, group);
+    auto lk = s.lock();
+    s.throw_if_failed(lk, op, group);
   }
   const std::size_t n = group.size();
   if (n == 1) return;
@@ -218,8 +218,8 @@ void host_transport::broadcast(std::span<const int> group, int root, std::span<s
   if (s.config.rank == root) {
     {
       // All or nothing: refuse before queueing anything if a member is already known lost.
-      std::unique_lock lock(s.mu);
-      s.throw_if_failed(lock, op, group);
+      auto lk = s.lock();
+      s.throw_if_failed(lk, op, group);
     }
     // Flat: the root sends one shared copy to each member. Broadcasts here carry parameters of
     // a few layers to a few ranks; a pipelined tree is not worth it at that scale.

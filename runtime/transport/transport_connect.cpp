@@ -1,24 +1,91 @@
-// Mesh set-up on the I/O thread: each rank accepts the higher ranks and connects to the lower
-// ones, and a handshake checks the epoch so a straggler of another epoch can never join.
+// Mesh set-up: each rank accepts the higher ranks and connects to the lower ones, and a
+// handshake checks the epoch so a straggler of another epoch can never join. connect() waits
+// for the I/O thread to bring every link up, or gives up at its deadline.
 
 #include <algorithm>
+#include <sstream>
 #include <string>
 
 #include "runtime/transport/transport_state.hpp"
 
 namespace oobleck::runtime {
 
+void host_transport::state::connect(const std::vector<peer_endpoint>& peers) {
+  {
+    auto lk = lock();
+    transport_shared& sh = shared(lk);
+    if (sh.connect_started) throw std::logic_error("connect: called twice");
+    if (sh.is_aborted)
+      throw transport_error(transport_failure::aborted, -1, "connect: " + sh.abort_reason);
+    sh.connect_started = true;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + config.connect_timeout;
+  const int me = config.rank;
+  std::vector<tcp::endpoint> lower(static_cast<std::size_t>(world));
+  try {
+    for (int p = 0; p < me; ++p)
+      lower[static_cast<std::size_t>(p)] =
+          resolve(io, peers[static_cast<std::size_t>(p)], p, false);
+  } catch (const transport_error& e) {
+    abort(e.what());
+    throw;
+  }
+  // Lower ranks accept, higher ranks connect: exactly one connection per pair.
+  asio::post(io, [this, me, lower = std::move(lower)]() mutable {
+    if (io_only.closed) return;
+    io_only.endpoints = std::move(lower);
+    if (me + 1 < world) {
+      start_accept();
+    } else {
+      boost::system::error_code ignored;
+      io_only.acceptor.close(ignored);
+    }
+    for (int p = 0; p < me; ++p) start_connect(p);
+  });
+
+  std::string why;
+  int first_missing = -1;
+  {
+    auto lk = lock();
+    const transport_shared& sh = shared(lk);
+    const bool complete =
+        lk.wait_until(cv, deadline, [&] { return sh.is_aborted || sh.links_up == world - 1; });
+    if (sh.is_aborted && sh.links_up < world - 1)
+      throw transport_error(transport_failure::aborted, -1, "connect: " + sh.abort_reason);
+    if (complete) return;
+
+    std::ostringstream out;
+    out << "connect: rank " << me << " (epoch " << config.epoch << ") could not reach";
+    for (int p = 0; p < world; ++p) {
+      if (p == me) continue;
+      const link_shared& l = at(p).shared(lk);
+      if (l.up) continue;
+      if (first_missing < 0) first_missing = p;
+      const peer_endpoint& e = peers[static_cast<std::size_t>(p)];
+      out << " peer " << p << " at " << e.host << ":" << e.port << " ("
+          << (l.last_connect_error.empty()
+                  ? std::string(p < me ? "no answer" : "it never connected")
+                  : l.last_connect_error)
+          << ");";
+    }
+    out << " within " << config.connect_timeout.count() << " ms";
+    why = out.str();
+  }
+  abort(why);
+  throw transport_error(transport_failure::connect_failed, first_missing, why);
+}
+
 void host_transport::state::start_accept() {
-  acceptor.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
-    if (io_closed || !acceptor.is_open()) return;
+  io_only.acceptor.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+    if (io_only.closed || !io_only.acceptor.is_open()) return;
     if (!ec) {
       // Several connections may be handshaking at once; a silent one must not block the others.
       auto h = std::make_shared<handshake>(std::move(socket));
-      std::erase_if(handshakes, [](const auto& w) { return w.expired(); });
-      handshakes.push_back(h);
+      std::erase_if(io_only.handshakes, [](const auto& w) { return w.expired(); });
+      io_only.handshakes.push_back(h);
       asio::async_read(h->socket, asio::buffer(h->hello),
                        [this, h](boost::system::error_code read_ec, std::size_t) {
-                         if (io_closed || read_ec) return;  // the stranger went away
+                         if (io_only.closed || read_ec) return;  // the stranger went away
                          on_hello(h);
                        });
     }
@@ -41,8 +108,8 @@ void host_transport::state::on_hello(const std::shared_ptr<handshake>& h) {
   } else if (their_world != world || their_rank <= config.rank || their_rank >= world) {
     status = handshake_status::bad_rank;
   } else {
-    std::lock_guard lock(mu);
-    link& l = links[static_cast<std::size_t>(their_rank)];
+    auto lk = lock();
+    link_shared& l = at(their_rank).shared(lk);
     if (l.handshaking || l.up)
       status = handshake_status::duplicate;
     else
@@ -53,102 +120,107 @@ void host_transport::state::on_hello(const std::shared_ptr<handshake>& h) {
   put_u64(h->ack.data() + 8, config.epoch);
   asio::async_write(h->socket, asio::buffer(h->ack),
                     [this, h, status, their_rank](boost::system::error_code ec, std::size_t) {
-                      if (io_closed || status != handshake_status::ok) return;
-                      link& l = links[static_cast<std::size_t>(their_rank)];
+                      if (io_only.closed || status != handshake_status::ok) return;
+                      link& l = at(their_rank);
                       if (ec) {
-                        std::lock_guard lock(mu);
-                        l.handshaking = false;  // let the peer's retry in
-                        l.last_connect_error = "handshake failed: " + ec.message();
+                        auto lk = lock();
+                        link_shared& ls = l.shared(lk);
+                        ls.handshaking = false;  // let the peer's retry in
+                        ls.last_connect_error = "handshake failed: " + ec.message();
                         return;
                       }
-                      l.socket = std::make_unique<tcp::socket>(std::move(h->socket));
+                      l.io.socket = std::make_unique<tcp::socket>(std::move(h->socket));
                       link_up(their_rank);
                     });
 }
 
 void host_transport::state::start_connect(int peer) {
-  link& l = links[static_cast<std::size_t>(peer)];
+  link_io& l = at(peer).io;
   l.socket = std::make_unique<tcp::socket>(io);
-  l.socket->async_connect(
-      endpoints[static_cast<std::size_t>(peer)], [this, peer](boost::system::error_code ec) {
-        if (io_closed) return;
-        if (ec) return retry_connect(peer, ec.message());
-        link& l = links[static_cast<std::size_t>(peer)];
-        std::byte* out = l.hello.data();
-        put_u32(out, handshake_magic);
-        put_u32(out + 4, handshake_version);
-        put_u64(out + 8, config.epoch);
-        put_u32(out + 16, static_cast<std::uint32_t>(config.rank));
-        put_u32(out + 20, static_cast<std::uint32_t>(world));
-        asio::async_write(*l.socket, asio::buffer(l.hello), [this, peer](auto write_ec, auto) {
-          if (io_closed) return;
-          if (write_ec) return retry_connect(peer, write_ec.message());
-          link& l = links[static_cast<std::size_t>(peer)];
-          asio::async_read(*l.socket, asio::buffer(l.ack), [this, peer](auto read_ec, auto) {
-            if (io_closed) return;
-            // EOF here: a listener that is not (or no longer) ours closed on us.
-            if (read_ec) return retry_connect(peer, "handshake: " + read_ec.message());
-            const std::byte* in = links[static_cast<std::size_t>(peer)].ack.data();
-            const auto status = static_cast<handshake_status>(get_u32(in + 4));
-            const std::uint64_t their_epoch = get_u64(in + 8);
-            if (get_u32(in) != handshake_magic)
-              return retry_connect(peer, "the listener is not an Oobleck transport");
-            switch (status) {
-              case handshake_status::ok:
-                return link_up(peer);
-              case handshake_status::wrong_epoch:
-                return retry_connect(peer, "it is at epoch " + std::to_string(their_epoch) +
-                                               ", not " + std::to_string(config.epoch));
-              case handshake_status::bad_rank:
-                return retry_connect(peer, "it refused rank " + std::to_string(config.rank) +
-                                               " of " + std::to_string(world));
-              case handshake_status::duplicate:
-                return retry_connect(
-                    peer, "it already has a connection from rank " + std::to_string(config.rank));
-            }
-            retry_connect(peer, "unknown handshake status");
-          });
-        });
+  const tcp::endpoint& to = io_only.endpoints[static_cast<std::size_t>(peer)];
+  l.socket->async_connect(to, [this, peer](boost::system::error_code ec) {
+    if (io_only.closed) return;
+    if (ec) return retry_connect(peer, ec.message());
+    link_io& l = at(peer).io;
+    std::byte* out = l.dial.hello.data();
+    put_u32(out, handshake_magic);
+    put_u32(out + 4, handshake_version);
+    put_u64(out + 8, config.epoch);
+    put_u32(out + 16, static_cast<std::uint32_t>(config.rank));
+    put_u32(out + 20, static_cast<std::uint32_t>(world));
+    asio::async_write(*l.socket, asio::buffer(l.dial.hello), [this, peer](auto write_ec, auto) {
+      if (io_only.closed) return;
+      if (write_ec) return retry_connect(peer, write_ec.message());
+      link_io& l = at(peer).io;
+      asio::async_read(*l.socket, asio::buffer(l.dial.ack), [this, peer](auto read_ec, auto) {
+        if (io_only.closed) return;
+        // EOF here: a listener that is not (or no longer) ours closed on us.
+        if (read_ec) return retry_connect(peer, "handshake: " + read_ec.message());
+        const std::byte* in = at(peer).io.dial.ack.data();
+        const auto status = static_cast<handshake_status>(get_u32(in + 4));
+        const std::uint64_t their_epoch = get_u64(in + 8);
+        if (get_u32(in) != handshake_magic)
+          return retry_connect(peer, "the listener is not an Oobleck transport");
+        switch (status) {
+          case handshake_status::ok:
+            return link_up(peer);
+          case handshake_status::wrong_epoch:
+            return retry_connect(peer, "it is at epoch " + std::to_string(their_epoch) +
+                                           ", not " + std::to_string(config.epoch));
+          case handshake_status::bad_rank:
+            return retry_connect(peer, "it refused rank " + std::to_string(config.rank) +
+                                           " of " + std::to_string(world));
+          case handshake_status::duplicate:
+            return retry_connect(
+                peer, "it already has a connection from rank " + std::to_string(config.rank));
+        }
+        retry_connect(peer, "unknown handshake status");
       });
+    });
+  });
 }
 
 void host_transport::state::retry_connect(int peer, std::string why) {
-  link& l = links[static_cast<std::size_t>(peer)];
+  link& l = at(peer);
   boost::system::error_code ignored;
-  l.socket->close(ignored);
+  l.io.socket->close(ignored);
   {
-    std::lock_guard lock(mu);
-    l.last_connect_error = std::move(why);
+    auto lk = lock();
+    l.shared(lk).last_connect_error = std::move(why);
   }
   // The peer may simply not listen yet (it starts at its own pace); connect() owns the deadline,
   // and its abort cancels this timer. Back off so a missing peer costs little CPU.
-  if (!l.retry_timer) l.retry_timer = std::make_unique<asio::steady_timer>(io);
-  l.retry_timer->expires_after(l.retry_delay);
-  l.retry_delay = std::min(l.retry_delay * 2, std::chrono::milliseconds(200));
-  l.retry_timer->async_wait([this, peer](boost::system::error_code ec) {
-    if (io_closed || ec) return;
+  connect_state& dial = l.io.dial;
+  if (!dial.retry_timer) dial.retry_timer = std::make_unique<asio::steady_timer>(io);
+  dial.retry_timer->expires_after(dial.retry_delay);
+  dial.retry_delay = std::min(dial.retry_delay * 2, std::chrono::milliseconds(200));
+  dial.retry_timer->async_wait([this, peer](boost::system::error_code ec) {
+    if (io_only.closed || ec) return;
     start_connect(peer);
   });
 }
 
 void host_transport::state::link_up(int peer) {
-  link& l = links[static_cast<std::size_t>(peer)];
+  link& l = at(peer);
   boost::system::error_code ignored;
   // Latency matters for small control-sized messages of a pipeline schedule.
-  l.socket->set_option(tcp::no_delay(true), ignored);
-  // The I/O thread reads and writes with its own non-blocking system calls (transport_io.cpp).
-  l.socket->non_blocking(true, ignored);
-  l.fd = l.socket->native_handle();
+  l.io.socket->set_option(tcp::no_delay(true), ignored);
+  // The I/O thread reads and writes with its own non-blocking system calls
+  // (transport_link_read.cpp, transport_link_write.cpp).
+  l.io.socket->non_blocking(true, ignored);
+  l.io.fd = l.io.socket->native_handle();
   // Socket buffers stay auto-tuned: fixing SO_SNDBUF/SO_RCVBUF (at most net.core.*mem_max, 4 MiB
   // here) measured slower than the kernel's tuning, which grows the receive buffer to 32 MiB.
   {
-    std::lock_guard lock(mu);
-    l.up = true;
-    l.user_fd = l.fd;
-    ++links_up;
-    if (links_up == world - 1) {
+    auto lk = lock();
+    link_shared& ls = l.shared(lk);
+    ls.up = true;
+    ls.user_fd = l.io.fd;
+    transport_shared& sh = shared(lk);
+    ++sh.links_up;
+    if (sh.links_up == world - 1) {
       // Everyone is here: stop listening so the port is free and strangers get refused.
-      acceptor.close(ignored);
+      io_only.acceptor.close(ignored);
     }
   }
   cv.notify_all();

@@ -146,11 +146,25 @@ class process_group {
 
   void signal(int rank, int sig) { ::kill(at(rank).pid, sig); }
 
-  /// Waits for `rank` to end; returns its exit code, or 128 + signal.
-  int wait(int rank) {
+  /// Waits for `rank` to end; returns its exit code, or 128 + signal. A rank still running
+  /// after `timeout` is killed and the call throws: a test fails instead of hanging.
+  int wait(int rank, std::chrono::milliseconds timeout = std::chrono::seconds(15)) {
     auto& c = at(rank);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     int status = 0;
-    ::waitpid(c.pid, &status, 0);
+    for (;;) {
+      const pid_t done = ::waitpid(c.pid, &status, WNOHANG);
+      if (done == c.pid) break;
+      if (done < 0) throw std::runtime_error("waitpid failed for rank " + std::to_string(rank));
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(c.pid, SIGKILL);
+        ::waitpid(c.pid, nullptr, 0);
+        c.pid = -1;
+        throw std::runtime_error("rank " + std::to_string(rank) + " did not exit within " +
+                                 std::to_string(timeout.count()) + " ms (killed)");
+      }
+      ::usleep(1000);
+    }
     c.pid = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }

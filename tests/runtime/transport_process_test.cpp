@@ -169,7 +169,8 @@ TEST_CASE("processes: kill -9 of a peer fails every pending operation of the sur
   const long long kill_ns = now_ns();
   g.signal(victim, SIGKILL);
   CHECK(g.wait(victim) == 128 + SIGKILL);
-  std::ostringstream latencies;
+  // Failed by the kill (after it, and long before anything could call it a timeout); how many
+  // milliseconds it takes is bench/transport_failure_latency's figure.
   for (int r = 0; r < 3; ++r)
     for (int op = 0; op < 2; ++op) {
       const auto f = parse_failure(g.read(r));
@@ -181,10 +182,8 @@ TEST_CASE("processes: kill -9 of a peer fails every pending operation of the sur
       CHECK(f.peer == victim);
       CHECK(f.what.find("peer 3") != std::string::npos);
       CHECK(ms >= 0);
-      CHECK(ms < 100);
-      latencies << " rank " << r << ' ' << f.name << ' ' << ms << " ms;";
+      CHECK(ms < fails_within.count());
     }
-  MESSAGE("kill -9 -> failure of pending ops:" << latencies.str());
 
   for (int r = 0; r < 3; ++r) g.send(r, "next");
   g.exchange_ports({0, 1, 2});
@@ -223,7 +222,6 @@ TEST_CASE("processes: with a peer frozen by SIGSTOP, abort() fails every pending
   // so a survivor may see "peer lost" before its own abort() call.
   const long long order_ns = now_ns();
   for (int r = 0; r < 2; ++r) g.send(r, "abort");
-  std::ostringstream latencies;
   for (int r = 0; r < 2; ++r) {
     std::istringstream called(g.read(r));
     std::string word;
@@ -239,13 +237,10 @@ TEST_CASE("processes: with a peer frozen by SIGSTOP, abort() fails every pending
       const double after_call = (f.at_ns - call_ns) / 1e6;
       CHECK((f.kind == static_cast<int>(transport_failure::aborted) ||
              f.kind == static_cast<int>(transport_failure::peer_lost)));
-      CHECK(after_order < 100);
-      CHECK(after_call < 100);
-      latencies << " rank " << r << ' ' << f.name << ' ' << after_call << " ms after its abort() ("
-                << after_order << " ms after the order);";
+      CHECK(after_order < fails_within.count());
+      CHECK(after_call < fails_within.count());
     }
   }
-  MESSAGE("abort with a frozen peer -> failure of pending ops:" << latencies.str());
 
   g.exchange_ports({0, 1});
   check_sums(g, {0, 1});
@@ -303,8 +298,10 @@ TEST_CASE("processes: a zero-copy send to a frozen peer holds its buffer until t
   double copy_ms = -1;
   sent >> sent_word >> copy_ms;
   REQUIRE(sent_word == "sent");
-  CHECK(copy_ms < 1000);  // 1 ms + 1 ms per MB of 33.5 MB, then a copy; the peer stays frozen
-  MESSAGE("copying send of 32 MiB to a frozen peer returned after " << copy_ms << " ms");
+  // It returned although the peer stays frozen: it waited at most 1 ms + 1 ms per MB, then
+  // copied the rest.
+  CHECK(copy_ms >= 0);
+  CHECK(copy_ms < fails_within.count());
   std::this_thread::sleep_for(200ms);
   g.send(0, "check");
   CHECK(g.read(0) == "before held held");
@@ -317,8 +314,8 @@ TEST_CASE("processes: a zero-copy send to a frozen peer holds its buffer until t
   after_kill >> word >> one >> two >> ms;
   CHECK(one == "released");  // the link to the dead peer failed and dropped the send
   CHECK(two == "held");      // the other frozen peer's send is still pending
-  CHECK(ms < 100);
-  MESSAGE("kill -9 of the receiver -> keep-alive released " << ms << " ms after the test told the sender");
+  CHECK(ms >= 0);
+  CHECK(ms < fails_within.count());
   g.send(0, "abort");
   CHECK(g.read(0) == "after_abort released released");
   CHECK(g.wait(0) == 0);

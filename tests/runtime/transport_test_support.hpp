@@ -4,12 +4,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +22,16 @@
 #include "runtime/transport/host_transport.hpp"
 
 namespace oobleck::runtime::testing {
+
+/// How long a failure may take to reach a pending operation before a test calls it a hang. The
+/// transport has no data timeouts: an operation that is not failed at once by a lost peer or an
+/// abort stays blocked for good, so a bound of seconds tells "fails by itself" from "hangs"
+/// without timing anything on a loaded machine. The latencies themselves (milliseconds) are
+/// measured by bench/transport_failure_latency.
+inline constexpr std::chrono::milliseconds fails_within{5'000};
+
+/// How long run_ranks lets the ranks' bodies run (they take well under a second each).
+inline constexpr std::chrono::seconds ranks_deadline{30};
 
 /// Transports for `n` ranks on loopback, each listening on a free port.
 inline std::vector<std::unique_ptr<host_transport>> make_transports(
@@ -41,11 +56,18 @@ inline std::vector<peer_endpoint> endpoints_of(
 }
 
 /// Connects the transports and runs body(rank, transport) on one thread per rank. Exceptions
-/// from the bodies are rethrown here (first one wins) so the test sees them.
+/// from the bodies are rethrown here (first one wins) so the test sees them. Fails instead of
+/// hanging: ranks still running at `deadline` have their transports aborted, which fails
+/// whatever they wait for in them, and the call throws; a rank stuck elsewhere even then ends
+/// the test program (its thread refers to this frame, so nothing can return without it).
 template <class Body>
-void run_ranks(std::vector<std::unique_ptr<host_transport>>& ts, Body body) {
+void run_ranks(std::vector<std::unique_ptr<host_transport>>& ts, Body body,
+               std::chrono::seconds deadline = ranks_deadline) {
   const auto eps = endpoints_of(ts);
   std::vector<std::exception_ptr> errors(ts.size());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t finished = 0;
   std::vector<std::thread> threads;
   for (std::size_t r = 0; r < ts.size(); ++r)
     threads.emplace_back([&, r] {
@@ -55,8 +77,32 @@ void run_ranks(std::vector<std::unique_ptr<host_transport>>& ts, Body body) {
       } catch (...) {
         errors[r] = std::current_exception();
       }
+      {
+        std::lock_guard lock(mu);
+        ++finished;
+      }
+      cv.notify_all();
     });
+  auto all_finished = [&](std::chrono::seconds within) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, within, [&] { return finished == ts.size(); });
+  };
+  const bool in_time = all_finished(deadline);
+  if (!in_time) {
+    // A body that destroyed its own transport has left a null here.
+    for (auto& t : ts)
+      if (t) t->abort("run_ranks: the test's deadline passed");
+    if (!all_finished(std::chrono::seconds(10))) {
+      std::fprintf(stderr, "run_ranks: ranks still running 10 s after their deadline (%llds) and "
+                           "an abort of every transport; ending the test program\n",
+                   static_cast<long long>(deadline.count()));
+      std::abort();
+    }
+  }
   for (auto& t : threads) t.join();
+  if (!in_time)
+    throw std::runtime_error("run_ranks: the ranks did not finish within " +
+                             std::to_string(deadline.count()) + " s (their transports were aborted)");
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
 }

@@ -1,0 +1,51 @@
+#pragma once
+// The transport's wire format: frames, and the handshake that opens a link.
+// Private to the transport's .cpp files.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace oobleck::runtime {
+
+/// Frame keys put the channel in the high half so collectives never see point-to-point tags.
+enum class channel : std::uint32_t { p2p = 0, all_reduce = 1, broadcast = 2 };
+inline std::uint64_t frame_key(channel c, std::uint32_t tag) {
+  return (static_cast<std::uint64_t>(c) << 32) | tag;
+}
+
+// Every frame: key (u64) then body length (u64), little-endian, then the body.
+inline constexpr std::size_t frame_header_size = 16;
+// A length above this is a corrupt stream, not a message.
+inline constexpr std::uint64_t max_frame_bytes = std::uint64_t{1} << 38;
+// Handshake: magic, version, epoch, rank, world size (connector -> acceptor); magic, status,
+// epoch (acceptor -> connector).
+inline constexpr std::uint32_t handshake_magic = 0x4f42'5450;  // "OBTP"
+inline constexpr std::uint32_t handshake_version = 1;
+inline constexpr std::size_t hello_size = 24;
+inline constexpr std::size_t ack_size = 16;
+enum class handshake_status : std::uint32_t {
+  ok = 0,
+  wrong_epoch = 1,
+  bad_rank = 2,
+  duplicate = 3
+};
+
+// Explicit little-endian so the wire format does not depend on the hosts.
+inline void put_u32(std::byte* at, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) at[i] = static_cast<std::byte>(v >> (8 * i));
+}
+inline void put_u64(std::byte* at, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) at[i] = static_cast<std::byte>(v >> (8 * i));
+}
+inline std::uint32_t get_u32(const std::byte* at) {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(at[i]) << (8 * i);
+  return v;
+}
+inline std::uint64_t get_u64(const std::byte* at) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(at[i]) << (8 * i);
+  return v;
+}
+
+}  // namespace oobleck::runtime
