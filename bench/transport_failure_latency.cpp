@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "planning/json.hpp"
+#include <nlohmann/json.hpp>
 #include "runtime/transport/host_transport.hpp"
 // Ranks as forked processes that talk to the benchmark over pipes (no doctest in it).
 #include "tests/runtime/process_harness.hpp"
@@ -32,7 +32,7 @@ using runtime::transport_error;
 using runtime::testing::join_mesh;
 using runtime::testing::parent_line;
 using runtime::testing::process_group;
-namespace json = planning::json;
+using ordered_json = nlohmann::ordered_json;
 using namespace std::chrono_literals;
 
 namespace {
@@ -308,26 +308,27 @@ int main(int argc, char** argv) {
   }
   std::printf("failure -> failed operations, ms after the failure (%d runs of each scenario)\n", runs);
   std::printf("%-34s %-46s %7s %8s %8s %8s\n", "scenario", "what", "samples", "min", "median", "max");
-  json::array out;
+  ordered_json out = ordered_json::array();
   std::string last;
   for (const auto& r : rows) {
     std::printf("%-34s %-46s %7zu %8.2f %8.2f %8.2f\n", r.scenario == last ? "" : r.scenario.c_str(),
                 r.what.c_str(), r.ms.size(), quantile(r.ms, 0), quantile(r.ms, 0.5), quantile(r.ms, 1));
     last = r.scenario;
-    json::array samples(r.ms.begin(), r.ms.end());
-    out.push_back(json::object{{"scenario", r.scenario},
-                               {"what", r.what},
-                               {"samples", static_cast<std::int64_t>(r.ms.size())},
-                               {"min_ms", quantile(r.ms, 0)},
-                               {"median_ms", quantile(r.ms, 0.5)},
-                               {"max_ms", quantile(r.ms, 1)},
-                               {"ms", std::move(samples)}});
+    ordered_json row;
+    row["scenario"] = r.scenario;
+    row["what"] = r.what;
+    row["samples"] = static_cast<std::int64_t>(r.ms.size());
+    row["min_ms"] = quantile(r.ms, 0);
+    row["median_ms"] = quantile(r.ms, 0.5);
+    row["max_ms"] = quantile(r.ms, 1);
+    row["ms"] = r.ms;
+    out.push_back(std::move(row));
   }
-  std::ofstream(json_path) << json::dump(json::object{{"benchmark", "transport_failure_latency"},
-                                                      {"runs", runs},
-                                                      {"rows", std::move(out)}},
-                                         2)
-                           << "\n";
+  ordered_json doc;
+  doc["benchmark"] = "transport_failure_latency";
+  doc["runs"] = runs;
+  doc["rows"] = std::move(out);
+  std::ofstream(json_path) << doc.dump(2) << "\n";
   std::printf("\nresults written to %s\n", json_path.c_str());
   return 0;
 }
