@@ -711,6 +711,11 @@ int main(int argc, char** argv) try {
   large_job = with_key(large_job, "model", "heads", "4");
   large_job = with_key(large_job, "model", "blocks", "12");
   large_job = with_key(large_job, "cluster", "device_memory_bytes", "25165824");
+  // For the copy bandwidth: a model whose copies are tens of MB (per block 9.4 MB of state).
+  std::string xl_job = with_key(small_job, "model", "d_model", "256");
+  xl_job = with_key(xl_job, "model", "heads", "4");
+  xl_job = with_key(xl_job, "model", "blocks", "8");
+  xl_job = with_key(xl_job, "cluster", "device_memory_bytes", "67108864");
   auto short_hb = [](const std::string& t) {
     return with_key(with_key(t, "cluster", "heartbeat_interval_ms", "200"), "cluster", "connection_timeout_ms", "1500");
   };
@@ -722,6 +727,7 @@ int main(int argc, char** argv) try {
   } else {
     scenarios.push_back({"crash", "default", small_job, 6, 50, 1000, 10000, {{15, 2, SIGKILL}, {35, 4, SIGKILL}}});
     scenarios.push_back({"crash", "large", large_job, 6, 16, 1000, 10000, {{5, 2, SIGKILL}, {11, 4, SIGKILL}}});
+    scenarios.push_back({"crash", "xl", xl_job, 6, 12, 1000, 10000, {{4, 2, SIGKILL}, {9, 4, SIGKILL}}});
     scenarios.push_back({"hang, default 1000/10000 ms", "default", small_job, 6, 25, 1000, 10000, {{15, 2, SIGSTOP}}});
     scenarios.push_back({"hang, 200/1500 ms", "default", short_hb(small_job), 6, 50, 200, 1500,
                          {{15, 2, SIGSTOP}, {35, 4, SIGSTOP}}});
@@ -754,9 +760,10 @@ int main(int argc, char** argv) try {
     const double copy_ms = record_ms(r, "copy_ms"), down = record_ms(r, "downtime_ms");
     const double bytes = r.record.is_null() ? NAN : r.record["copy_bytes"].get<double>();
     const double bound = r.detect_ms + r.step_ms + copy_ms + 500;
-    std::printf("%-28s %-8s %-14s %4d %7.1f %8.1f %8.1f %7.3f %10.0f %7.1f %8.3f %8.1f %9.1f %6.2f %7s\n",
+    const std::string gbps = bytes > 0 ? fmt("%.3f", bytes / copy_ms / 1e6) : "-";
+    std::printf("%-28s %-8s %-14s %4d %7.1f %8.1f %8.1f %7.3f %10.0f %7.1f %8s %8.1f %9.1f %6.2f %7s\n",
                 r.scenario.c_str(), r.job.c_str(), r.kind.c_str(), r.node, r.step_ms, r.detect_ms, r.loss_notice_ms,
-                record_ms(r, "plan_ms"), bytes, copy_ms, bytes / copy_ms / 1e6, r.resume_ms, down, down / r.step_ms,
+                record_ms(r, "plan_ms"), bytes, copy_ms, gbps.c_str(), r.resume_ms, down, down / r.step_ms,
                 down <= bound ? "met" : "MISSED");
   }
 
@@ -827,7 +834,10 @@ int main(int argc, char** argv) try {
 
   // --- trace replay
   json replay_json;
-  {
+  if (!fs::exists(trace_path)) {
+    std::cout << "\ntrace replay: " << trace_path << " not found: skipped\n";
+    replay_json = {{"trace", trace_path}, {"skipped", "trace not found"}};
+  } else {
     const auto events = oobleck::sim::read_trace(trace_path);
     const int nodes = 8;
     std::vector<std::string> sample;  // the trace's starting nodes, file order
