@@ -25,6 +25,8 @@
 // usage: recovery [--quick] [--json PATH] [--plot PNG] [--bin DIR] [--trace CSV] [--time-scale X]
 //                 [--transport-json PATH]
 
+#include <torch/torch.h>  // first: glog macros
+
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -55,6 +57,7 @@
 #include "planning/planner.hpp"
 #include "planning/reconfiguration.hpp"
 #include "planning/synthetic_profile.hpp"
+#include "runtime/layer_store.hpp"
 #include "sim/recovery_costs.hpp"
 #include "sim/report.hpp"
 #include "sim/trace.hpp"
@@ -560,7 +563,8 @@ std::vector<double> throughput_series(const replay_run& r, double window_s, doub
 }
 
 void plot_replay(const std::string& png, const std::string& title, double bin_s, const std::vector<double>& free_run,
-                 const std::vector<double>& replay, const std::vector<double>& kills, double free_avg, double replay_avg) {
+                 const std::vector<double>& replay, const std::vector<double>& kills, double free_avg, double replay_avg,
+                 std::size_t) {
   const std::string gnuplot = oobleck::sim::find_gnuplot();
   if (gnuplot.empty()) {
     std::cout << "gnuplot is not on PATH: no plot (Debian: apt-get install gnuplot-nox)\n";
@@ -583,7 +587,7 @@ void plot_replay(const std::string& png, const std::string& title, double bin_s,
     for (double k : kills) f << "set arrow from " << k << ", graph 0 to " << k << ", graph 1 nohead dt 2 lc rgb 'red'\n";
     f << "plot '" << (dir / "series.dat").string() << "' using 1:2 with lines lw 2 title 'failure-free ("
       << fmt("%.1f", free_avg) << " samples/s)', '' using 1:3 with lines lw 2 title 'trace removals as kills ("
-      << fmt("%.1f", replay_avg) << " samples/s), red: kills'\n";
+      << fmt("%.1f", replay_avg) << " samples/s; red: kills)'\n";
   }
   const int rc = std::system(("'" + gnuplot + "' '" + (dir / "plot.gp").string() + "' 2>&1").c_str());
   std::error_code ignored;
@@ -593,6 +597,34 @@ void plot_replay(const std::string& png, const std::string& title, double bin_s,
 }
 
 // ---------------------------------------------------------------------------------------------
+
+/// The per-byte work of a layer copy outside the transport, in this process (one intra-op thread):
+/// serialize_layer (copy into one buffer + checksum) on the sender, install_layer (checksum +
+/// copy into the store) on the receiver, and a plain memcpy of the same bytes for scale.
+struct copy_path {
+  double bytes = 0, serialize_ms = 0, install_ms = 0, memcpy_ms = 0;
+};
+
+copy_path measure_copy_path(const apps::job_file& job, int layer) {
+  torch::set_num_threads(1);
+  oobleck::runtime::layer_store sender(job.model), receiver(job.model);
+  sender.ensure(layer);
+  std::vector<double> ser, ins, cpy;
+  std::vector<std::byte> bytes;
+  for (int i = 0; i < 7; ++i) {
+    auto t = clock_type::now();
+    bytes = sender.serialize_layer(layer);
+    ser.push_back(ms_between(t, clock_type::now()));
+    t = clock_type::now();
+    receiver.install_layer(layer, bytes);
+    ins.push_back(ms_between(t, clock_type::now()));
+    std::vector<std::byte> copy(bytes.size());
+    t = clock_type::now();
+    std::memcpy(copy.data(), bytes.data(), bytes.size());
+    cpy.push_back(ms_between(t, clock_type::now()));
+  }
+  return {static_cast<double>(bytes.size()), median(ser), median(ins), median(cpy)};
+}
 
 std::string default_job_text(const std::string& bin) {
   const std::string cmd = "'" + bin + "/oobleck-local' --print-default-job";
@@ -677,7 +709,7 @@ int main(int argc, char** argv) try {
   std::string json_path, plot_path, bin = OOBLECK_APPS_DIR;
   std::string trace_path = "/work/shared/traces/bamboo-p3-trace.csv";
   std::string transport_json = std::string(OOBLECK_SOURCE_DIR) + "/bench/results/transport_vs_gloo.json";
-  double time_scale = 0.01;
+  double time_scale = 0.005;
   bool scale_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -696,7 +728,7 @@ int main(int argc, char** argv) try {
       std::cout << "usage: recovery [--quick] [--json PATH] [--plot PNG] [--bin DIR] [--trace CSV] [--time-scale X]\n"
                    "                [--transport-json PATH]\n"
                    "  Crash (kill -9) and hang (SIGSTOP) of a worker on the local cluster: detection, decision,\n"
-                   "  copy and downtime; then the trace's removals replayed as kills, time-scaled (default 0.01;\n"
+                   "  copy and downtime; then the trace's removals replayed as kills, time-scaled (default 0.005;\n"
                    "  --quick: 0.001 and fewer scenarios). --json writes oobleck-sim's recovery-costs file.\n";
       return a == "--help" ? 0 : 2;
     }
@@ -771,16 +803,21 @@ int main(int argc, char** argv) try {
   std::vector<std::pair<double, double>> pts;  // (busiest bytes, copy_ms)
   for (const auto& r : results)
     if (!r.record.is_null() && r.plan_matches) pts.emplace_back(static_cast<double>(r.busiest_bytes), r.record["copy_ms"].get<double>());
+  // Theil-Sen (robust to a descheduled process): the median of the slopes between events whose
+  // sizes differ at least twofold, and the median intercept.
   double fit_fixed_ms = NAN, fit_bytes_per_ms = NAN;
-  if (pts.size() >= 2) {
-    double mx = 0, my = 0;
-    for (auto [x, y] : pts) mx += x, my += y;
-    mx /= pts.size(), my /= pts.size();
-    double sxy = 0, sxx = 0;
-    for (auto [x, y] : pts) sxy += (x - mx) * (y - my), sxx += (x - mx) * (x - mx);
-    if (sxx > 0 && sxy > 0) {
-      fit_bytes_per_ms = sxx / sxy;
-      fit_fixed_ms = my - mx / fit_bytes_per_ms;
+  {
+    std::vector<double> slopes;  // ms per byte
+    for (std::size_t a = 0; a < pts.size(); ++a)
+      for (std::size_t b = 0; b < pts.size(); ++b)
+        if (pts[b].first >= 2 * pts[a].first && pts[a].first > 0)
+          slopes.push_back((pts[b].second - pts[a].second) / (pts[b].first - pts[a].first));
+    const double slope = median(slopes);
+    if (std::isfinite(slope) && slope > 0) {
+      fit_bytes_per_ms = 1 / slope;
+      std::vector<double> intercepts;
+      for (auto [x, y] : pts) intercepts.push_back(y - x * slope);
+      fit_fixed_ms = median(intercepts);
     }
   }
 
@@ -831,6 +868,14 @@ int main(int argc, char** argv) try {
     std::cout << "copy_ms against the busiest link's bytes: " << fmt("%.1f", fit_fixed_ms) << " ms + bytes / "
               << fmt("%.3f", fit_bytes_per_ms / 1e6) << " GB/s (fixed part: mesh connect, stage views, messages)\n";
   if (spurious) std::cout << "spurious losses (a healthy node timed out): " << spurious << "\n";
+  const auto path = measure_copy_path(apps::parse_job(quick ? small_job : xl_job, "job"), 1);
+  std::cout << "copy path outside the transport, one block of the " << (quick ? "default" : "xl") << " model ("
+            << fmt("%.0f", path.bytes) << " bytes, this process, idle peers): serialize " << fmt("%.2f", path.serialize_ms)
+            << " ms (" << fmt("%.2f", path.bytes / path.serialize_ms / 1e6) << " GB/s), install "
+            << fmt("%.2f", path.install_ms) << " ms (" << fmt("%.2f", path.bytes / path.install_ms / 1e6)
+            << " GB/s), memcpy " << fmt("%.2f", path.memcpy_ms) << " ms ("
+            << fmt("%.2f", path.bytes / path.memcpy_ms / 1e6) << " GB/s)\n";
+
 
   // --- trace replay
   json replay_json;
@@ -892,30 +937,71 @@ int main(int argc, char** argv) try {
       std::cout << "\n";
     }
     const int spb = model.job.training.global_batch;
-    std::cout << "  failure-free run ..." << std::flush;
-    const auto free_run = run_replay(bin, replay_job, nodes, window_s, {}, time_scale, spb);
-    std::cout << " " << free_run.commit_s.size() << " steps; replay ..." << std::flush;
-    const auto replay = run_replay(bin, replay_job, nodes, window_s, kills, time_scale, spb);
-    std::cout << " " << replay.commit_s.size() << " steps\n";
-    const double free_avg = free_run.commit_s.size() * spb / window_s;
-    const double replay_avg = replay.commit_s.size() * spb / window_s;
+    // Failure-free and replay runs alternate (A B B A in the full run) so that a change of the
+    // machine's load from other work weighs on both alike.
+    const std::vector<bool> order = quick ? std::vector<bool>{false, true} : std::vector<bool>{false, true, true, false};
+    std::vector<replay_run> free_runs, replays;
+    for (bool with_kills : order) {
+      std::cout << (with_kills ? "  replay ..." : "  failure-free run ...") << std::flush;
+      auto r = run_replay(bin, replay_job, nodes, window_s, with_kills ? kills : std::vector<replay_kill>{}, time_scale, spb);
+      std::cout << " " << r.commit_s.size() << " steps, load " << load_average() << "\n";
+      (with_kills ? replays : free_runs).push_back(std::move(r));
+    }
     const double bin_s = quick ? 0.25 : 1.0;
-    const auto free_series = throughput_series(free_run, window_s, bin_s);
-    const auto replay_series = throughput_series(replay, window_s, bin_s);
+    auto mean_series = [&](const std::vector<replay_run>& runs) {
+      std::vector<double> m;
+      for (const auto& r : runs) {
+        const auto s = throughput_series(r, window_s, bin_s);
+        if (m.empty()) m.assign(s.size(), 0.0);
+        for (std::size_t i = 0; i < s.size(); ++i) m[i] += s[i] / runs.size();
+      }
+      return m;
+    };
+    auto averages = [&](const std::vector<replay_run>& runs) {
+      std::vector<double> v;
+      for (const auto& r : runs) v.push_back(r.commit_s.size() * spb / window_s);
+      return v;
+    };
+    const auto free_avgs = averages(free_runs), replay_avgs = averages(replays);
+    double free_avg = 0, replay_avg = 0;
+    for (double x : free_avgs) free_avg += x / free_avgs.size();
+    for (double x : replay_avgs) replay_avg += x / replay_avgs.size();
+    const auto free_series = mean_series(free_runs);
+    const auto replay_series = mean_series(replays);
+    const auto& replay = replays.front();
+    // What the recoveries themselves cost: time from each last commit before a loss to the first
+    // commit after it, less one step, as a share of the window.
+    std::vector<double> free_steps;
+    for (const auto& r : free_runs)
+      for (std::size_t i = 1; i < r.commit_s.size(); ++i) free_steps.push_back((r.commit_s[i] - r.commit_s[i - 1]) * 1000);
+    const double free_step_ms = median(free_steps);
+    std::vector<double> lost_shares;
+    json recs = json::array();
+    for (const auto& r : replays) {
+      double lost_ms = 0;
+      json one = json::array();
+      for (const auto& e : r.events) {
+        lost_ms += std::max(0.0, e["downtime_ms"].get<double>() - free_step_ms);
+        one.push_back(json::parse(e.dump()));
+      }
+      recs.push_back(one);
+      lost_shares.push_back(lost_ms / 1000 / window_s);
+    }
     std::cout << "  average throughput: failure-free " << fmt("%.1f", free_avg) << " samples/s, replay "
               << fmt("%.1f", replay_avg) << " samples/s: " << fmt("%.3f", replay_avg / free_avg)
               << " of the failure-free run (" << kills.size() << " removal event(s) replayed; " << adds_ignored
               << " adds not replayed: joins are not supported yet; " << removes_elsewhere
-              << " removals of nodes outside the sample)\n";
+              << " removals of nodes outside the sample)\n"
+              << "  recoveries (downtime less one failure-free step of " << fmt("%.1f", free_step_ms)
+              << " ms) took " << fmt("%.2f", 100 * median(lost_shares)) << "% of the window\n";
     if (!plot_path.empty())
       plot_replay(plot_path,
                   "default job, " + std::to_string(nodes) + " local nodes: " + fs::path(trace_path).filename().string() +
-                      " removals x" + fmt("%g", time_scale) + " (" + fmt("%.3f", replay_avg / free_avg) + " of failure-free)",
-                  bin_s, free_series, replay_series, replay.kill_s, free_avg, replay_avg);
+                      " removals x" + fmt("%g", time_scale) + ", mean of " + std::to_string(replays.size()) +
+                      " run(s) each (" + fmt("%.3f", replay_avg / free_avg) + " of failure-free)",
+                  bin_s, free_series, replay_series, replay.kill_s, free_avg, replay_avg, replays.size());
     json ks = json::array();
     for (const auto& k : kills) ks.push_back({{"trace_s", k.trace_ms / 1000}, {"names", k.names}, {"nodes", k.nodes}});
-    json recs = json::array();
-    for (const auto& e : replay.events) recs.push_back(json::parse(e.dump()));
     replay_json = {{"trace", trace_path},
                    {"nodes", nodes},
                    {"sample", sample},
@@ -930,7 +1016,11 @@ int main(int argc, char** argv) try {
                    {"failure_free_samples_per_s", free_avg},
                    {"replay_samples_per_s", replay_avg},
                    {"relative_throughput", replay_avg / free_avg},
-                   {"reconfigured", recs},
+                   {"failure_free_runs_samples_per_s", free_avgs},
+                   {"replay_runs_samples_per_s", replay_avgs},
+                   {"failure_free_step_ms", free_step_ms},
+                   {"recovery_share_of_window", lost_shares},
+                   {"reconfigured_per_replay", recs},
                    {"bin_s", bin_s},
                    {"failure_free_series", free_series},
                    {"replay_series", replay_series}};
@@ -947,7 +1037,7 @@ int main(int argc, char** argv) try {
   }
   const double planning_ms = median(reconfig);
   double copy_bps = std::isnan(fit_bytes_per_ms) ? NAN : fit_bytes_per_ms * 1e3;
-  std::string copy_how = "marginal: least-squares slope of copy_ms against the busiest link's bytes over every event";
+  std::string copy_how = "marginal: Theil-Sen slope of copy_ms against the busiest link's bytes over every event (pairs differing >= 2x in size)";
   if (std::isnan(copy_bps)) {  // one size only: the effective figure (fixed costs included)
     std::vector<double> eff;
     for (const auto& r : results)
@@ -987,6 +1077,10 @@ int main(int argc, char** argv) try {
     summary["host_p2p"]["bytes"] = p2p->second;
     summary["host_p2p"]["from"] = transport_json;
   }
+  summary["copy_path"]["bytes"] = path.bytes;
+  summary["copy_path"]["serialize_ms"] = path.serialize_ms;
+  summary["copy_path"]["install_ms"] = path.install_ms;
+  summary["copy_path"]["memcpy_ms"] = path.memcpy_ms;
   summary["downtime_within_bound"]["met"] = bound_met;
   summary["downtime_within_bound"]["of"] = bound_total;
   summary["spurious_losses"] = spurious;
