@@ -406,7 +406,7 @@ struct fault_result {
 
 std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s, int& spurious_losses) {
   std::cout << "  " << s.name << " (" << s.job_name << ", " << s.nodes << " nodes, heartbeat " << s.heartbeat_ms
-            << " ms / timeout " << s.timeout_ms << " ms) ..." << std::flush;
+            << " ms / timeout " << s.timeout_ms << " ms; load " << load_average() << ") ..." << std::flush;
   const auto started = clock_type::now();
   local_cluster c({bin, s.job_text, s.nodes, s.steps, s.heartbeat_ms, s.timeout_ms});
   std::vector<fault_result> results;
@@ -709,6 +709,7 @@ int main(int argc, char** argv) try {
   std::string json_path, plot_path, bin = OOBLECK_APPS_DIR;
   std::string trace_path = "/work/shared/traces/bamboo-p3-trace.csv";
   std::string transport_json = std::string(OOBLECK_SOURCE_DIR) + "/bench/results/transport_vs_gloo.json";
+  std::string transport_label = "bench/results/transport_vs_gloo.json";
   double time_scale = 0.005;
   bool scale_given = false;
   for (int i = 1; i < argc; ++i) {
@@ -722,7 +723,7 @@ int main(int argc, char** argv) try {
     else if (a == "--plot") plot_path = value();
     else if (a == "--bin") bin = value();
     else if (a == "--trace") trace_path = value();
-    else if (a == "--transport-json") transport_json = value();
+    else if (a == "--transport-json") transport_json = transport_label = value();
     else if (a == "--time-scale") time_scale = std::stod(value()), scale_given = true;
     else {
       std::cout << "usage: recovery [--quick] [--json PATH] [--plot PNG] [--bin DIR] [--trace CSV] [--time-scale X]\n"
@@ -798,6 +799,15 @@ int main(int argc, char** argv) try {
                 record_ms(r, "plan_ms"), bytes, copy_ms, gbps.c_str(), r.resume_ms, down, down / r.step_ms,
                 down <= bound ? "met" : "MISSED");
   }
+
+  std::cout << "\nwhere the downtime goes (ms): the lost part of the interrupted step, detection, first notice ->\n"
+               "the re-run step's start (decision + new epoch: mesh, copies, views), the re-run step (new configuration)\n";
+  std::printf("%-28s %-8s %-14s %4s %8s %8s %10s %8s %9s\n", "scenario", "job", "fault", "node", "partial", "detect",
+              "reconfig", "re-run", "downtime");
+  for (const auto& r : results)
+    std::printf("%-28s %-8s %-14s %4d %8.1f %8.1f %10.1f %8.1f %9.1f\n", r.scenario.c_str(), r.job.c_str(), r.kind.c_str(),
+                r.node, r.fault_after_commit_ms, r.detect_ms, r.resume_ms - r.resumed_step_ms - r.detect_ms,
+                r.resumed_step_ms, record_ms(r, "downtime_ms"));
 
   // --- copy time against the busiest link's bytes: fixed part (mesh, views) and marginal bandwidth
   std::vector<std::pair<double, double>> pts;  // (busiest bytes, copy_ms)
@@ -1075,7 +1085,7 @@ int main(int argc, char** argv) try {
   if (p2p) {
     summary["host_p2p"]["gb_per_s"] = p2p->first;
     summary["host_p2p"]["bytes"] = p2p->second;
-    summary["host_p2p"]["from"] = transport_json;
+    summary["host_p2p"]["from"] = transport_label;
   }
   summary["copy_path"]["bytes"] = path.bytes;
   summary["copy_path"]["serialize_ms"] = path.serialize_ms;
