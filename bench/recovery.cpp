@@ -557,8 +557,9 @@ std::vector<double> throughput_series(const replay_run& r, double window_s, doub
   std::vector<double> s(static_cast<std::size_t>(std::ceil(window_s / bin_s)), 0.0);
   for (double t : r.commit_s) {
     const auto i = static_cast<std::size_t>(t / bin_s);
-    if (i < s.size()) s[i] += r.samples_per_step / bin_s;
+    if (i < s.size()) s[i] += r.samples_per_step;
   }
+  for (std::size_t i = 0; i < s.size(); ++i) s[i] /= std::min(bin_s, window_s - i * bin_s);  // the last bin may be short
   return s;
 }
 
@@ -575,7 +576,7 @@ void plot_replay(const std::string& png, const std::string& title, double bin_s,
   {
     std::ofstream f(dir / "series.dat");
     for (std::size_t i = 0; i < free_run.size() && i < replay.size(); ++i)
-      f << (i + 0.5) * bin_s << " " << free_run[i] << " " << replay[i] << "\n";
+      f << (i + 0.5) * bin_s << " " << free_run[i] << " " << replay[i] << "\n";  // bin centres
   }
   {
     std::ofstream f(dir / "plot.gp");
@@ -583,7 +584,7 @@ void plot_replay(const std::string& png, const std::string& title, double bin_s,
     f << "set output '" << png << "'\n";
     f << "set title '" << title << "'\n";
     f << "set xlabel 'time since the first epoch formed (s, local)'\nset ylabel 'throughput (samples/s)'\n";
-    f << "set yrange [0:*]\nset grid\nset key bottom left\n";
+    f << "set xrange [0:" << free_run.size() * bin_s << "]\nset yrange [0:*]\nset grid\nset key bottom left\n";
     for (double k : kills) f << "set arrow from " << k << ", graph 0 to " << k << ", graph 1 nohead dt 2 lc rgb 'red'\n";
     f << "plot '" << (dir / "series.dat").string() << "' using 1:2 with lines lw 2 title 'failure-free ("
       << fmt("%.1f", free_avg) << " samples/s)', '' using 1:3 with lines lw 2 title 'trace removals as kills ("
