@@ -529,7 +529,10 @@ struct replay_run {
 
 replay_run run_replay(const std::string& bin, const std::string& job_text, int nodes, double window_s,
                       const std::vector<replay_kill>& kills, double scale, int samples_per_step) {
-  local_cluster c({bin, job_text, nodes, std::int64_t{1} << 30, 1000, 10000});
+  // Stopped by SIGTERM at the window's end; the step count only bounds how long the job would
+  // outlive a benchmark killed from outside (steps here take tens of ms, never 5).
+  const auto max_steps = static_cast<std::int64_t>(std::max(1000.0, window_s * 200));
+  local_cluster c({bin, job_text, nodes, max_steps, 1000, 10000});
   replay_run run;
   run.samples_per_step = samples_per_step;
   const auto formed = c.wait_for([](const std::string& l) { return l.find("epoch 1 formed") != std::string::npos; }, 0, 120);
