@@ -53,10 +53,12 @@ struct cluster_section {
   int fault_tolerance = 1;  ///< f: at least f + 1 pipelines, so any f simultaneous losses are survived
   std::int64_t device_memory_bytes = 4LL << 30;  ///< memory of one slot (GPU or CPU slot)
   /// CAF's middleman heartbeat and the silence after which a peer is declared lost (a hung
-  /// process, a cut network). Generous, so that a healthy node on a fully loaded machine is never
-  /// declared lost; a crash is noticed at once anyway (its TCP connection closes).
-  int heartbeat_interval_ms = 1000;
-  int connection_timeout_ms = 10000;  ///< at least twice the heartbeat interval
+  /// process, a cut network): a hang is caught within timeout + interval (< 2 s). Heartbeats are
+  /// sent and checked by each process's middleman thread, not by its compute, so a healthy node
+  /// on a fully loaded machine is not declared lost (bench/RESULTS.md: "Heartbeat defaults under
+  /// load"); a crash is noticed at once anyway (its TCP connection closes).
+  int heartbeat_interval_ms = 250;
+  int connection_timeout_ms = 1500;  ///< at least twice the heartbeat interval
 
   bool operator==(const cluster_section&) const = default;
 };

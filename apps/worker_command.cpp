@@ -57,7 +57,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   std::string coordinator, token_file, name = default_name(), config, data_host;
   int slots = 1, data_port = 0;
   double connect_timeout = 60;
-  int heartbeat_ms = 1000, silence_ms = 10000;
+  int heartbeat_ms = 250, silence_ms = 1500;
   add_text(app, "--coordinator", coordinator, "HOST:PORT of the coordinator")->required();
   add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")->required();
   add_text(app, "--name", name, "this node's name in status and logs (default: HOSTNAME-PID)");
@@ -71,10 +71,10 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   add_number(app, "--connect-timeout", connect_timeout, 0,
              "seconds to keep trying to reach the coordinator (default 60)");
   add_integer(app, "--heartbeat-interval-ms", heartbeat_ms, 10, 3'600'000,
-              "heartbeat on the connection to the coordinator (default 1000; the job's "
+              "heartbeat on the connection to the coordinator (default 250; the job's "
               "cluster.heartbeat_interval_ms should match)");
   add_integer(app, "--connection-timeout-ms", silence_ms, 20, 86'400'000,
-              "a coordinator silent this long is gone (default 10000)");
+              "a coordinator silent this long is gone (default 1500)");
   if (!parse_flags(app, args, out)) return 0;
   if (silence_ms < 2 * heartbeat_ms)
     throw messages::input_error("--connection-timeout-ms must be at least twice --heartbeat-interval-ms");

@@ -149,8 +149,11 @@ TEST_CASE("cluster: kill-node kills the node's own process and the coordinator m
 
 TEST_CASE("cluster: hang-node freezes the node's process until its SIGCONT") {
   cluster_dir d;
+  // Generous heartbeats: this test is about the freeze and the wake-up, not the detection (a 1 s
+  // freeze plus a slow wake-up on a loaded machine must not reach the default 1.5 s timeout).
+  d.write("job.toml", "[cluster]\nheartbeat_interval_ms = 1000\nconnection_timeout_ms = 20000\n");
   coordinator_process c(d, 1);
-  auto w0 = worker(d, c, "w0");
+  auto w0 = worker(d, c, "w0", "token", {"--heartbeat-interval-ms", "1000", "--connection-timeout-ms", "20000"});
   w0->wait_for_line("admitted as node 0");
   CHECK(ctl(d, c, {"hang-node", "0", "--seconds", "1"}).exit_status == 0);
   w0->wait_for_line("injected fault: hang");

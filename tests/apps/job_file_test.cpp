@@ -73,8 +73,8 @@ TEST_CASE("an empty job file is a valid job with the documented defaults") {
   CHECK(job.cluster.nodes == 2);
   CHECK(job.cluster.fault_tolerance == 1);
   CHECK(job.cluster.device_memory_bytes == 4LL << 30);
-  CHECK(job.cluster.heartbeat_interval_ms == 1000);
-  CHECK(job.cluster.connection_timeout_ms == 10000);
+  CHECK(job.cluster.heartbeat_interval_ms == 250);
+  CHECK(job.cluster.connection_timeout_ms == 1500);
   CHECK(job.checkpoint.dir.empty());
   CHECK(job.checkpoint.every == 0);
   CHECK(job.http.port == 0);
@@ -251,7 +251,7 @@ TEST_CASE("rules across keys name the line of the key the file sets") {
   CHECK(error_of("[cluster]\nfault_tolerance = 2\n") ==
         "job.toml:2: cluster.nodes 2 cannot hold cluster.fault_tolerance + 1 = 3 pipelines");
   CHECK(error_of("[cluster]\nheartbeat_interval_ms = 6000\n") ==
-        "job.toml:2: cluster.connection_timeout_ms 10000 must be >= 2 * cluster.heartbeat_interval_ms = 12000 "
+        "job.toml:2: cluster.connection_timeout_ms 1500 must be >= 2 * cluster.heartbeat_interval_ms = 12000 "
         "(one late heartbeat must not lose a node)");
   CHECK(error_of("[checkpoint]\nevery = 100\n") == "job.toml:2: checkpoint.every needs checkpoint.dir");
   CHECK(error_of("[checkpoint]\ndir = \"/tmp/ckpt\"\nevery = 100\n").empty());
