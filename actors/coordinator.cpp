@@ -56,6 +56,13 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   // registration may trigger: deliver it now, then update the job.
   auto promise = self->make_response_promise<admission>();
   promise.deliver(admission{id, st.deps.job_toml, st.deps.policy.job_hash});
+  if (auto pending = st.pending_faults.extract(id)) {
+    for (const auto& f : pending.mapped()) {
+      self->send(monitor, f);
+      st.deps.log("sent " + to_string(f.kind) + " at step " + std::to_string(f.at_step) + " to node " +
+                  std::to_string(id) + " (" + r.name + ") on its admission");
+    }
+  }
   update_job_state(self);
   return promise;
 }
@@ -91,6 +98,13 @@ caf::error check_operator(coordinator_pointer self, const control_proof& p) {
 caf::result<std::string> on_inject(coordinator_pointer self, const inject_fault& f) {
   auto& st = self->state;
   auto it = st.nodes.find(f.node);
+  if (it == st.nodes.end() && f.node >= st.next_node && f.at_step >= 0) {
+    st.pending_faults[f.node].push_back(f);
+    const std::string what = to_string(f.kind) + " at step " + std::to_string(f.at_step) + " for node " +
+                             std::to_string(f.node) + ": delivered when it joins";
+    st.deps.log(what);
+    return what;
+  }
   if (it == st.nodes.end() || it->second.state == "lost")
     return make_error(protocol_error::unknown_node,
                       "node " + std::to_string(f.node) + " is not a live node of this job");

@@ -52,7 +52,12 @@ struct reconfiguration_record {
   double detect_ms = 0;   ///< from the start of the interrupted step to the loss notice (an upper bound)
   double plan_ms = 0;     ///< the policy's decision and the epoch mapping
   std::int64_t copy_bytes = 0;
-  double copy_ms = 0;     ///< from the assignments to every node ready: mesh, copies, stage views
+  /// The copy plan's slowest node: its sends (serialise, hand to the transport) and receives
+  /// (wait, install), in its own clock. copy_bytes / copy_ms is the copies' effective bandwidth.
+  double copy_ms = 0;
+  double connect_ms = 0;  ///< the slowest node's data-plane mesh of the new epoch
+  double views_ms = 0;    ///< the slowest node's stage executor over its store
+  double form_ms = 0;     ///< from the assignments to every node ready: all of the above and the messages
   std::uint64_t resumed_step = 0;
   double downtime_ms = 0;  ///< from the last commit before the failure to the first one after
 };
@@ -100,6 +105,7 @@ struct coordinator_state {
   std::uint64_t committed = 0;
   std::vector<std::int64_t> in_epoch;  ///< nodes assigned in this epoch (ranked or idle)
   std::map<std::int64_t, std::vector<caf::actor>> ready;  ///< node_ready so far: stage handles
+  std::map<std::int64_t, messages::form_timing> ready_timing;  ///< node_ready so far: where forming went
   std::vector<std::vector<std::pair<std::int64_t, std::int32_t>>> stage_nodes;  ///< [pipeline][stage]: node, index in its node_ready
   std::vector<running_pipeline> pipelines;
   std::size_t pipelines_pending = 0;
@@ -126,6 +132,9 @@ struct coordinator_state {
   nonce_book nonces;
   std::map<std::int64_t, node_entry> nodes;
   std::int64_t next_node = 0;
+  /// Faults asked for nodes that have not joined yet: delivered to each node's monitor right after
+  /// its admission, before any epoch assignment, so a fault for step K is armed before step K.
+  std::map<std::int64_t, std::vector<messages::inject_fault>> pending_faults;
   std::string job_state = "registering";
   std::vector<caf::actor> subscribers;
   std::uint64_t refused = 0;  ///< registrations refused so far

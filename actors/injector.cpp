@@ -25,12 +25,17 @@ void ask(injector_pointer self, std::function<void(Reply&)> then, Ts... xs) {
           [self](caf::error& e) { self->state.deps.log("no nonce from the coordinator: " + describe(e)); });
 }
 
-void arm_node(injector_pointer self, std::int64_t node) {
-  auto& st = self->state;
-  if (!st.armed_nodes.insert(node).second) return;
-  for (const auto& f : st.deps.faults)
-    if (f.node == node)
-      ask<std::string>(self, [self](std::string& what) { self->state.deps.log(what + " (armed)"); }, f);
+/// Hands every fault to the coordinator, which keeps those of nodes that have not joined yet and
+/// delivers them on admission.
+void hand_over_faults(injector_pointer self) {
+  for (const auto& f : self->state.deps.faults)
+    ask<std::string>(
+        self,
+        [self](std::string& what) {
+          self->state.deps.log(what);
+          ++*self->state.deps.handed_over;
+        },
+        f);
 }
 
 void count_unfired(injector_pointer self) {
@@ -57,18 +62,9 @@ caf::behavior injector(caf::stateful_actor<injector_state>* self, injector_deps 
   });
   *self->state.deps.unfired = static_cast<int>(self->state.deps.faults.size());
   ask<std::string>(
-      self,
-      [self](std::string&) {
-        // Nodes that joined before the subscription: arm them now.
-        ask<job_status>(self, [self](job_status& s) {
-          for (const auto& n : s.nodes)
-            if (n.state != "lost") arm_node(self, n.node);
-        }, status_atom_v);
-      },
-      subscribe_atom_v, caf::actor_cast<caf::actor>(self));
+      self, [self](std::string&) { hand_over_faults(self); }, subscribe_atom_v, caf::actor_cast<caf::actor>(self));
   return {
       [self](job_event& e) {
-        if (e.kind == event_kind::node_joined) arm_node(self, e.node);
         if (e.kind == event_kind::node_lost) self->state.lost_nodes.insert(e.node);
         if (e.kind == event_kind::stopped) {
           count_unfired(self);

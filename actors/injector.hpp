@@ -1,13 +1,13 @@
 #pragma once
 // The failure injector: a small actor of the kind users write to extend Oobleck. It subscribes to
-// the coordinator's events (proving the job token) and, when the job's first epoch has formed,
-// asks the coordinator to deliver each scheduled fault to its node's monitor, which arms it for
-// the middle of that step (kill: SIGKILL of the node's own process; hang: SIGSTOP).
+// the coordinator's events (proving the job token) and hands every scheduled fault to the
+// coordinator, which delivers it to its node's monitor (at once for a live node; on admission,
+// before the node's first epoch assignment, for one that has not joined yet). The monitor arms
+// it for the middle of that step (kill: SIGKILL of the node's own process; hang: SIGSTOP).
+// `handed_over` counts the faults the coordinator took: a caller that waits for all of them
+// before starting the workers knows every fault is armed before its step.
 //
-// Each node's faults are sent as soon as the node has joined (node_joined, or already listed by
-// the coordinator's status), so they are armed before the node's first step.
-//
-//   subscribing --(subscribed)--> arming (per node_joined) --stopped--> done
+//   subscribing --(subscribed)--> handing over --(node_lost events)--> stopped: count unfired
 
 #include <atomic>
 #include <functional>
@@ -31,11 +31,12 @@ struct injector_deps {
   /// Faults not seen to fire (their node never lost) when the job stopped; the composition root
   /// reads it after the job so that a fault that could not fire is not silently a success.
   std::shared_ptr<std::atomic<int>> unfired = std::make_shared<std::atomic<int>>(0);
+  /// Faults the coordinator has taken (for a live node, or kept for one yet to join).
+  std::shared_ptr<std::atomic<int>> handed_over = std::make_shared<std::atomic<int>>(0);
 };
 
 struct injector_state {
   injector_deps deps;
-  std::set<std::int64_t> armed_nodes;  ///< nodes whose faults were sent
   std::set<std::int64_t> lost_nodes;
   static inline const char* name = "oobleck.injector";
 };

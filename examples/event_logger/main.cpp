@@ -86,6 +86,10 @@ int main(int argc, char** argv) {
   add_protocol_types(cfg);  // the same message types as every node of the job
   cfg.load<caf::io::middleman>();
   cfg.set("logger.verbosity", caf::atom("quiet"));
+  // The coordinator drops a connection that stays silent for its connection timeout (the job's
+  // cluster.connection_timeout_ms, 1.5 s by default): a subscriber that only listens must send
+  // heartbeats to stay subscribed.
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(250)});
   caf::actor_system sys{cfg};
 
   auto coordinator = sys.middleman().remote_actor<coordinator_actor>(host, port);

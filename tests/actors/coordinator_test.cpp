@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
@@ -177,6 +179,26 @@ TEST_CASE("coordinator: an injected fault reaches the node's monitor, and unknow
   CHECK(w->faults[0].seconds == 2.5);
   CHECK(f.ask(reply, inject_fault{7, fault_kind::kill, -1, 0}, f.operator_proof()) ==
         "unknown_node: node 7 is not a live node of this job");
+}
+
+TEST_CASE("coordinator: a fault for a node that has not joined yet is delivered on its admission") {
+  fixture f(2);
+  std::string reply;
+  CHECK(f.ask(reply, inject_fault{1, fault_kind::kill, 3, 0}, f.operator_proof()) == "ok");
+  CHECK(reply == "kill at step 3 for node 1: delivered when it joins");
+  // Only a fault for a later step waits; one meant to act now needs a live node.
+  CHECK(f.ask(reply, inject_fault{5, fault_kind::kill, -1, 0}, f.operator_proof()).rfind("unknown_node", 0) == 0);
+  auto* a = f.start_worker("node-a");
+  CHECK(a->faults.empty());
+  auto* b = f.start_worker("node-b");
+  REQUIRE(b->node == 1);
+  REQUIRE(b->faults.size() == 1);
+  CHECK(b->faults[0].at_step == 3);
+  // The admission first, then the fault: the node knows who it is before anything is asked of it.
+  REQUIRE(b->log.size() >= 2);
+  CHECK(b->log.at(0) == "admitted as node 1");
+  CHECK(f.coordinator_log.end() != std::find(f.coordinator_log.begin(), f.coordinator_log.end(),
+                                             "sent kill at step 3 to node 1 (node-b) on its admission"));
 }
 
 TEST_CASE("coordinator: a node whose monitor goes down is lost, once, and subscribers hear it") {
