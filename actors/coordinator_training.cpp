@@ -53,10 +53,18 @@ void start_training(coordinator_pointer self) {
   st.lost_since_formed.clear();
   for (std::int64_t id : st.joining) st.nodes.at(id).state = "registered";
   st.joining.clear();
-  if (st.recovering)
-    st.recovering->copy_ms = std::chrono::duration<double, std::milli>(st.deps.now() - st.assignments_sent).count();
-  else
+  if (st.recovering) {
+    auto& rec = *st.recovering;
+    rec.form_ms = std::chrono::duration<double, std::milli>(st.deps.now() - st.assignments_sent).count();
+    rec.copy_ms = rec.connect_ms = rec.views_ms = 0;
+    for (const auto& [node, t] : st.ready_timing) {
+      rec.copy_ms = std::max(rec.copy_ms, static_cast<double>(t.copies_us) / 1000);
+      rec.connect_ms = std::max(rec.connect_ms, static_cast<double>(t.connect_us) / 1000);
+      rec.views_ms = std::max(rec.views_ms, static_cast<double>(t.views_us) / 1000);
+    }
+  } else {
     st.last_commit = st.deps.now();  // the job's first epoch: downtime counts from here
+  }
   for (std::size_t i = 0; i < st.pipelines.size(); ++i) {
     pipeline_deps d;
     d.epoch = st.epoch;
@@ -111,6 +119,7 @@ void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::
   ++st.epoch;
   st.assignments_sent = st.deps.now();
   st.ready.clear();
+  st.ready_timing.clear();
   st.in_epoch = live;
   for (auto& p : st.pipelines)
     if (p.actor) self->send_exit(p.actor, caf::exit_reason::user_shutdown);
@@ -297,6 +306,7 @@ void on_node_ready(coordinator_pointer self, node_ready& r) {
     return;
   }
   st.ready[r.node] = std::move(r.stages);
+  st.ready_timing[r.node] = r.timing;
   for (std::int64_t id : st.in_epoch)
     if (!st.ready.count(id)) return;
   start_training(self);

@@ -121,12 +121,12 @@ void on_assignment(monitor_pointer self, epoch_assignment& a) {
   const bool runs_stage = a.rank >= 0 && !a.stages.empty();
   self->request(st.stage->actor, caf::infinite, std::move(a))
       .then(
-          [self, e, runs_stage](bool) {
+          [self, e, runs_stage](form_timing& timing) {
             auto& st = self->state;
             if (e != st.epoch || !st.stage) return;
             std::vector<caf::actor> stages;
             if (runs_stage) stages.push_back(caf::actor_cast<caf::actor>(st.stage->actor));
-            self->send(st.deps.coordinator, node_ready{e, st.node, std::move(stages)});
+            self->send(st.deps.coordinator, node_ready{e, st.node, std::move(stages), timing});
           },
           [self, e](caf::error& err) {
             auto& st = self->state;

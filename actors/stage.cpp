@@ -124,13 +124,14 @@ torch::Tensor owning_tensor(std::vector<std::byte> bytes) {
 /// Runs this rank's part of the copy plan: every send first (they never wait for the receiver),
 /// then every receive, each layer's full state (parameters, AdamW moments, step count) as the
 /// store's bytes: their size, then the bytes.
-void run_copies(stage_runtime& rt, const epoch_assignment& a) {
+void run_copies(stage_runtime& rt, const epoch_assignment& a, form_timing& t) {
   for (const auto& c : a.copies) {
     if (c.source != a.rank) continue;
     if (!rt.store.holds(c.layer))
       throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " from rank " +
                              std::to_string(a.rank) + ", which does not hold it");
     const auto bytes = owning_tensor(rt.store.serialize_layer(c.layer));
+    t.bytes_sent += bytes.numel();
     rt.comm->send(torch::tensor({bytes.numel()}, torch::kInt64), c.target, copy_tag(c.layer, 0));
     rt.comm->send(bytes, c.target, copy_tag(c.layer, 1));
   }
@@ -145,10 +146,16 @@ void run_copies(stage_runtime& rt, const epoch_assignment& a) {
     auto bytes = torch::empty({n}, torch::kUInt8);
     rt.comm->recv(bytes, c.source, copy_tag(c.layer, 1));
     rt.store.install_layer(c.layer, {static_cast<const std::byte*>(bytes.data_ptr()), static_cast<std::size_t>(n)});
+    t.bytes_received += n;
   }
 }
 
-bool form(stage_runtime& rt, const epoch_assignment& a) {
+std::int64_t micros_since(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - since).count();
+}
+
+form_timing form(stage_runtime& rt, const epoch_assignment& a) {
+  form_timing t;
   if (a.stages.size() > 1) throw std::invalid_argument("a stage slot runs at most one stage per epoch");
   if (a.rank >= static_cast<std::int32_t>(a.peers.size()))
     throw std::invalid_argument("rank " + std::to_string(a.rank) + " is not among the epoch's peers");
@@ -169,13 +176,14 @@ bool form(stage_runtime& rt, const epoch_assignment& a) {
   rt.layer_groups.clear();
   if (a.rank < 0) {  // idle: the layers it held are no longer needed
     for (int l : rt.store.layers_held()) rt.store.drop(l);
-    return true;
+    return t;
   }
 
   runtime::transport_config cfg;
   cfg.rank = a.rank;
   cfg.epoch = a.epoch;
   cfg.connect_timeout = std::chrono::milliseconds(rt.job.connect_timeout_ms);
+  auto phase = std::chrono::steady_clock::now();
   for (const auto& p : a.peers) cfg.peers.push_back({p.host, p.port});
   {
     std::lock_guard lock(rt.abort_mu);
@@ -184,11 +192,15 @@ bool form(stage_runtime& rt, const epoch_assignment& a) {
   }
   rt.transport->connect();
   rt.comm = std::make_unique<runtime::host_communicator>(*rt.transport);
+  t.connect_us = micros_since(phase);
 
   // Layers are built from their seed only at the job's first epoch; later a layer is kept (it
   // stayed in the store) or copied.
   if (!a.stages.empty() && !rt.formed_once) rt.store.ensure(a.stages[0].first_layer, a.stages[0].end_layer);
-  run_copies(rt, a);
+  phase = std::chrono::steady_clock::now();
+  run_copies(rt, a, t);
+  t.copies_us = micros_since(phase);
+  phase = std::chrono::steady_clock::now();
   if (!a.stages.empty()) {
     const auto& s = a.stages[0];
     for (int l = s.first_layer; l < s.end_layer; ++l)
@@ -198,9 +210,10 @@ bool form(stage_runtime& rt, const epoch_assignment& a) {
     runtime::stage_position pos{s.first_layer, s.end_layer, s.stage, s.num_stages, s.prev_rank, s.next_rank};
     rt.executor = std::make_unique<runtime::stage_executor>(rt.store, pos, *rt.comm, options_of(rt.job));
   }
+  t.views_us = micros_since(phase);
   rt.formed_once = true;
   for (const auto& g : a.layer_groups) rt.layer_groups.emplace_back(g.begin(), g.end());
-  return true;
+  return t;
 }
 
 stage_done run(stage_runtime& rt, const stage_step& order) {
@@ -226,7 +239,7 @@ stage_done run(stage_runtime& rt, const stage_step& order) {
 stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<stage_runtime> rt) {
   self->state.rt = std::move(rt);
   return {
-      [self](epoch_assignment& a) -> caf::result<bool> {
+      [self](epoch_assignment& a) -> caf::result<form_timing> {
         try {
           return form(*self->state.rt, a);
         } catch (const std::exception& e) {

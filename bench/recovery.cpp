@@ -13,8 +13,10 @@
 //   downtime    = the coordinator's own figure (last commit before the failure -> first commit
 //                 after), and the same in failure-free steps;
 // and from the coordinator's "reconfigured" metrics record: the decision (plan_ms), the bytes the
-// copy plan moved and copy_ms (assignments sent -> every node ready: the new epoch's mesh connect,
-// the copies, and the stage views, so copy_bytes / copy_ms is a lower bound of the copy bandwidth).
+// copy plan moved, copy_ms (the slowest node's layer copies: serialise and send, receive and
+// install), connect_ms and views_ms (its new mesh and stage views) and form_ms (assignments sent ->
+// every node ready: all of those and the messages). The copy bandwidth is the busiest link's bytes
+// over copy_ms.
 // The planner's copy plan is recomputed here (same synthetic profile, same policy) to find the
 // busiest link's bytes; its total is checked against the record's.
 //
@@ -511,6 +513,12 @@ std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s
 }
 
 // ---------------------------------------------------------------------------------------------
+/// "250/1500": the job's default heartbeat interval and connection timeout, in ms.
+std::string default_heartbeat() {
+  const apps::cluster_section d;
+  return std::to_string(d.heartbeat_interval_ms) + "/" + std::to_string(d.connection_timeout_ms);
+}
+
 // Trace replay: a sample of the trace's starting nodes, their removals as kills, time-scaled.
 
 struct replay_kill {
@@ -697,10 +705,11 @@ json result_json(const fault_result& r, double p2p) {
   if (!r.record.is_null()) {
     const double copy_ms = r.record["copy_ms"].get<double>();
     const double bytes = r.record["copy_bytes"].get<double>();
-    j["copy_gb_per_s"] = copy_ms > 0 ? bytes / copy_ms / 1e6 : 0;
+    j["copy_gb_per_s"] = copy_ms > 0 ? bytes / copy_ms / 1e6 : 0;  // all links together
+    j["busiest_link_gb_per_s"] = copy_ms > 0 ? static_cast<double>(r.busiest_bytes) / copy_ms / 1e6 : 0;
     j["downtime_steps"] = r.record["downtime_ms"].get<double>() / r.step_ms;
     j["downtime_bound_ms"] = r.detect_ms + r.step_ms + copy_ms + 500;
-    if (p2p > 0) j["copy_vs_p2p"] = bytes / copy_ms / 1e6 / p2p;
+    if (p2p > 0 && copy_ms > 0) j["copy_vs_p2p"] = static_cast<double>(r.busiest_bytes) / copy_ms / 1e6 / p2p;
   }
   if (!r.notes.empty()) j["notes"] = r.notes;
   return j;
@@ -753,22 +762,22 @@ int main(int argc, char** argv) try {
   xl_job = with_key(xl_job, "model", "heads", "4");
   xl_job = with_key(xl_job, "model", "blocks", "8");
   xl_job = with_key(xl_job, "cluster", "device_memory_bytes", "67108864");
-  auto short_hb = [](const std::string& t) {
-    return with_key(with_key(t, "cluster", "heartbeat_interval_ms", "200"), "cluster", "connection_timeout_ms", "1500");
-  };
+  // Every scenario runs the job's default heartbeats (cluster.heartbeat_interval_ms and
+  // connection_timeout_ms), in the job file and on the workers' flags alike.
+  const apps::cluster_section defaults;
+  const int hb = defaults.heartbeat_interval_ms, to = defaults.connection_timeout_ms;
+  const std::string hang_name = "hang, default " + default_heartbeat() + " ms";
 
   std::vector<scenario> scenarios;
   if (quick) {
-    scenarios.push_back({"crash", "default", small_job, 6, 12, 1000, 10000, {{6, 2, SIGKILL}}});
-    scenarios.push_back({"hang, 200/1500 ms", "default", short_hb(small_job), 6, 12, 200, 1500, {{6, 2, SIGSTOP}}});
+    scenarios.push_back({"crash", "default", small_job, 6, 12, hb, to, {{6, 2, SIGKILL}}});
+    scenarios.push_back({hang_name, "default", small_job, 6, 12, hb, to, {{6, 2, SIGSTOP}}});
   } else {
-    scenarios.push_back({"crash", "default", small_job, 6, 50, 1000, 10000, {{15, 2, SIGKILL}, {35, 4, SIGKILL}}});
-    scenarios.push_back({"crash", "large", large_job, 6, 16, 1000, 10000, {{5, 2, SIGKILL}, {11, 4, SIGKILL}}});
-    scenarios.push_back({"crash", "xl", xl_job, 6, 12, 1000, 10000, {{4, 2, SIGKILL}, {9, 4, SIGKILL}}});
-    scenarios.push_back({"hang, default 1000/10000 ms", "default", small_job, 6, 25, 1000, 10000, {{15, 2, SIGSTOP}}});
-    scenarios.push_back({"hang, 200/1500 ms", "default", short_hb(small_job), 6, 50, 200, 1500,
-                         {{15, 2, SIGSTOP}, {35, 4, SIGSTOP}}});
-    scenarios.push_back({"hang, 200/1500 ms", "large", short_hb(large_job), 6, 10, 200, 1500, {{5, 2, SIGSTOP}}});
+    scenarios.push_back({"crash", "default", small_job, 6, 50, hb, to, {{15, 2, SIGKILL}, {35, 4, SIGKILL}}});
+    scenarios.push_back({"crash", "large", large_job, 6, 16, hb, to, {{5, 2, SIGKILL}, {11, 4, SIGKILL}}});
+    scenarios.push_back({"crash", "xl", xl_job, 6, 12, hb, to, {{4, 2, SIGKILL}, {9, 4, SIGKILL}}});
+    scenarios.push_back({hang_name, "default", small_job, 6, 50, hb, to, {{15, 2, SIGSTOP}, {35, 4, SIGSTOP}}});
+    scenarios.push_back({hang_name, "large", large_job, 6, 10, hb, to, {{5, 2, SIGSTOP}}});
   }
   std::vector<fault_result> results;
   int spurious = 0;
@@ -790,14 +799,14 @@ int main(int argc, char** argv) try {
   const auto p2p = p2p_gbps(transport_json, mean_copy_bytes);
   const double p2p_gb = p2p ? p2p->first : 0;
   std::cout << "\nper fault (ms unless stated; detect: fault -> the coordinator's first failure notice, bench clock;\n"
-               "decide, copy, downtime: the coordinator's record; step: failure-free commit interval before it)\n";
+               "decide, copy, downtime: the coordinator's record; GB/s: the busiest link's bytes / copy; step: failure-free commit interval before it)\n";
   std::printf("%-28s %-8s %-14s %4s %7s %8s %8s %7s %10s %7s %8s %8s %9s %6s %7s\n", "scenario", "job", "fault", "node",
               "step", "detect", "lost", "decide", "copy B", "copy", "GB/s", "resume", "downtime", "steps", "bound");
   for (const auto& r : results) {
     const double copy_ms = record_ms(r, "copy_ms"), down = record_ms(r, "downtime_ms");
     const double bytes = r.record.is_null() ? NAN : r.record["copy_bytes"].get<double>();
     const double bound = r.detect_ms + r.step_ms + copy_ms + 500;
-    const std::string gbps = bytes > 0 ? fmt("%.3f", bytes / copy_ms / 1e6) : "-";
+    const std::string gbps = r.busiest_bytes > 0 ? fmt("%.3f", static_cast<double>(r.busiest_bytes) / copy_ms / 1e6) : "-";
     std::printf("%-28s %-8s %-14s %4d %7.1f %8.1f %8.1f %7.3f %10.0f %7.1f %8s %8.1f %9.1f %6.2f %7s\n",
                 r.scenario.c_str(), r.job.c_str(), r.kind.c_str(), r.node, r.step_ms, r.detect_ms, r.loss_notice_ms,
                 record_ms(r, "plan_ms"), bytes, copy_ms, gbps.c_str(), r.resume_ms, down, down / r.step_ms,
@@ -843,16 +852,18 @@ int main(int argc, char** argv) try {
     return v;
   };
   auto is_crash = [](const fault_result& r) { return r.kind == "kill -9"; };
-  auto is_hang_default = [](const fault_result& r) { return r.kind != "kill -9" && r.heartbeat == "1000/10000"; };
-  auto is_hang_short = [](const fault_result& r) { return r.kind != "kill -9" && r.heartbeat == "200/1500"; };
+  auto is_hang_default = [](const fault_result& r) { return r.kind != "kill -9" && r.heartbeat == default_heartbeat(); };
+  auto is_hang_short = [](const fault_result& r) { return r.kind != "kill -9" && r.heartbeat != default_heartbeat(); };
   auto has_record = [](const fault_result& r) { return !r.record.is_null(); };
   const auto crash_detect = pick(is_crash, [](const fault_result& r) { return r.detect_ms; });
   const auto crash_lost = pick(is_crash, [](const fault_result& r) { return r.loss_notice_ms; });
   const auto hang_default = pick(is_hang_default, [](const fault_result& r) { return r.loss_notice_ms; });
   const auto hang_short = pick(is_hang_short, [](const fault_result& r) { return r.loss_notice_ms; });
   const auto decisions = pick(has_record, [](const fault_result& r) { return r.record["plan_ms"].get<double>(); });
-  const auto bandwidths = pick([](const fault_result& r) { return !r.record.is_null() && r.record["copy_bytes"].get<double>() > 0; },
-                               [](const fault_result& r) { return r.record["copy_bytes"].get<double>() / r.record["copy_ms"].get<double>() / 1e6; });
+  // Per link: the busiest link's bytes over the slowest node's copy time (the links run at once, so
+  // all bytes over that time would credit parallelism, not the transport).
+  const auto bandwidths = pick([](const fault_result& r) { return !r.record.is_null() && r.busiest_bytes > 0 && r.record["copy_ms"].get<double>() > 0; },
+                               [](const fault_result& r) { return r.busiest_bytes / r.record["copy_ms"].get<double>() / 1e6; });
   int bound_met = 0, bound_total = 0;
   for (const auto& r : results)
     if (!r.record.is_null()) {
@@ -869,18 +880,18 @@ int main(int argc, char** argv) try {
   std::cout << "\ntargets (worst case over the events above)\n";
   target("crash detected (kill -9 -> first failure notice), ms", "<= 100", max_of(crash_detect), max_of(crash_detect) <= 100);
   if (!hang_default.empty())
-    target("hang detected, default heartbeat 1000/10000 ms, ms", "<= 2000", max_of(hang_default), max_of(hang_default) <= 2000);
+    target("hang detected, default heartbeat " + default_heartbeat() + " ms, ms", "<= 2000", max_of(hang_default), max_of(hang_default) <= 2000);
   if (!hang_short.empty())
-    target("hang detected, heartbeat 200/1500 ms, ms", "<= 2000", max_of(hang_short), max_of(hang_short) <= 2000);
+    target("hang detected, other heartbeat settings, ms", "<= 2000", max_of(hang_short), max_of(hang_short) <= 2000);
   target("reconfiguration decision, ms", "<= 10", max_of(decisions), max_of(decisions) <= 10);
   target("events with downtime <= detect + step + copy + 500 ms", "all " + std::to_string(bound_total), bound_met,
          bound_met == bound_total && bound_total > 0);
   if (p2p)
-    target("copy bandwidth (copy_bytes / copy_ms) / host p2p " + fmt("%.2f", p2p_gb) + " GB/s", ">= 0.5",
+    target("copy bandwidth (busiest link's bytes / copy_ms) / host p2p " + fmt("%.2f", p2p_gb) + " GB/s", ">= 0.5",
            max_of(bandwidths) / p2p_gb, max_of(bandwidths) / p2p_gb >= 0.5);
   if (!std::isnan(fit_bytes_per_ms))
     std::cout << "copy_ms against the busiest link's bytes: " << fmt("%.1f", fit_fixed_ms) << " ms + bytes / "
-              << fmt("%.3f", fit_bytes_per_ms / 1e6) << " GB/s (fixed part: mesh connect, stage views, messages)\n";
+              << fmt("%.3f", fit_bytes_per_ms / 1e6) << " GB/s (fixed part: per-copy serialisation, messages, installs)\n";
   if (spurious) std::cout << "spurious losses (a healthy node timed out): " << spurious << "\n";
   const auto path = measure_copy_path(apps::parse_job(quick ? small_job : xl_job, "job"), 1);
   std::cout << "copy path outside the transport, one block of the " << (quick ? "default" : "xl") << " model ("
@@ -1055,9 +1066,9 @@ int main(int argc, char** argv) try {
   if (std::isnan(copy_bps)) {  // one size only: the effective figure (fixed costs included)
     std::vector<double> eff;
     for (const auto& r : results)
-      if (!r.record.is_null() && r.busiest_bytes > 0) eff.push_back(r.busiest_bytes / r.record["copy_ms"].get<double>() * 1e3);
+      if (!r.record.is_null() && r.busiest_bytes > 0) eff.push_back(r.busiest_bytes / r.record["form_ms"].get<double>() * 1e3);
     copy_bps = median(eff);
-    copy_how = "effective: the busiest link's bytes / copy_ms (mesh connect and stage views included)";
+    copy_how = "effective: the busiest link's bytes / form_ms (mesh connect, stage views and messages included)";
   }
   json measured;
   measured["machine_load_average"] = {{"start", load_start}, {"end", load_average()}};

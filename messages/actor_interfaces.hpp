@@ -42,7 +42,7 @@ using pipeline_actor = caf::typed_actor<caf::reacts_to<run_step>>;
 /// A stage: forms its part of the epoch (data plane, executor), runs steps, applies commits.
 /// Errors are values: a failed step is a stage_done with its error set.
 using stage_actor =
-    caf::typed_actor<caf::replies_to<epoch_assignment>::with<bool>,
+    caf::typed_actor<caf::replies_to<epoch_assignment>::with<form_timing>,
                      caf::replies_to<stage_step>::with<stage_done>,
                      caf::replies_to<commit_step>::with<step_committed>>;
 

@@ -73,18 +73,38 @@ typename Inspector::result_type inspect(Inspector& f, epoch_assignment& x) {
            x.layer_groups, x.copies, x.pipeline_microbatches);
 }
 
+/// Where a node's forming time went (microseconds, in the node's clock), and the copy plan's bytes
+/// it moved: connect = the epoch's data-plane mesh; copies = its part of the copy plan (serialise
+/// and send, receive and install); views = the stage executor over the store.
+struct form_timing {
+  std::int64_t connect_us = 0;
+  std::int64_t copies_us = 0;
+  std::int64_t views_us = 0;
+  std::int64_t bytes_sent = 0;
+  std::int64_t bytes_received = 0;
+
+  bool operator==(const form_timing&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, form_timing& x) {
+  return f(caf::meta::type_name("form_timing"), x.connect_us, x.copies_us, x.views_us, x.bytes_sent,
+           x.bytes_received);
+}
+
 /// A node formed its part of the epoch: stage actor handles in the order of its assignment.
 struct node_ready {
   std::uint64_t epoch = 0;
   std::int64_t node = -1;
   std::vector<caf::actor> stages;
+  form_timing timing;
 
   bool operator==(const node_ready&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_ready& x) {
-  return f(caf::meta::type_name("node_ready"), x.epoch, x.node, x.stages);
+  return f(caf::meta::type_name("node_ready"), x.epoch, x.node, x.stages, x.timing);
 }
 
 /// Tear epoch `epoch` down: fail every pending data-plane operation, drop the uncommitted step.

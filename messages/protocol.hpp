@@ -20,7 +20,7 @@
 namespace oobleck::messages {
 
 /// Bumped on every incompatible change of a message; nodes of another version are refused.
-constexpr std::uint32_t protocol_version = 1;
+constexpr std::uint32_t protocol_version = 2;
 
 /// Expected failures returned as values (caf::error with category "oobleck").
 enum class protocol_error : std::uint8_t {
@@ -59,6 +59,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(oobleck, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::layer_copy))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::epoch_assignment))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::node_ready))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::form_timing))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::abort_epoch))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::epoch_aborted))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::node_fault))

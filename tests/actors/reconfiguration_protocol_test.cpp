@@ -54,12 +54,13 @@ struct fake_stage_record {
 
 stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_record* rec) {
   return {
-      [self, rec](epoch_assignment& a) -> caf::result<bool> {
+      [self, rec](epoch_assignment& a) -> caf::result<form_timing> {
         rec->trace.push_back("assign " + std::to_string(a.epoch));
         rec->assignments[a.epoch] = a;
         rec->current_epoch = a.epoch;
-        if (rec->hold_form.count(a.epoch)) return self->make_response_promise<bool>();
-        return true;
+        if (rec->hold_form.count(a.epoch)) return self->make_response_promise<form_timing>();
+        // Copies that take longer on higher ranks: the record keeps the slowest node's.
+        return form_timing{1000, 100 + 1000 * std::max(0, a.rank), 500, 0, a.copies.empty() ? 0 : 1'000'000};
       },
       [self, rec](stage_step& s) -> caf::result<stage_done> {
         rec->trace.push_back("step " + std::to_string(s.epoch) + " " + std::to_string(s.step));
@@ -366,6 +367,14 @@ TEST_CASE("reconfiguration protocol: a copy source lost while the new epoch form
   CHECK(f.recoveries[0].lost == std::vector<std::int64_t>{a, c});
   CHECK(f.recoveries[0].action == rules_of(first) + "," + rules_of(both));  // both decisions, in order
   CHECK(f.recoveries[0].resumed_step == 1);
+  // Where forming went, from the nodes' own reports: the slowest node of epoch 3 per phase.
+  int top_rank = 0;
+  for (const auto& [id, rec] : f.stages)
+    if (rec->assignments.count(3)) top_rank = std::max(top_rank, rec->assignments.at(3).rank);
+  CHECK(f.recoveries[0].copy_ms == doctest::Approx((100 + 1000 * top_rank) / 1000.0));
+  CHECK(f.recoveries[0].connect_ms == doctest::Approx(1.0));
+  CHECK(f.recoveries[0].views_ms == doctest::Approx(0.5));
+  CHECK(f.recoveries[0].form_ms >= 0);
 }
 
 TEST_CASE("reconfiguration protocol: another node lost while a slow node still forms the new epoch") {

@@ -40,10 +40,10 @@ using stage_pointer = stage_actor::stateful_pointer<fake_stage_record*>;
 
 stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_record* rec) {
   return {
-      [rec](epoch_assignment& a) -> bool {
+      [rec](epoch_assignment& a) -> form_timing {
         rec->assignment = a;
         rec->epochs.push_back(a.epoch);
-        return true;
+        return {};
       },
       [self, rec](stage_step& s) -> caf::result<stage_done> {
         rec->steps.push_back(s);

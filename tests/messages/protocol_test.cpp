@@ -87,12 +87,13 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: epoch messages round-trip") {
   check(abort_epoch{7, "node 3 lost"});
   check(epoch_aborted{7, 3});
   check(node_fault{7, 3, "all_reduce_sum over {0,1}: peer 1 closed the connection"});
+  check(form_timing{1200, 35000, 800, 9437184, 4718592});
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: actor handles inside messages round-trip") {
   auto a = sys.spawn([]() -> caf::behavior { return {[](int) {}}; });
   auto b = sys.spawn([]() -> caf::behavior { return {[](int) {}}; });
-  const node_ready r{3, 9, {a, b}};
+  const node_ready r{3, 9, {a, b}, form_timing{1, 2, 3, 4, 5}};
   const node_ready back = round_trip(r);
   CHECK(back == r);
   CHECK(back.stages.at(0) == a);
@@ -146,7 +147,7 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: errors carry their category, code
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: every type of the block has a distinct registered name") {
   const auto begin = caf::id_block::oobleck::begin;
   const auto end = caf::id_block::oobleck::end;
-  CHECK(end - begin == 24);
+  CHECK(end - begin == 25);
   CHECK(std::string(caf::type_name<register_node>::value) == "oobleck::messages::register_node");
   CHECK(caf::type_id<job_event>::value == end - 1);
 }
