@@ -74,12 +74,15 @@ extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
 /// The processes of the job; killed and reaped on destruction.
 class process_set {
  public:
-  ~process_set() {
+  ~process_set() { kill_all(); }
+  /// Kills (frozen ones too) and reaps every process still running.
+  void kill_all() {
     for (pid_t p : pids_) {
       ::kill(p, SIGKILL);
       ::kill(p, SIGCONT);
     }
     for (pid_t p : pids_) ::waitpid(p, nullptr, 0);
+    pids_.clear();
   }
   pid_t start(const std::string& path, const std::vector<std::string>& args, int out_fd = -1) {
     std::vector<char*> argv{const_cast<char*>(path.c_str())};
@@ -248,12 +251,16 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     }
     ::close(fd);
   });
+  // On every way out: the echo thread reads until the coordinator's end of the pipe closes, so the
+  // processes go first (an early return, e.g. --timeout, would otherwise wait for ever).
   struct join_echo {
     std::thread& t;
+    process_set& procs;
     ~join_echo() {
+      procs.kill_all();
       if (t.joinable()) t.join();
     }
-  } joiner{echo};
+  } joiner{echo, procs};
 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
   std::optional<int> coordinator_status;
@@ -274,12 +281,26 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   std::shared_ptr<std::atomic<int>> unfired;
   if (!faults.empty()) {
     caf_cfg = std::make_unique<cluster_config>();
+    // The injector only listens: without heartbeats the coordinator would drop its silent
+    // connection after the job's connection timeout, and the injector would miss the losses.
+    caf_cfg->set_heartbeat(job.cluster.heartbeat_interval_ms, job.cluster.connection_timeout_ms);
     caf_sys = std::make_unique<caf::actor_system>(*caf_cfg);
     const auto coord = connect_coordinator(*caf_sys, parse_host_port("coordinator", address), 10,
                                            [](const std::string&) {});
     actors::injector_deps d{coord, actors::read_token_file(token), faults, progress_printer("injector")};
     unfired = d.unfired;
+    const auto handed_over = d.handed_over;
     caf_sys->spawn(actors::injector, d);
+    // Workers start once the coordinator holds every fault: each is then delivered to its node
+    // on admission, before the node's first epoch, so no step passes before its fault is armed.
+    const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (*handed_over < static_cast<int>(faults.size())) {
+      if (std::chrono::steady_clock::now() > by || stop_signal) {
+        err << "error: the coordinator did not take the injected faults within 30 s\n";
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   for (int i = 0; i < nodes; ++i)
     procs.start((bin / "oobleck-worker").string(),

@@ -7,6 +7,7 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <cmath>
 #include <set>
 #include <filesystem>
@@ -145,6 +146,16 @@ TEST_CASE("oobleck-local: a bad job file is refused before any process starts") 
   CHECK(r.exit_status == 2);
   CHECK(r.err.rfind("error: ", 0) == 0);
   CHECK(r.out.empty());
+}
+
+TEST_CASE("oobleck-local: --timeout stops every process and returns") {
+  // It used to print its error and then wait for ever on the coordinator's output.
+  const auto started = std::chrono::steady_clock::now();
+  const auto r = run_process(bin + "/oobleck-local", {"--nodes", "4", "--steps", "1000000", "--timeout", "6"});
+  const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  CHECK(r.exit_status == 1);
+  CHECK(r.err.find("error: the job did not finish within 6 s") != std::string::npos);
+  CHECK(took < 60);
 }
 
 TEST_CASE("cluster: a hung worker is replaced, and when it wakes up it changes nothing and exits") {
