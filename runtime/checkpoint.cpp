@@ -142,14 +142,15 @@ checkpoint_manifest decode(const std::vector<std::byte>& bytes, const fs::path& 
 }
 
 /// Manifest-level checks (no file access).
-void check_manifest(const checkpoint_manifest& m, const fs::path& dir, const std::string& job_hash, int num_layers) {
+/// `job_hash` null: any job.
+void check_manifest(const checkpoint_manifest& m, const fs::path& dir, const std::string* job_hash, int num_layers) {
   const auto where = (dir / checkpoint_manifest_name).string();
   if (m.format_version != checkpoint_format_version)
     throw checkpoint_error(where + ": checkpoint format version " + std::to_string(m.format_version) +
                            ", this program reads version " + std::to_string(checkpoint_format_version));
-  if (m.job_hash != job_hash)
+  if (job_hash && m.job_hash != *job_hash)
     throw checkpoint_error(dir.string() + ": a checkpoint of another job (job hash " + m.job_hash.substr(0, 16) +
-                           "..., this job's is " + job_hash.substr(0, 16) +
+                           "..., this job's is " + job_hash->substr(0, 16) +
                            "...): the model, data, training or optimizer settings differ");
   if (m.num_layers != num_layers)
     throw checkpoint_error(where + ": " + std::to_string(m.num_layers) + " layers, the job's model has " +
@@ -246,14 +247,20 @@ fs::path finish_checkpoint(const fs::path& temp, const checkpoint_manifest& mani
   return final_dir;
 }
 
-checkpoint_manifest read_checkpoint(const fs::path& dir, const std::string& job_hash, int num_layers) {
+checkpoint_manifest read_manifest(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw checkpoint_error(dir.string() + ": no such checkpoint directory");
   const auto manifest_path = dir / checkpoint_manifest_name;
-  const auto m = decode(read_whole(manifest_path, max_manifest_bytes,
-                                   " (not a complete checkpoint: its manifest is written last)"),
-                        manifest_path);
-  check_manifest(m, dir, job_hash, num_layers);
+  auto m = decode(read_whole(manifest_path, max_manifest_bytes,
+                             " (not a complete checkpoint: its manifest is written last)"),
+                  manifest_path);
+  check_manifest(m, dir, nullptr, m.num_layers);
+  return m;
+}
+
+checkpoint_manifest read_checkpoint(const fs::path& dir, const std::string& job_hash, int num_layers) {
+  const auto m = read_manifest(dir);
+  check_manifest(m, dir, &job_hash, num_layers);
   for (const auto& f : m.files) check_file(dir, f, nullptr);
   return m;
 }

@@ -85,6 +85,12 @@ std::filesystem::path finish_checkpoint(const std::filesystem::path& temp, const
 /// directory or file and what is wrong; returns the manifest when all is well.
 checkpoint_manifest read_checkpoint(const std::filesystem::path& dir, const std::string& job_hash, int num_layers);
 
+/// The manifest of the checkpoint in `dir`, checked on its own (present, well-formed, this format
+/// version, every layer 0..numLayers-1 listed once under its own name); no file is read and the
+/// job is not checked. What a node reads before it installs its layers (the coordinator has run
+/// read_checkpoint). Throws checkpoint_error.
+checkpoint_manifest read_manifest(const std::filesystem::path& dir);
+
 /// The bytes of one layer's file, checked against its entry (size, SHA-256) again: the files may
 /// have changed since read_checkpoint. Throws checkpoint_error.
 std::vector<std::byte> read_layer_file(const std::filesystem::path& dir, const checkpoint_file& entry);
