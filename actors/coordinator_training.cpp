@@ -325,7 +325,9 @@ void retry_epoch(coordinator_pointer self, const std::string& what) {
 
 void on_node_fault(coordinator_pointer self, node_fault& f) {
   auto& st = self->state;
-  if (f.epoch != st.epoch) {
+  // While a checkpoint is written no step runs: a fault is a survivor failing to form an epoch
+  // that was aborted already (the stop's), nothing to recover from.
+  if (f.epoch != st.epoch || st.job_state == "checkpointing") {
     ++st.dropped;
     return;
   }
