@@ -95,4 +95,26 @@ std::string resume_command_line(const std::string& program, const std::vector<st
   return out + " --resume " + shell_quoted(dir);
 }
 
+std::string local_resume_prefix(const std::vector<std::string>& args) {
+  auto injection = [](const std::string& a) {
+    for (const char* flag : {"--fail-at", "--hang-at", "--join-at"})
+      if (a == flag || a.rfind(std::string(flag) + "=", 0) == 0) return true;
+    return false;
+  };
+  std::string out = "oobleck-local";
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const auto& a = args[i];
+    if (injection(a) || a == "--resume" || a.rfind("--resume=", 0) == 0) {
+      if (a.find('=') == std::string::npos) ++i;  // and its value
+      continue;
+    }
+    if ((a == "--config" || a == "--checkpoint-dir") && i + 1 < args.size()) {
+      out += " " + a + " " + shell_quoted(fs::absolute(args[++i]).string());
+      continue;
+    }
+    out += " " + shell_quoted(a);
+  }
+  return out;
+}
+
 }  // namespace oobleck::apps

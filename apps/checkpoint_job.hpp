@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "actors/coordinator.hpp"
 #include "apps/job_file.hpp"
@@ -33,5 +34,10 @@ void resume_from(actors::checkpoint_deps& deps, const job_file& job, const std::
 /// `args` as one shell command line after `program`, with every `--resume X` removed and
 /// `--resume dir` appended: what a stopped job prints to resume it.
 std::string resume_command_line(const std::string& program, const std::vector<std::string>& args, const std::string& dir);
+
+/// oobleck-local's own command line to resume a stopped run, without its ' --resume DIR': paths
+/// made absolute, the previous --resume and one-time injections (--fail-at, --hang-at,
+/// --join-at) left out.
+std::string local_resume_prefix(const std::vector<std::string>& args);
 
 }  // namespace oobleck::apps

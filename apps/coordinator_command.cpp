@@ -222,7 +222,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
         std::to_string(deps.checkpoint.resume_step));
   }
   deps.checkpoint.resume_command = [prefix = resume_command, args](const std::string& dir) {
-    return prefix.empty() ? resume_command_line("oobleck-coordinator", args, dir) : prefix + " --resume " + dir;
+    return prefix.empty() ? resume_command_line("oobleck-coordinator", args, dir) : resume_command_line(prefix, {}, dir);
   };
   auto stopped_by_policy = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<std::ofstream> metrics;

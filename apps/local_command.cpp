@@ -229,20 +229,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   if (!checkpoint_dir.empty()) coord_args.insert(coord_args.end(), {"--checkpoint-dir", std::filesystem::absolute(checkpoint_dir).string()});
   if (checkpoint_every) coord_args.insert(coord_args.end(), {"--checkpoint-every", std::to_string(*checkpoint_every)});
   if (!resume.empty()) coord_args.insert(coord_args.end(), {"--resume", std::filesystem::absolute(resume).string()});
-  {
-    std::vector<std::string> own;
-    for (std::size_t i = 0; i < args.size(); ++i) {
-      if (args[i] == "--resume" || args[i] == "--checkpoint-dir" || args[i] == "--config") {
-        if (i + 1 < args.size() && args[i] != "--resume")
-          own.insert(own.end(), {args[i], std::filesystem::absolute(args[i + 1]).string()});
-        ++i;
-        continue;
-      }
-      own.push_back(args[i]);
-    }
-    const auto line = resume_command_line("oobleck-local", own, "");
-    coord_args.insert(coord_args.end(), {"--resume-command", line.substr(0, line.rfind(" --resume "))});
-  }
+  coord_args.insert(coord_args.end(), {"--resume-command", local_resume_prefix(args)});
   const pid_t coordinator = procs.start((bin / "oobleck-coordinator").string(), coord_args, pipe_fds[1]);
   ::close(pipe_fds[1]);
 
