@@ -86,7 +86,7 @@ std::string text(capnp::Text::Reader t, const fs::path& p, const char* field) {
 
 capnp::Text::Reader text_of(const std::string& s) { return capnp::Text::Reader(s.data(), s.size()); }
 
-std::vector<std::byte> encode(const checkpoint_manifest& m) {
+std::vector<std::byte> encode_manifest(const checkpoint_manifest& m) {
   capnp::MallocMessageBuilder message;
   auto root = message.initRoot<messages::schema::CheckpointManifest>();
   root.setFormatVersion(m.format_version);
@@ -108,7 +108,7 @@ std::vector<std::byte> encode(const checkpoint_manifest& m) {
   return {reinterpret_cast<const std::byte*>(bytes.begin()), reinterpret_cast<const std::byte*>(bytes.end())};
 }
 
-checkpoint_manifest decode(const std::vector<std::byte>& bytes, const fs::path& p) {
+checkpoint_manifest decode_manifest(std::span<const std::byte> bytes, const fs::path& p) {
   if (bytes.size() % sizeof(capnp::word) != 0 || bytes.empty())
     throw checkpoint_error(p.string() + ": truncated (" + std::to_string(bytes.size()) +
                            " bytes is not a whole Cap'n Proto message)");
@@ -182,6 +182,12 @@ void check_file(const fs::path& dir, const checkpoint_file& f, std::vector<std::
 
 }  // namespace
 
+std::vector<std::byte> manifest_to_capnp(const checkpoint_manifest& manifest) { return encode_manifest(manifest); }
+
+checkpoint_manifest manifest_from_capnp(std::span<const std::byte> bytes, const std::string& origin) {
+  return decode_manifest(bytes, origin);
+}
+
 std::string layer_file_name(int layer) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "layer-%04d.bin", layer);
@@ -229,7 +235,7 @@ checkpoint_file write_layer_file(const fs::path& dir, int layer, std::span<const
 fs::path finish_checkpoint(const fs::path& temp, const checkpoint_manifest& manifest) {
   auto m = manifest;
   std::sort(m.files.begin(), m.files.end(), [](const auto& a, const auto& b) { return a.layer < b.layer; });
-  write_file_synced(temp / checkpoint_manifest_name, encode(m));
+  write_file_synced(temp / checkpoint_manifest_name, encode_manifest(m));
   read_checkpoint(temp, m.job_hash, m.num_layers);  // what a resume will check, before it counts
   fsync_dir(temp);
   const auto root = temp.parent_path();
@@ -251,7 +257,7 @@ checkpoint_manifest read_manifest(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw checkpoint_error(dir.string() + ": no such checkpoint directory");
   const auto manifest_path = dir / checkpoint_manifest_name;
-  auto m = decode(read_whole(manifest_path, max_manifest_bytes,
+  auto m = decode_manifest(read_whole(manifest_path, max_manifest_bytes,
                              " (not a complete checkpoint: its manifest is written last)"),
                   manifest_path);
   check_manifest(m, dir, nullptr, m.num_layers);

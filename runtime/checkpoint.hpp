@@ -57,6 +57,13 @@ struct checkpoint_manifest {
   bool operator==(const checkpoint_manifest&) const = default;
 };
 
+/// The manifest as bytes (a flat Cap'n Proto message), what manifest.capnp holds.
+std::vector<std::byte> manifest_to_capnp(const checkpoint_manifest& manifest);
+/// Decodes manifest bytes (`origin` names them in errors) with a traversal and a nesting limit,
+/// texts and numbers range-checked: malformed or hostile bytes are checkpoint_error, never a crash.
+/// Nothing beyond the encoding is checked (read_manifest does).
+checkpoint_manifest manifest_from_capnp(std::span<const std::byte> bytes, const std::string& origin);
+
 /// "layer-0003.bin".
 std::string layer_file_name(int layer);
 /// "step-00000012": the directory name of the checkpoint whose next step is `step`.

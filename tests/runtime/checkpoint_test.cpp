@@ -177,3 +177,31 @@ TEST_CASE("checkpoint: a manifest that misses a layer is refused when it is fini
   }
   CHECK(list_checkpoints(s.root).empty());
 }
+
+TEST_CASE("checkpoint: every prefix and every flipped byte of a manifest decodes or is refused, never crashes") {
+  checkpoint_manifest m;
+  m.job_hash = job;
+  m.step = 12;
+  m.num_layers = 2;
+  m.files = {{0, layer_file_name(0), 10, std::string(64, 'a')}, {1, layer_file_name(1), 11, std::string(64, 'b')}};
+  const auto bytes = manifest_to_capnp(m);
+  CHECK(manifest_from_capnp(bytes, "m") == m);
+  int refused = 0;
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    try {
+      manifest_from_capnp(std::span(bytes.data(), n), "m");
+    } catch (const checkpoint_error&) {
+      ++refused;
+    }
+  }
+  CHECK(refused == static_cast<int>(bytes.size()));  // no proper prefix is a whole message
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    auto flipped = bytes;
+    flipped[i] ^= std::byte{0x80};
+    try {
+      const auto back = manifest_from_capnp(flipped, "m");
+      CHECK(manifest_from_capnp(manifest_to_capnp(back), "m") == back);
+    } catch (const checkpoint_error&) {
+    }
+  }
+}
