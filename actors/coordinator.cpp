@@ -1,5 +1,6 @@
 #include "actors/coordinator.hpp"
 
+#include "actors/coordinator_checkpoint.hpp"
 #include "actors/coordinator_training.hpp"
 
 #include <algorithm>
@@ -142,6 +143,8 @@ job_status make_status(const coordinator_state& st) {
 
 coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinator_deps deps) {
   self->state.deps = std::move(deps);
+  self->state.step = self->state.deps.checkpoint.resume_step;  // 0, or a resumed job's next step
+  self->state.last_checkpoint = self->state.deps.checkpoint.resume_dir;
   self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
   return {
       [self](nonce_request& r) -> caf::result<std::string> {
@@ -158,6 +161,7 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
       [](epoch_aborted&) {},  // survivors confirm the abort; the new epoch does not wait for it
       [self](pipeline_done& d) { on_pipeline_done(self, d); },
       [self](step_committed& c) { on_step_committed(self, c); },
+      [self](checkpoint_written& w) { on_checkpoint_written(self, w); },
       [self](status_atom, control_proof& p) -> caf::result<job_status> {
         if (auto err = check_operator(self, p)) return err;
         return make_status(self->state);

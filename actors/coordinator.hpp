@@ -10,8 +10,10 @@
 //                                                                  training: run_step{e,k} to
 //   finished <--(k == steps)-- committing <--(every pipeline_done)-- every pipeline actor;
 //                                  | every step_committed: digests checked, next step
-//   A node lost while forming or training stops the job (failed): recovery is the fault-tolerance
-//   work, not built yet.
+//   committing --(next step a multiple of checkpoint.every)--> checkpointing --(written)--> next step
+//   A node lost while forming or training: reconfiguration (coordinator_training.hpp); when the
+//   policy says "checkpoint and stop", the survivors write a checkpoint (checkpointing, then
+//   stopped, coordinator_checkpoint.hpp).
 
 #include <chrono>
 #include <cstdint>
@@ -62,6 +64,40 @@ struct reconfiguration_record {
   double downtime_ms = 0;  ///< from the last commit before the failure to the first one after
 };
 
+/// How the job stopped when the reconfiguration policy said "checkpoint and stop".
+struct checkpoint_stop_record {
+  std::string reason;
+  std::optional<std::string> dir;     ///< the checkpoint written now; nullopt: none could be
+  std::optional<std::string> latest;  ///< without one: the newest complete checkpoint, if any
+  std::uint64_t step = 0;             ///< the next step (the committed state's)
+};
+
+/// Checkpoints (DESIGN §5 "Checkpoint"): the coordinator decides when and who writes what; the
+/// composition root gives it the file operations (runtime/checkpoint), so this library stays free
+/// of file formats. Every function may throw std::exception with a sentence for the log.
+struct checkpoint_deps {
+  std::string root;         ///< where checkpoints go (shared by every node); empty: nowhere
+  std::uint64_t every = 0;  ///< a checkpoint after each commit that makes the next step a multiple; 0: never
+  /// A fresh temporary directory for the checkpoint of `step`, under root.
+  std::function<std::string(std::uint64_t step)> begin;
+  /// Writes the manifest of the files, validates, renames: returns the checkpoint's directory.
+  std::function<std::string(const std::string& temp, std::uint64_t step,
+                            const std::vector<messages::checkpoint_layer_file>& files)>
+      finish;
+  std::function<void(const std::string& temp)> discard = [](const std::string&) {};
+  /// The newest complete checkpoint under root ("" when none).
+  std::function<std::string()> latest = [] { return std::string(); };
+  /// The command that resumes from a directory (printed when the job stops).
+  std::function<std::string(const std::string& dir)> resume_command = [](const std::string& dir) {
+    return "--resume " + dir;
+  };
+  /// A resumed job: the validated checkpoint its first epoch installs, and its step.
+  std::string resume_dir;
+  std::uint64_t resume_step = 0;
+  /// Called once when the job stops for lack of nodes (metrics record, exit status).
+  std::function<void(const checkpoint_stop_record&)> on_stop = [](const checkpoint_stop_record&) {};
+};
+
 /// What the coordinator is built with (the composition root fills it).
 struct coordinator_deps {
   admission_policy policy;
@@ -77,6 +113,7 @@ struct coordinator_deps {
   std::uint64_t steps = 0;
   std::function<void(const step_record&)> on_step = [](const step_record&) {};
   std::function<void(const reconfiguration_record&)> on_reconfigured = [](const reconfiguration_record&) {};
+  checkpoint_deps checkpoint;
 };
 
 /// One admitted node.
@@ -95,6 +132,20 @@ struct running_pipeline {
   std::int32_t first_microbatch = 0;
   std::int32_t microbatches = 0;
   messages::pipeline_actor actor;
+};
+
+/// A checkpoint being written: which node writes which layers, what came back.
+struct checkpoint_progress {
+  std::uint64_t request = 0;
+  std::uint64_t step = 0;
+  std::string temp;
+  nonce_book::clock::time_point started;
+  std::int32_t num_layers = 0;
+  std::map<std::int32_t, std::vector<std::int64_t>> candidates;  ///< per layer: holders not asked yet
+  std::map<std::int64_t, std::vector<std::int32_t>> asked;       ///< node -> layers it has not answered for
+  std::vector<messages::checkpoint_layer_file> files;
+  bool stop_after = false;  ///< the fallback: the job stops when it is written (or not)
+  std::string reason;       ///< why the job stops
 };
 
 struct coordinator_state {
@@ -138,6 +189,10 @@ struct coordinator_state {
   std::string job_state = "registering";
   std::vector<caf::actor> subscribers;
   std::uint64_t refused = 0;  ///< registrations refused so far
+  // checkpoints
+  std::optional<checkpoint_progress> checkpointing;
+  std::uint64_t checkpoint_requests = 0;
+  std::string last_checkpoint;  ///< written by this run (or the one it resumed from)
 
   static inline const char* name = "oobleck.coordinator";
 };

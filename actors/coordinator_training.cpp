@@ -8,6 +8,7 @@
 #include <caf/actor_cast.hpp>
 #include <caf/send.hpp>
 
+#include "actors/coordinator_checkpoint.hpp"
 #include "actors/pipeline.hpp"
 
 namespace oobleck::actors {
@@ -146,6 +147,8 @@ void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::
   }
   for (const auto& c : ep.copies()) base.copies.push_back({c.layer.value, c.from.value, c.to.value});
   for (const auto& p : st.pipelines) base.pipeline_microbatches.push_back(p.microbatches);
+  // A resumed job's layers come from its checkpoint until an epoch has formed everywhere.
+  if (!st.formed_once) base.resume_dir = st.deps.checkpoint.resume_dir;
 
   for (std::int64_t id : live) {
     epoch_assignment a = base;
@@ -195,6 +198,7 @@ void record_committed_step(coordinator_pointer self, const std::string& note);
 
 void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
   auto& st = self->state;
+  if (st.checkpointing && checkpoint_interrupted(self, lost_node)) return;
   if (st.job_state == "committing") {
     // The commit was decided before the loss: it stands. Survivors apply it before anything of
     // the next epoch (their stages handle messages in order); the record holds the digests that
@@ -239,11 +243,11 @@ void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
   std::vector<int> joined(st.joining.begin(), st.joining.end());
   const auto r = planning::reconfigure(ctx, st.formed, lost, joined);
   if (r.action == planning::reconfiguration_action::checkpoint_and_stop)
-    return stop_job(self, "cannot continue after losing node(s)" + [&] {
+    return checkpoint_and_stop(self, "cannot continue after losing node(s)" + [&] {
       std::string ids;
       for (int n : lost) ids += " " + std::to_string(n);
       return ids;
-    }() + ": " + r.reason + " (checkpointing is not built yet: the job's state is lost)", true);
+    }() + ": " + r.reason);
   const planning::epoch ep = planning::map_epoch(st.templates, r);
   std::vector<std::int64_t> live;
   for (const auto& p : r.pipelines) for (int n : p.nodes) live.push_back(n);
@@ -331,7 +335,9 @@ void retry_epoch(coordinator_pointer self, const std::string& what) {
 
 void on_node_fault(coordinator_pointer self, node_fault& f) {
   auto& st = self->state;
-  if (f.epoch != st.epoch) {
+  // While a checkpoint is written no step runs: a fault is a survivor failing to form an epoch
+  // that was aborted already (the stop's), nothing to recover from.
+  if (f.epoch != st.epoch || st.job_state == "checkpointing") {
     ++st.dropped;
     return;
   }
@@ -417,6 +423,12 @@ void on_step_committed(coordinator_pointer self, step_committed& c) {
     st.recovering.reset();
   }
   st.last_commit = st.deps.now();
+  if (maybe_periodic_checkpoint(self)) return;  // after_commit once it is written
+  after_commit(self);
+}
+
+void after_commit(coordinator_pointer self) {
+  auto& st = self->state;
   if (st.step >= st.deps.steps) {
     st.deps.log("training finished: " + std::to_string(st.committed) + " step(s) committed");
     return stop_job(self, "training finished", false);

@@ -20,6 +20,9 @@ void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node);
 void on_node_fault(coordinator_pointer self, messages::node_fault& f);
 void on_pipeline_done(coordinator_pointer self, messages::pipeline_done& d);
 void on_step_committed(coordinator_pointer self, messages::step_committed& c);
+/// The step boundary after a commit (and its checkpoint, if one was due): the job finishes, joined
+/// nodes enter, or the next step runs.
+void after_commit(coordinator_pointer self);
 /// Ends the job: tells every live worker, publishes `stopped`, quits (with an error if `failed`).
 void stop_job(coordinator_pointer self, const std::string& reason, bool failed);
 /// Publishes an event to every subscriber.

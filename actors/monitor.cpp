@@ -158,6 +158,27 @@ void on_commit(monitor_pointer self, commit_step& c) {
           });
 }
 
+/// Writes the node's layers into a checkpoint (its stage holds them); the reply goes to the
+/// coordinator with this node's id.
+void on_write_checkpoint(monitor_pointer self, write_checkpoint& w) {
+  auto& st = self->state;
+  if (!st.stage) {
+    self->send(st.deps.coordinator, checkpoint_written{w.request, st.node, {}, w.layers, {}});
+    return;
+  }
+  const auto request = w.request;
+  self->request(st.stage->actor, caf::infinite, std::move(w))
+      .then(
+          [self](checkpoint_written& done) {
+            done.node = self->state.node;
+            self->send(self->state.deps.coordinator, std::move(done));
+          },
+          [self, request](caf::error& err) {
+            self->send(self->state.deps.coordinator,
+                       checkpoint_written{request, self->state.node, {}, {}, "writing the checkpoint: " + describe(err)});
+          });
+}
+
 }  // namespace
 
 monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
@@ -178,6 +199,7 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
   return {
       [self](epoch_assignment& a) { on_assignment(self, a); },
       [self](commit_step& c) { on_commit(self, c); },
+      [self](write_checkpoint& w) { on_write_checkpoint(self, w); },
       [self](abort_epoch& a) {
         // At once, from this thread: the stage may be blocked in a collective with a dead peer.
         if (self->state.stage) self->state.stage->abort(a.epoch, a.reason);

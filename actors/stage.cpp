@@ -6,6 +6,7 @@
 
 #include <caf/stateful_actor.hpp>
 
+#include "actors/stage_checkpoint.hpp"
 #include "runtime/dataset.hpp"
 #include "runtime/host_communicator.hpp"
 #include "runtime/sampler.hpp"
@@ -194,9 +195,13 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   rt.comm = std::make_unique<runtime::host_communicator>(*rt.transport);
   t.connect_us = micros_since(phase);
 
-  // Layers are built from their seed only at the job's first epoch; later a layer is kept (it
-  // stayed in the store) or copied.
-  if (!a.stages.empty() && !rt.formed_once) rt.store.ensure(a.stages[0].first_layer, a.stages[0].end_layer);
+  // Layers are built from their seed only at the job's first epoch (or installed from the
+  // checkpoint of a resumed job, which the coordinator names until an epoch has formed
+  // everywhere); later a layer is kept (it stayed in the store) or copied.
+  if (!a.stages.empty() && !a.resume_dir.empty())
+    install_from_checkpoint(rt.store, a.resume_dir, a.stages[0].first_layer, a.stages[0].end_layer);
+  else if (!a.stages.empty() && !rt.formed_once)
+    rt.store.ensure(a.stages[0].first_layer, a.stages[0].end_layer);
   phase = std::chrono::steady_clock::now();
   run_copies(rt, a, t);
   t.copies_us = micros_since(phase);
@@ -263,12 +268,14 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
           out.digests.push_back({l, rt.executor->parameter_digest(l)});
         return out;
       },
+      [self](write_checkpoint& w) -> checkpoint_written { return write_checkpoint_layers(self->state.rt->store, w); },
   };
 }
 
 }  // namespace
 
-std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps) {
+std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps,
+                                         std::vector<std::vector<std::byte>>* final_layers) {
   torch::set_num_threads(1);
   const runtime::token_dataset data(runtime::default_corpus(static_cast<std::size_t>(job.corpus_bytes), job.corpus_seed),
                                     job.model.seq_len);
@@ -285,6 +292,8 @@ std::vector<double> train_single_process(const stage_job& job, std::uint64_t ste
     losses.push_back(executor.run_step(static_cast<std::int64_t>(k), 0, microbatches, inputs, targets) / microbatches);
     executor.commit();
   }
+  if (final_layers)
+    for (int l = 0; l < layers; ++l) final_layers->push_back(store.serialize_layer(l));
   return losses;
 }
 

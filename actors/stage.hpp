@@ -14,6 +14,7 @@
 // data-plane operation of epochs <= e at once, so the stage never stays blocked on a dead peer.
 // No LibTorch in this header.
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,7 +56,9 @@ spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job);
 
 /// The same training in one process, one stage holding every layer and the whole global batch
 /// per step: what any cluster run of `job` must equal (DESIGN §5 "nothing lost" (3)). Returns the
-/// mean loss of each step.
-std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps);
+/// mean loss of each step. `final_layers` (optional) receives every layer's full state after the
+/// last step as the layer store serializes it (what a checkpoint's layer file holds).
+std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps,
+                                         std::vector<std::vector<std::byte>>* final_layers = nullptr);
 
 }  // namespace oobleck::actors

@@ -1,5 +1,6 @@
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -15,6 +16,7 @@
 #include "actors/admission.hpp"
 #include "actors/coordinator.hpp"
 #include "apps/cluster_commands.hpp"
+#include "apps/checkpoint_job.hpp"
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
 #include "apps/http_status.hpp"
@@ -127,7 +129,8 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   std::string listen, config, token_file = "oobleck.token";
   std::optional<int> nodes_flag, fault_tolerance_flag;
   std::optional<std::int64_t> steps_flag;
-  std::string metrics_out, http;
+  std::string metrics_out, http, checkpoint_dir, resume, resume_command;
+  std::optional<std::int64_t> checkpoint_every;
   add_text(app, "--listen", listen, "HOST:PORT to accept workers and operators on (PORT 0: any free port)")
       ->required();
   add_text(app, "--config", config, "the job file (TOML); workers receive it when admitted")->required();
@@ -144,6 +147,22 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   add_text(app, "--http", http,
            "HOST:PORT to serve GET /status (JSON) and GET /metrics (Prometheus) on (PORT 0: any free "
            "port; default: the job's http.port on the --listen host, off when it is 0)");
+  add_text(app, "--checkpoint-dir", checkpoint_dir,
+           "where checkpoints are written, on a filesystem every node shares (default: the job's "
+           "[checkpoint] dir; none: no checkpoints, and a stop by the policy loses the trained state)");
+  add_integer(app, "--checkpoint-every", checkpoint_every, 0, std::int64_t{1} << 40,
+              "write a checkpoint after every K committed steps (default: the job's [checkpoint] every; "
+              "0: only when the policy stops the job)");
+  add_text(app, "--resume", resume,
+           "continue the job from the checkpoint in DIR (a step-N directory): it is validated in full "
+           "against the job first, then training starts at its step");
+  add_text(app, "--resume-command", resume_command,
+           "for launchers: the command printed to resume the job, before ' --resume DIR' (default: this "
+           "command line)");
+  app.footer("Exit status: 0 finished (or stopped by an operator), 1 internal error, 2 bad input (flags, job "
+             "file, a checkpoint that is not valid for --resume), 4 the reconfiguration policy stopped the job "
+             "(fewer than (f+1)*n0 nodes, or a layer with no surviving holder): a checkpoint was written when "
+             "possible and its resume command printed.");
   if (!parse_flags(app, args, out)) return 0;
 
   const host_port at = parse_host_port("--listen", listen, true);
@@ -189,6 +208,23 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.job.microbatch = job.training.microbatch;
   deps.job.device_memory_bytes = job.cluster.device_memory_bytes;
   deps.steps = static_cast<std::uint64_t>(steps);
+  const std::string root = !checkpoint_dir.empty() ? checkpoint_dir : job.checkpoint.dir;
+  const auto every = static_cast<std::uint64_t>(checkpoint_every.value_or(static_cast<std::int64_t>(job.checkpoint.every)));
+  if (every > 0 && root.empty())
+    throw messages::input_error("--checkpoint-every: needs a checkpoint directory (--checkpoint-dir or [checkpoint] dir)");
+  deps.checkpoint = checkpoint_deps_for(job, root, every);
+  if (!resume.empty()) {
+    resume_from(deps.checkpoint, job, resume);
+    if (deps.checkpoint.resume_step >= deps.steps)
+      throw messages::input_error("--resume: the checkpoint is at step " + std::to_string(deps.checkpoint.resume_step) +
+                                  ": nothing is left of the job's " + std::to_string(steps) + " step(s)");
+    log("resuming from " + deps.checkpoint.resume_dir + ": training starts at step " +
+        std::to_string(deps.checkpoint.resume_step));
+  }
+  deps.checkpoint.resume_command = [prefix = resume_command, args](const std::string& dir) {
+    return prefix.empty() ? resume_command_line("oobleck-coordinator", args, dir) : resume_command_line(prefix, {}, dir);
+  };
+  auto stopped_by_policy = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<std::ofstream> metrics;
   if (!metrics_out.empty()) {
     metrics = std::make_shared<std::ofstream>(metrics_out, std::ios::app);
@@ -213,6 +249,17 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
       *metrics << j.dump() << std::endl;
     };
   }
+  deps.checkpoint.on_stop = [metrics, stopped_by_policy](const actors::checkpoint_stop_record& r) {
+    *stopped_by_policy = true;
+    if (!metrics) return;
+    nlohmann::ordered_json j;
+    j["event"] = "checkpoint_and_stop";
+    j["reason"] = r.reason;
+    j["dir"] = r.dir ? nlohmann::ordered_json(*r.dir) : nlohmann::ordered_json(nullptr);
+    j["latest"] = r.latest ? nlohmann::ordered_json(*r.latest) : nlohmann::ordered_json(nullptr);
+    j["step"] = r.step;
+    *metrics << j.dump() << std::endl;
+  };
   if (steps > 0) {
     // Refuse a job that cannot be planned on the expected nodes before anyone registers.
     planning::plan_job(deps.profile, deps.job);
@@ -241,6 +288,10 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   self->receive([&](caf::down_msg& dm) { reason = dm.reason; });
   signals.stop();
   http_server.reset();  // before the actor system it asks goes away
+  if (*stopped_by_policy) {
+    std::cerr << "error: the job stopped: too few nodes or layers left to continue (see the log above)\n";
+    return exit_checkpoint_and_stop;
+  }
   if (reason && reason != caf::exit_reason::user_shutdown) {
     std::cerr << "error: the job failed: " << messages::describe(reason) << "\n";
     return 1;

@@ -22,6 +22,7 @@
 #include "actors/admission.hpp"
 #include "actors/injector.hpp"
 #include "apps/cluster_commands.hpp"
+#include "apps/checkpoint_job.hpp"
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
 #include "apps/job_file.hpp"
@@ -151,6 +152,15 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
                  "STEP:K: start K more worker processes when step STEP has committed; they join at the "
                  "next step boundary and take the next node ids (repeatable)")
       ->type_name("STEP:K");
+  std::string checkpoint_dir, resume;
+  std::optional<std::int64_t> checkpoint_every;
+  add_text(app, "--checkpoint-dir", checkpoint_dir, "where checkpoints go (default: the job's [checkpoint] dir)");
+  add_integer(app, "--checkpoint-every", checkpoint_every, 0, std::int64_t{1} << 40,
+              "a checkpoint after every K committed steps (default: the job's [checkpoint] every)");
+  add_text(app, "--resume", resume, "continue from the checkpoint in DIR (validated against the job first)");
+  app.footer("Exit status: the coordinator's: 0 finished, 1 internal error, 2 bad input, 4 the reconfiguration "
+             "policy stopped the job (too few nodes left): a checkpoint was written when possible and the "
+             "command that resumes it printed.");
   app.add_flag("--print-default-job", print_default, "print the default job file and exit (a start for your own)");
   if (!parse_flags(app, args, out)) return 0;
   if (print_default) {
@@ -217,6 +227,12 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     coord_args.push_back("--metrics-out");
     coord_args.push_back(metrics_out);
   }
+  // Checkpoints: paths made absolute (the coordinator and workers share this filesystem); a stop
+  // by the policy prints this program's own command to resume.
+  if (!checkpoint_dir.empty()) coord_args.insert(coord_args.end(), {"--checkpoint-dir", std::filesystem::absolute(checkpoint_dir).string()});
+  if (checkpoint_every) coord_args.insert(coord_args.end(), {"--checkpoint-every", std::to_string(*checkpoint_every)});
+  if (!resume.empty()) coord_args.insert(coord_args.end(), {"--resume", std::filesystem::absolute(resume).string()});
+  coord_args.insert(coord_args.end(), {"--resume-command", local_resume_prefix(args)});
   const pid_t coordinator = procs.start((bin / "oobleck-coordinator").string(), coord_args, pipe_fds[1]);
   ::close(pipe_fds[1]);
 

@@ -5,7 +5,7 @@
 //   coordinator  <- monitors (admission, epoch formation, commits), pipelines, operators
 //   pipeline     <- coordinator (one per pipeline and epoch, in the coordinator's process)
 //   monitor      <- coordinator (one per worker process: the node agent)
-//   stage        <- monitor (forming, commit), pipeline (steps); detached, in the worker process
+//   stage        <- monitor (forming, commit, checkpoint writes), pipeline (steps); detached, in the worker process
 
 #include <cstdint>
 #include <string>
@@ -25,7 +25,7 @@ using coordinator_actor = caf::typed_actor<
     // Epoch formation and the step protocol.
     caf::reacts_to<node_ready>, caf::reacts_to<epoch_aborted>, caf::reacts_to<node_fault>,
     caf::reacts_to<pipeline_done>,
-    caf::reacts_to<step_committed>,
+    caf::reacts_to<step_committed>, caf::reacts_to<checkpoint_written>,
     // Operators: each request carries a proof of the token made with a fresh nonce.
     caf::replies_to<status_atom, control_proof>::with<job_status>,
     caf::replies_to<inject_fault, control_proof>::with<std::string>,
@@ -34,7 +34,7 @@ using coordinator_actor = caf::typed_actor<
 
 using monitor_actor =
     caf::typed_actor<caf::reacts_to<epoch_assignment>, caf::reacts_to<commit_step>,
-                     caf::reacts_to<abort_epoch>, caf::reacts_to<inject_fault>,
+                     caf::reacts_to<abort_epoch>, caf::reacts_to<inject_fault>, caf::reacts_to<write_checkpoint>,
                      caf::reacts_to<shutdown_atom, std::string>>;
 
 using pipeline_actor = caf::typed_actor<caf::reacts_to<run_step>>;
@@ -44,6 +44,7 @@ using pipeline_actor = caf::typed_actor<caf::reacts_to<run_step>>;
 using stage_actor =
     caf::typed_actor<caf::replies_to<epoch_assignment>::with<form_timing>,
                      caf::replies_to<stage_step>::with<stage_done>,
-                     caf::replies_to<commit_step>::with<step_committed>>;
+                     caf::replies_to<commit_step>::with<step_committed>,
+                     caf::replies_to<write_checkpoint>::with<checkpoint_written>>;
 
 }  // namespace oobleck::messages

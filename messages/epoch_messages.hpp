@@ -63,6 +63,9 @@ struct epoch_assignment {
   std::vector<std::vector<std::int32_t>> layer_groups;  ///< per layer: ranks of all its holders
   std::vector<layer_copy> copies;       ///< the whole copy plan (each node runs its part)
   std::vector<std::int32_t> pipeline_microbatches;  ///< batch distribution, per pipeline
+  /// The job's first epoch of a resumed job: the checkpoint directory its layers come from
+  /// (validated by the coordinator); empty: layers are built from their seed (or kept, copied).
+  std::string resume_dir;
 
   bool operator==(const epoch_assignment&) const = default;
 };
@@ -70,7 +73,7 @@ struct epoch_assignment {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, epoch_assignment& x) {
   return f(caf::meta::type_name("epoch_assignment"), x.epoch, x.next_step, x.rank, x.peers, x.stages,
-           x.layer_groups, x.copies, x.pipeline_microbatches);
+           x.layer_groups, x.copies, x.pipeline_microbatches, x.resume_dir);
 }
 
 /// Where a node's forming time went (microseconds, in the node's clock), and the copy plan's bytes

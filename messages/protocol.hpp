@@ -13,6 +13,7 @@
 #include <caf/type_id.hpp>
 
 #include "messages/admission.hpp"
+#include "messages/checkpoint_messages.hpp"
 #include "messages/control_messages.hpp"
 #include "messages/epoch_messages.hpp"
 #include "messages/step_messages.hpp"
@@ -20,7 +21,7 @@
 namespace oobleck::messages {
 
 /// Bumped on every incompatible change of a message; nodes of another version are refused.
-constexpr std::uint32_t protocol_version = 2;
+constexpr std::uint32_t protocol_version = 3;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir)
 
 /// Expected failures returned as values (caf::error with category "oobleck").
 enum class protocol_error : std::uint8_t {
@@ -75,6 +76,9 @@ CAF_BEGIN_TYPE_ID_BLOCK(oobleck, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::pipeline_status))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::job_status))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::job_event))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::write_checkpoint))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::checkpoint_layer_file))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::checkpoint_written))
   CAF_ADD_ATOM(oobleck, oobleck::messages, status_atom, "status")
   CAF_ADD_ATOM(oobleck, oobleck::messages, subscribe_atom, "subscribe")
   CAF_ADD_ATOM(oobleck, oobleck::messages, shutdown_atom, "shutdown")

@@ -45,6 +45,9 @@ struct fake_stage_record {
   std::optional<std::pair<std::uint64_t, std::uint64_t>> hold_step;    ///< (epoch, step): never answer
   std::optional<std::pair<std::uint64_t, std::uint64_t>> hold_commit;  ///< (epoch, step): never answer
   std::uint64_t current_epoch = 0;
+  std::vector<write_checkpoint> writes;
+  std::set<std::int32_t> not_held;  ///< layers it answers "missing" for in checkpoint writes
+  bool hold_write = false;          ///< never answer a checkpoint write
 
   bool traced(const std::string& what) const { return std::find(trace.begin(), trace.end(), what) != trace.end(); }
   std::size_t position(const std::string& what) const {
@@ -82,6 +85,19 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         for (int l = st.first_layer; l < st.end_layer; ++l) out.digests.push_back({l, 1000u + static_cast<unsigned>(c.step)});
         return out;
       },
+      [self, rec](write_checkpoint& w) -> caf::result<checkpoint_written> {
+        rec->trace.push_back("write " + std::to_string(w.step));
+        rec->writes.push_back(w);
+        if (rec->hold_write) return self->make_response_promise<checkpoint_written>();
+        checkpoint_written out{w.request, -1, {}, {}, {}};
+        for (auto l : w.layers) {
+          if (rec->not_held.count(l))
+            out.missing.push_back(l);
+          else
+            out.files.push_back({l, 100u + static_cast<std::uint64_t>(l), "sha-" + std::to_string(l)});
+        }
+        return out;
+      },
   };
 }
 
@@ -110,10 +126,14 @@ struct fixture {
   planning::profile profile;
   planning::job_config job;
   planning::job_plan plan;
+  // checkpoints (when the fixture is made with a checkpoint root)
+  std::vector<std::pair<std::uint64_t, std::vector<checkpoint_layer_file>>> finished;  ///< step, files
+  std::vector<std::string> discarded;
+  std::vector<checkpoint_stop_record> stops;
 
   static constexpr int nodes = 6;
 
-  explicit fixture(std::uint64_t steps) {
+  explicit fixture(std::uint64_t steps, std::uint64_t checkpoint_every = 0, bool checkpoints = false) {
     planning::synthetic_gpt g;
     g.layers = 6;
     g.hidden = 32;
@@ -140,6 +160,17 @@ struct fixture {
     d.steps = steps;
     d.on_step = [this](const step_record& r) { records.push_back(r); };
     d.on_reconfigured = [this](const reconfiguration_record& r) { recoveries.push_back(r); };
+    if (checkpoints || checkpoint_every > 0) {
+      d.checkpoint.root = "/ckpt";
+      d.checkpoint.every = checkpoint_every;
+      d.checkpoint.begin = [](std::uint64_t step) { return "/ckpt/.tmp-" + std::to_string(step); };
+      d.checkpoint.finish = [this](const std::string&, std::uint64_t step, const std::vector<checkpoint_layer_file>& files) {
+        finished.emplace_back(step, files);
+        return "/ckpt/step-" + std::to_string(step);
+      };
+      d.checkpoint.discard = [this](const std::string& temp) { discarded.push_back(temp); };
+      d.checkpoint.on_stop = [this](const checkpoint_stop_record& r) { stops.push_back(r); };
+    }
     coord = sys.spawn(coordinator, std::move(d));
     sched.run();
   }
@@ -600,4 +631,108 @@ TEST_CASE("reconfiguration protocol: a loss during a commit, then another while 
   REQUIRE(!f.records.empty());
   CHECK(f.records.back().step == 3);
   CHECK(f.records.back().epoch == 3);
+}
+
+namespace {
+
+/// Every layer of the fixture's model exactly once among `files`.
+void check_every_layer_once(const std::vector<checkpoint_layer_file>& files, int layers) {
+  std::vector<int> seen;
+  for (const auto& f : files) seen.push_back(f.layer);
+  std::sort(seen.begin(), seen.end());
+  std::vector<int> all(static_cast<std::size_t>(layers));
+  for (int l = 0; l < layers; ++l) all[static_cast<std::size_t>(l)] = l;
+  CHECK(seen == all);
+}
+
+}  // namespace
+
+TEST_CASE("reconfiguration protocol: a whole pipeline lost: the survivors write each layer once, then the job stops") {
+  fixture f(6, 0, true);
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 2u}; }}});
+  REQUIRE(f.records.size() == 2);
+  const auto stop = f.lose(f.initial(), {0, 1, 2});
+  REQUIRE(stop.action == planning::reconfiguration_action::checkpoint_and_stop);
+  f.kill(0);
+  f.kill(1);
+  f.kill(2);
+  f.sched.run();
+  CHECK(f.logged("the reconfiguration policy says checkpoint and stop: "));
+  REQUIRE(f.finished.size() == 1);
+  CHECK(f.finished[0].first == 2);  // steps 0 and 1 committed: the next is 2
+  const int layers = static_cast<int>(f.profile.layers.size());
+  check_every_layer_once(f.finished[0].second, layers);
+  // Asked of the survivors only, each layer of one of them, spread over all three.
+  std::size_t asked = 0;
+  for (std::int64_t n : {3, 4, 5}) {
+    const auto& rec = *f.stages.at(n);
+    REQUIRE(rec.writes.size() <= 1);
+    if (rec.writes.empty()) continue;
+    CHECK(rec.writes[0].step == 2);
+    CHECK(rec.writes[0].dir == "/ckpt/.tmp-2");
+    asked += rec.writes[0].layers.size();
+    // Only layers of its own stage in the configuration that formed.
+    const auto& s = rec.assignments.at(1).stages.at(0);
+    for (auto l : rec.writes[0].layers) CHECK((l >= s.first_layer && l < s.end_layer));
+  }
+  CHECK(asked == static_cast<std::size_t>(layers));
+  REQUIRE(f.stops.size() == 1);
+  CHECK(f.stops[0].dir == std::optional<std::string>("/ckpt/step-2"));
+  CHECK(f.stops[0].step == 2);
+  CHECK(f.stops[0].reason.find("cannot continue after losing node(s)") != std::string::npos);
+  CHECK(f.logged("resume with: --resume /ckpt/step-2"));
+  CHECK(f.records.size() == 2);  // nothing more committed
+}
+
+TEST_CASE("reconfiguration protocol: a holder without its layer and no other survivor: no checkpoint, the stop says so") {
+  fixture f(6, 0, true);
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 2u}; }},
+           {3, [](fake_stage_record& r) { r.not_held = {0, 1, 2, 3, 4, 5, 6, 7}; }}});
+  REQUIRE(f.records.size() == 2);
+  f.kill(0);
+  f.kill(1);
+  f.kill(2);
+  f.sched.run();
+  CHECK(f.finished.empty());
+  CHECK(f.discarded == std::vector<std::string>{"/ckpt/.tmp-2"});
+  REQUIRE(f.stops.size() == 1);
+  CHECK(!f.stops[0].dir);
+  CHECK(f.logged("no checkpoint could be written: layer "));
+  CHECK(f.logged("there is no earlier checkpoint either"));
+}
+
+TEST_CASE("reconfiguration protocol: periodic checkpoints between steps, each layer once, training waits for them") {
+  constexpr std::uint64_t steps = 4;
+  fixture f(steps, 2);
+  f.start();
+  f.check_steps(steps);
+  REQUIRE(f.finished.size() == 2);
+  CHECK(f.finished[0].first == 2);
+  CHECK(f.finished[1].first == 4);
+  const int layers = static_cast<int>(f.profile.layers.size());
+  for (const auto& [step, files] : f.finished) check_every_layer_once(files, layers);
+  // Each writer wrote after the commit of step 1 and before step 2 ran.
+  for (const auto& [id, rec] : f.stages)
+    if (rec->traced("write 2")) {
+      CHECK(rec->position("commit 1 1") < rec->position("write 2"));
+      if (rec->traced("step 1 2")) CHECK(rec->position("write 2") < rec->position("step 1 2"));
+    }
+  CHECK(f.stops.empty());
+  CHECK(f.logged("checkpoint of step 4 written to /ckpt/step-4"));
+}
+
+TEST_CASE("reconfiguration protocol: a node lost while a periodic checkpoint is written: abandoned, training recovers") {
+  constexpr std::uint64_t steps = 4;
+  fixture f(steps, 2);
+  f.start({{0, [](fake_stage_record& r) { r.hold_write = true; }}});
+  REQUIRE(f.records.size() == 2);
+  REQUIRE(f.stages.at(0)->traced("write 2"));
+  f.kill(0);
+  f.sched.run();
+  CHECK(f.logged("checkpoint of step 2 abandoned: node 0 was lost"));
+  CHECK(f.discarded == std::vector<std::string>{"/ckpt/.tmp-2"});
+  CHECK(f.logged("training finished: 4 step(s) committed"));
+  f.check_steps(steps);
+  REQUIRE(f.finished.size() == 1);  // step 4's
+  CHECK(f.finished[0].first == 4);
 }

@@ -84,10 +84,19 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: epoch messages round-trip") {
   a.copies = {{3, 1, 4}, {0, 0, 2}};
   a.pipeline_microbatches = {3, 5};
   check(a);
+  a.resume_dir = "/shared/ckpt/step-00000012";
+  check(a);
   check(abort_epoch{7, "node 3 lost"});
   check(epoch_aborted{7, 3});
   check(node_fault{7, 3, "all_reduce_sum over {0,1}: peer 1 closed the connection"});
   check(form_timing{1200, 35000, 800, 9437184, 4718592});
+}
+
+TEST_CASE_FIXTURE(protocol_fixture, "protocol: checkpoint messages round-trip") {
+  check(write_checkpoint{3, 12, "/shared/ckpt/.tmp-step-00000012-1-2", {0, 4, 5}});
+  check(checkpoint_layer_file{4, 123456, std::string(64, 'a')});
+  check(checkpoint_written{3, 2, {{4, 10, "ab"}, {5, 11, "cd"}}, {0}, ""});
+  check(checkpoint_written{3, 2, {}, {}, "cannot create /x: Permission denied"});
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: actor handles inside messages round-trip") {
@@ -147,9 +156,9 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: errors carry their category, code
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: every type of the block has a distinct registered name") {
   const auto begin = caf::id_block::oobleck::begin;
   const auto end = caf::id_block::oobleck::end;
-  CHECK(end - begin == 25);
+  CHECK(end - begin == 28);
   CHECK(std::string(caf::type_name<register_node>::value) == "oobleck::messages::register_node");
-  CHECK(caf::type_id<job_event>::value == end - 1);
+  CHECK(caf::type_id<checkpoint_written>::value == end - 1);
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: infinities and NaNs cross the wire (CAF's own float encoding never returns)") {

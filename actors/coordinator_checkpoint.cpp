@@ -1,0 +1,247 @@
+#include "actors/coordinator_checkpoint.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <map>
+
+#include "actors/coordinator_training.hpp"
+
+namespace oobleck::actors {
+
+using namespace oobleck::messages;
+
+namespace {
+
+/// Per layer, the live nodes that hold it: the holders in the last configuration that formed
+/// everywhere (their layers are the committed state), minus the lost ones. Empty lists are layers
+/// nobody alive holds.
+std::map<std::int32_t, std::vector<std::int64_t>> surviving_holders(const coordinator_state& st, std::int32_t& layers) {
+  const auto ep = planning::map_epoch(st.templates, st.formed.pipelines, {});
+  layers = ep.num_layers();
+  std::map<std::int32_t, std::vector<std::int64_t>> out;
+  for (int l = 0; l < ep.num_layers(); ++l) {
+    auto& list = out[l];
+    for (auto r : ep.holders(planning::layer_index{l})) {
+      const std::int64_t node = ep.node(r).value;
+      const auto it = st.nodes.find(node);
+      if (it != st.nodes.end() && it->second.state != "lost") list.push_back(node);
+    }
+  }
+  return out;
+}
+
+std::string list(const std::vector<std::int32_t>& ids) {
+  std::string out;
+  for (auto n : ids) out += (out.empty() ? "" : ", ") + std::to_string(n);
+  return out;
+}
+
+/// Ends the job after "checkpoint and stop", with or without a checkpoint.
+void finish_stop(coordinator_pointer self, const std::string& reason, const std::optional<std::string>& dir,
+                 const std::string& why_none) {
+  auto& st = self->state;
+  auto& ck = st.deps.checkpoint;
+  checkpoint_stop_record rec{reason, dir, std::nullopt, st.step};
+  if (dir) {
+    st.deps.log("checkpoint of step " + std::to_string(st.step) + " written to " + *dir);
+    st.deps.log("resume with: " + ck.resume_command(*dir));
+  } else {
+    std::string latest;
+    try {
+      latest = ck.latest();
+    } catch (const std::exception&) {
+    }
+    if (latest.empty()) latest = st.last_checkpoint;
+    st.deps.log("no checkpoint could be written: " + why_none);
+    if (!latest.empty()) {
+      rec.latest = latest;
+      st.deps.log("the latest checkpoint is " + latest + " (the steps after it run again): resume with: " +
+                  ck.resume_command(latest));
+    } else {
+      st.deps.log("there is no earlier checkpoint either: the job's trained state is lost");
+    }
+  }
+  ck.on_stop(rec);
+  st.checkpointing.reset();
+  stop_job(self, "checkpoint and stop: " + reason, true);
+}
+
+/// The checkpoint failed: its directory goes; a fallback stops without one, a periodic one lets
+/// training go on.
+void fail(coordinator_pointer self, const std::string& why) {
+  auto& st = self->state;
+  auto progress = std::move(*st.checkpointing);
+  st.checkpointing.reset();
+  try {
+    st.deps.checkpoint.discard(progress.temp);
+  } catch (const std::exception&) {
+  }
+  if (progress.stop_after) return finish_stop(self, progress.reason, std::nullopt, why);
+  st.deps.log("checkpoint of step " + std::to_string(progress.step) + " failed: " + why + "; training goes on");
+  after_commit(self);
+}
+
+/// Asks the least loaded remaining candidate of each layer in `layers` to write it.
+void ask(coordinator_pointer self, const std::vector<std::int32_t>& layers) {
+  auto& st = self->state;
+  auto& ck = *st.checkpointing;
+  std::map<std::int64_t, std::vector<std::int32_t>> orders;
+  for (auto layer : layers) {
+    auto& cands = ck.candidates[layer];
+    std::erase_if(cands, [&](std::int64_t n) { return st.nodes.at(n).state == "lost"; });
+    if (cands.empty()) return fail(self, "layer " + std::to_string(layer) + " has no surviving holder that could write it");
+    const auto best = std::min_element(cands.begin(), cands.end(), [&](std::int64_t a, std::int64_t b) {
+      return ck.asked[a].size() < ck.asked[b].size();
+    });
+    const std::int64_t node = *best;
+    cands.erase(best);
+    ck.asked[node].push_back(layer);
+    orders[node].push_back(layer);
+  }
+  for (auto& [node, ls] : orders)
+    self->send(st.nodes.at(node).monitor, write_checkpoint{ck.request, ck.step, ck.temp, std::move(ls)});
+}
+
+/// Every layer written: the manifest, the rename; then the stop or the next step.
+void complete(coordinator_pointer self) {
+  auto& st = self->state;
+  auto progress = *st.checkpointing;
+  std::string dir;
+  try {
+    dir = st.deps.checkpoint.finish(progress.temp, progress.step, progress.files);
+  } catch (const std::exception& e) {
+    return fail(self, e.what());
+  }
+  st.checkpointing.reset();
+  st.last_checkpoint = dir;
+  std::uint64_t bytes = 0;
+  for (const auto& f : progress.files) bytes += f.bytes;
+  const double ms = std::chrono::duration<double, std::milli>(st.deps.now() - progress.started).count();
+  if (progress.stop_after) return finish_stop(self, progress.reason, dir, {});
+  st.deps.log("checkpoint of step " + std::to_string(progress.step) + " written to " + dir + " (" +
+              std::to_string(progress.files.size()) + " layer files, " + std::to_string(bytes) + " bytes, " +
+              std::to_string(static_cast<long long>(ms)) + " ms)");
+  after_commit(self);
+}
+
+/// Starts writing a checkpoint of the committed state (step st.step) by the surviving holders.
+void start(coordinator_pointer self, bool stop_after, const std::string& reason) {
+  auto& st = self->state;
+  checkpoint_progress ck;
+  ck.request = ++st.checkpoint_requests;
+  ck.step = st.step;
+  ck.started = st.deps.now();
+  ck.stop_after = stop_after;
+  ck.reason = reason;
+  std::map<std::int32_t, std::vector<std::int64_t>> holders;
+  try {
+    holders = surviving_holders(st, ck.num_layers);
+  } catch (const std::exception& e) {
+    if (stop_after) return finish_stop(self, reason, std::nullopt, std::string("no configuration to write from: ") + e.what());
+    st.deps.log(std::string("checkpoint skipped: ") + e.what());
+    return after_commit(self);
+  }
+  std::vector<std::int32_t> orphans;
+  for (const auto& [layer, nodes] : holders)
+    if (nodes.empty()) orphans.push_back(layer);
+  if (!orphans.empty()) {
+    const std::string why = "layer(s) " + list(orphans) + " have no surviving holder";
+    if (stop_after) return finish_stop(self, reason, std::nullopt, why);
+    st.deps.log("checkpoint skipped: " + why);
+    return after_commit(self);
+  }
+  try {
+    ck.temp = st.deps.checkpoint.begin(ck.step);
+  } catch (const std::exception& e) {
+    if (stop_after) return finish_stop(self, reason, std::nullopt, e.what());
+    st.deps.log(std::string("checkpoint of step ") + std::to_string(ck.step) + " failed: " + e.what() + "; training goes on");
+    return after_commit(self);
+  }
+  ck.candidates = std::move(holders);
+  st.job_state = "checkpointing";
+  st.checkpointing = std::move(ck);
+  std::vector<std::int32_t> all;
+  for (std::int32_t l = 0; l < st.checkpointing->num_layers; ++l) all.push_back(l);
+  st.deps.log(std::string(stop_after ? "writing a checkpoint of step " : "periodic checkpoint of step ") +
+              std::to_string(st.step) + " (" + std::to_string(all.size()) + " layers) to " + st.deps.checkpoint.root);
+  ask(self, all);
+}
+
+}  // namespace
+
+bool maybe_periodic_checkpoint(coordinator_pointer self) {
+  auto& st = self->state;
+  const auto& ck = st.deps.checkpoint;
+  if (ck.every == 0 || ck.root.empty() || st.step == 0 || st.step % ck.every != 0) return false;
+  start(self, false, {});
+  return true;
+}
+
+void checkpoint_and_stop(coordinator_pointer self, const std::string& reason) {
+  auto& st = self->state;
+  st.deps.log("the reconfiguration policy says checkpoint and stop: " + reason);
+  if (st.deps.checkpoint.root.empty())
+    return finish_stop(self, reason, std::nullopt,
+                       "no checkpoint directory is configured (--checkpoint-dir, or [checkpoint] dir in the job file)");
+  start(self, true, reason);
+}
+
+void on_checkpoint_written(coordinator_pointer self, checkpoint_written& w) {
+  auto& st = self->state;
+  if (!st.checkpointing || w.request != st.checkpointing->request) {
+    ++st.dropped;
+    return;
+  }
+  auto& ck = *st.checkpointing;
+  auto& asked = ck.asked[w.node];
+  if (!w.error.empty()) return fail(self, "node " + std::to_string(w.node) + ": " + w.error);
+  for (const auto& f : w.files) {
+    if (std::erase(asked, f.layer) == 0) continue;  // not asked of this node (a bug): ignore it
+    ck.files.push_back(f);
+  }
+  std::vector<std::int32_t> again;
+  for (auto l : w.missing)
+    if (std::erase(asked, l) > 0) again.push_back(l);
+  if (!again.empty()) {
+    st.deps.log("node " + std::to_string(w.node) + " no longer holds layer(s) " + list(again) + ": asking another holder");
+    ask(self, again);
+    if (!st.checkpointing) return;  // failed
+  }
+  for (const auto& [node, layers] : st.checkpointing->asked)
+    if (!layers.empty()) return;
+  if (static_cast<std::int32_t>(st.checkpointing->files.size()) == st.checkpointing->num_layers) complete(self);
+}
+
+bool checkpoint_interrupted(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
+  auto& st = self->state;
+  auto& ck = *st.checkpointing;
+  if (!ck.stop_after) {
+    const auto temp = ck.temp;
+    const auto step = ck.step;
+    st.checkpointing.reset();
+    try {
+      st.deps.checkpoint.discard(temp);
+    } catch (const std::exception&) {
+    }
+    st.deps.log("checkpoint of step " + std::to_string(step) + " abandoned: " +
+                (lost_node ? "node " + std::to_string(*lost_node) + " was lost" : std::string("the epoch failed")));
+    st.job_state = "training";  // what recover() expects of a job between steps
+    return false;
+  }
+  if (!lost_node) return true;  // a stage fault while stopping: the replies still come
+  const auto it = ck.asked.find(*lost_node);
+  if (it == ck.asked.end() || it->second.empty()) return true;
+  auto again = std::move(it->second);
+  ck.asked.erase(it);
+  st.deps.log("node " + std::to_string(*lost_node) + " was lost while writing layer(s) " + list(again) +
+              ": asking another holder");
+  ask(self, again);
+  if (st.checkpointing) {
+    bool done = true;
+    for (const auto& [node, layers] : st.checkpointing->asked) done = done && layers.empty();
+    if (done && static_cast<std::int32_t>(st.checkpointing->files.size()) == st.checkpointing->num_layers) complete(self);
+  }
+  return true;
+}
+
+}  // namespace oobleck::actors

@@ -1,0 +1,72 @@
+#include "actors/stage_checkpoint.hpp"
+
+#include <exception>
+
+#include "runtime/checkpoint.hpp"
+#include "runtime/layer_store.hpp"
+
+namespace oobleck::actors {
+
+messages::checkpoint_written write_checkpoint_layers(const runtime::layer_store& store,
+                                                     const messages::write_checkpoint& order) {
+  messages::checkpoint_written out;
+  out.request = order.request;
+  try {
+    for (int layer : order.layers) {
+      if (!store.holds(layer)) {
+        out.missing.push_back(layer);
+        continue;
+      }
+      const auto f = runtime::write_layer_file(order.dir, layer, store.serialize_layer(layer));
+      out.files.push_back({layer, f.bytes, f.sha256});
+    }
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+void install_from_checkpoint(runtime::layer_store& store, const std::string& dir, int first, int end) {
+  const auto manifest = runtime::read_manifest(dir);
+  if (manifest.num_layers != store.model().num_layers())
+    throw runtime::checkpoint_error(dir + ": " + std::to_string(manifest.num_layers) + " layers, the job's model has " +
+                                    std::to_string(store.model().num_layers()));
+  std::vector<std::pair<int, std::vector<std::byte>>> files;
+  for (int l = first; l < end; ++l) files.emplace_back(l, runtime::read_layer_file(dir, runtime::file_of(manifest, l)));
+  // The store checks each layer's header (layer, model) before it changes that layer. The
+  // coordinator validated the job hash (which covers the model), so a refusal here is a bug or a
+  // file changed under us: the stage fails to form, trains nothing, and a later assignment of a
+  // first epoch installs every layer of its range again.
+  for (auto& [l, bytes] : files) {
+    try {
+      store.install_layer(l, bytes);
+    } catch (const runtime::layer_install_error& e) {
+      throw runtime::layer_install_error(dir + "/" + runtime::layer_file_name(l) + ": " + e.what());
+    }
+  }
+}
+
+namespace {
+std::vector<float> values(const std::vector<torch::Tensor>& parts) {
+  std::vector<float> out;
+  for (const auto& t : parts) {
+    const auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous().flatten();
+    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
+  return out;
+}
+}  // namespace
+
+layer_state_values decode_layer_state(const runtime::gpt_config& model, int layer, std::span<const std::byte> bytes) {
+  runtime::layer_store store(model);
+  store.install_layer(layer, bytes);
+  layer_state_values v;
+  v.parameters = values({store.flat_parameters(layer)});
+  const auto& opt = store.optimizer_state(layer);
+  v.exp_avg = values(opt.exp_avg);
+  v.exp_avg_sq = values(opt.exp_avg_sq);
+  v.step = opt.step;
+  return v;
+}
+
+}  // namespace oobleck::actors

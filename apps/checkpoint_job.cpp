@@ -1,0 +1,120 @@
+#include "apps/checkpoint_job.hpp"
+
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "runtime/checkpoint.hpp"
+
+namespace oobleck::apps {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string exact(double x) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", x);
+  return buf;
+}
+
+std::string shell_quoted(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:=,+@%") ==
+                        std::string::npos)
+    return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
+std::string trajectory_hash(const job_file& job) {
+  std::ostringstream s;
+  s << "oobleck-trajectory-1\n"
+    << "model " << job.model.hash() << "\n"
+    << "data " << job.data.corpus_bytes << " " << job.data.corpus_seed << "\n"
+    << "training " << job.training.steps << " " << job.training.global_batch << " " << job.training.microbatch << " "
+    << job.training.seed << "\n";
+  const auto& o = job.optimizer;
+  s << "optimizer " << exact(o.beta1) << " " << exact(o.beta2) << " " << exact(o.eps) << " " << exact(o.weight_decay)
+    << " " << exact(o.lr.peak) << " " << o.lr.warmup_steps << " " << o.lr.total_steps << " " << exact(o.lr.min_lr) << " "
+    << runtime::lr_decay_name(o.lr.decay) << "\n";
+  const auto text = s.str();
+  return runtime::sha256_hex({reinterpret_cast<const std::byte*>(text.data()), text.size()});
+}
+
+actors::checkpoint_deps checkpoint_deps_for(const job_file& job, const std::string& root, std::uint64_t every) {
+  actors::checkpoint_deps d;
+  if (root.empty()) return d;
+  d.root = fs::absolute(root).lexically_normal().string();
+  d.every = every;
+  const std::string hash = trajectory_hash(job);
+  const auto model_seed = job.model.seed;
+  const auto sample_seed = job.training.seed;
+  const auto layers = job.model.num_layers();
+  const std::string r = d.root;
+  d.begin = [r](std::uint64_t step) { return runtime::begin_checkpoint(r, step).string(); };
+  d.finish = [=](const std::string& temp, std::uint64_t step, const std::vector<messages::checkpoint_layer_file>& files) {
+    runtime::checkpoint_manifest m;
+    m.job_hash = hash;
+    m.step = step;
+    m.model_seed = model_seed;
+    m.sample_seed = sample_seed;
+    m.num_layers = layers;
+    for (const auto& f : files) m.files.push_back({f.layer, runtime::layer_file_name(f.layer), f.bytes, f.sha256});
+    return runtime::finish_checkpoint(temp, m).string();
+  };
+  d.discard = [](const std::string& temp) {
+    std::error_code ec;
+    fs::remove_all(temp, ec);
+  };
+  d.latest = [r] {
+    const auto all = runtime::list_checkpoints(r);
+    return all.empty() ? std::string() : all.back().string();
+  };
+  return d;
+}
+
+void resume_from(actors::checkpoint_deps& deps, const job_file& job, const std::string& dir) {
+  const auto m = runtime::read_checkpoint(dir, trajectory_hash(job), job.model.num_layers());
+  deps.resume_dir = fs::absolute(dir).lexically_normal().string();
+  deps.resume_step = m.step;
+}
+
+std::string resume_command_line(const std::string& program, const std::vector<std::string>& args, const std::string& dir) {
+  std::string out = program;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--resume") {
+      ++i;
+      continue;
+    }
+    if (args[i].rfind("--resume=", 0) == 0) continue;
+    out += " " + shell_quoted(args[i]);
+  }
+  return out + " --resume " + shell_quoted(dir);
+}
+
+std::string local_resume_prefix(const std::vector<std::string>& args) {
+  auto injection = [](const std::string& a) {
+    for (const char* flag : {"--fail-at", "--hang-at", "--join-at"})
+      if (a == flag || a.rfind(std::string(flag) + "=", 0) == 0) return true;
+    return false;
+  };
+  std::string out = "oobleck-local";
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const auto& a = args[i];
+    if (injection(a) || a == "--resume" || a.rfind("--resume=", 0) == 0) {
+      if (a.find('=') == std::string::npos) ++i;  // and its value
+      continue;
+    }
+    if ((a == "--config" || a == "--checkpoint-dir") && i + 1 < args.size()) {
+      out += " " + a + " " + shell_quoted(fs::absolute(args[++i]).string());
+      continue;
+    }
+    out += " " + shell_quoted(a);
+  }
+  return out;
+}
+
+}  // namespace oobleck::apps
