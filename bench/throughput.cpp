@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,12 +29,14 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "actors/stage.hpp"
 #include "apps/job_file.hpp"
 #include "apps/stage_job.hpp"
 #include "messages/profile_file.hpp"
+#include "planning/planner.hpp"
 
 namespace fs = std::filesystem;
 using namespace oobleck;
@@ -135,7 +138,9 @@ struct run_result {
   bool overlap = true;
   int nodes_in_use = 0;
   std::string shape;  ///< pipelines x stages
-  double predicted_ms = NAN;
+  double predicted_ms = NAN;          ///< the coordinator's plan: its 1F1B makespan
+  double predicted_compute_ms = NAN;  ///< the profile's compute of the busiest stage (Nb x its fwd + bwd)
+  double logged_ms = NAN;             ///< what the coordinator logged as its prediction (a cross-check)
   double step_ms = 0;  ///< mean wall_ms of the measured steps
   double samples_per_s = 0;
   std::map<std::string, double> breakdown;  ///< means
@@ -157,7 +162,7 @@ run_result run_cluster(const options& o, const fs::path& dir, const std::string&
                                            std::to_string(status) + "):\n" + out);
   static const std::regex predicted("predicted step ([0-9.]+) ms");
   std::smatch m;
-  if (std::regex_search(out, m, predicted)) r.predicted_ms = std::stod(m[1]);
+  if (std::regex_search(out, m, predicted)) r.logged_ms = std::stod(m[1]);
   std::ifstream in(metrics);
   int k = 0;
   double wall = 0;
@@ -183,6 +188,26 @@ run_result run_cluster(const options& o, const fs::path& dir, const std::string&
   r.samples_per_s = 1000.0 * global_batch * measured / wall;
   for (auto& [key, sum] : sums) r.breakdown[key] = sum / measured;
   return r;
+}
+
+/// What the planner predicts for the job on `nodes` nodes with the measured profile, as the
+/// coordinator plans it (same function, same inputs): the step's makespan, and the compute time of
+/// its busiest stage (Nb x Σ fwd + bwd of the stage's layers).
+std::pair<double, double> prediction(const planning::profile& profile, const apps::job_file& job, int nodes) {
+  planning::job_config cfg;
+  cfg.nodes = nodes;
+  cfg.fault_tolerance = nodes < 4 ? 0 : job.cluster.fault_tolerance;
+  cfg.global_batch = job.training.global_batch;
+  cfg.microbatch = job.training.microbatch;
+  cfg.device_memory_bytes = job.cluster.device_memory_bytes;
+  const auto plan = planning::plan_job(profile, cfg);
+  double busiest = 0;
+  for (const auto& p : plan.pipelines) {
+    const auto* t = plan.templates.find(p.template_nodes);
+    if (!t) throw std::logic_error("the plan uses a template of " + std::to_string(p.template_nodes) + " nodes it lacks");
+    for (const auto& s : t->stages) busiest = std::max(busiest, p.microbatches * s.ms);
+  }
+  return {plan.step_ms, busiest};
 }
 
 /// Mean step time of the single-process run: (time of warmup + steps) - (time of warmup), per step.
@@ -265,6 +290,11 @@ int main(int argc, char** argv) {
         if (o.quick && !overlap) continue;
         results.push_back(run_cluster(o, dir, overlap ? job_overlap : job_sequential, n, overlap,
                                       job.training.global_batch));
+        std::tie(results.back().predicted_ms, results.back().predicted_compute_ms) = prediction(profile, job, n);
+        if (!std::isnan(results.back().logged_ms) &&
+            std::abs(results.back().logged_ms - results.back().predicted_ms) > 0.01 * results.back().predicted_ms)
+          throw std::logic_error("the coordinator predicted " + std::to_string(results.back().logged_ms) +
+                                 " ms, the bench's plan " + std::to_string(results.back().predicted_ms) + " ms");
       }
     const double load_after = load_average();
 
@@ -273,17 +303,17 @@ int main(int argc, char** argv) {
     std::printf("profile (oobleck-profile, here): one microbatch through every layer %.3f ms; x %d microbatches = %.2f ms\n",
                 layer_sum_ms, microbatches, layer_sum_ms * microbatches);
     std::printf("single process: %.2f ms per step, %.1f samples/s\n\n", single_ms, single_sps);
-    std::printf("%5s %7s %9s %9s %9s %7s %9s %7s | %8s %8s %8s %8s %8s %8s\n", "nodes", "overlap", "pipelines",
-                "pred ms", "step ms", "/pred", "samples/s", "effic.", "compute", "p2p", "allred", "optim", "control",
-                "other");
+    std::printf("%5s %7s %9s %9s %9s %7s %9s %7s | %8s %8s %8s %8s %8s %8s | %9s\n", "nodes", "overlap",
+                "pipelines", "pred ms", "step ms", "/pred", "samples/s", "effic.", "compute", "p2p", "allred", "optim",
+                "control", "other", "pred comp");
     nlohmann::ordered_json rows = nlohmann::json::array();
     for (const auto& r : results) {
       const double efficiency = r.samples_per_s / (r.nodes_in_use * single_sps);
-      std::printf("%5d %7s %9s %9.2f %9.2f %7.2f %9.1f %7.3f | %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", r.nodes,
+      std::printf("%5d %7s %9s %9.2f %9.2f %7.2f %9.1f %7.3f | %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | %9.2f\n", r.nodes,
                   r.overlap ? "on" : "off", r.shape.c_str(), r.predicted_ms, r.step_ms, r.step_ms / r.predicted_ms,
                   r.samples_per_s, efficiency, r.breakdown.at("compute_ms"), r.breakdown.at("p2p_wait_ms"),
                   r.breakdown.at("allreduce_ms"), r.breakdown.at("optimizer_ms"), r.breakdown.at("control_ms"),
-                  r.breakdown.at("other_ms"));
+                  r.breakdown.at("other_ms"), r.predicted_compute_ms);
       nlohmann::ordered_json row;
       row["nodes"] = r.nodes;
       row["overlap_gradient_reduce"] = r.overlap;
@@ -292,6 +322,7 @@ int main(int argc, char** argv) {
       row["predicted_step_ms"] = r.predicted_ms;
       row["step_ms"] = r.step_ms;
       row["step_over_predicted"] = r.step_ms / r.predicted_ms;
+      row["predicted_busiest_stage_compute_ms"] = r.predicted_compute_ms;
       row["samples_per_s"] = r.samples_per_s;
       row["scaling_efficiency"] = efficiency;
       row["breakdown_mean_ms"] = r.breakdown;
@@ -321,6 +352,8 @@ int main(int argc, char** argv) {
     const fs::path json_path(o.json_path);
     if (json_path.has_parent_path()) fs::create_directories(json_path.parent_path());
     std::ofstream(json_path) << out.dump(2) << "\n";
+    std::printf("(pipelines: nodes per pipeline; pred ms: the planner's 1F1B makespan from the profile; compute .. other:\n"
+                " breakdown means, slowest stage; pred comp: the profile's compute of the busiest stage)\n");
     std::printf("\nload average (1 min) %.2f before the cluster runs, %.2f after; JSON: %s\n", load_before, load_after,
                 o.json_path.c_str());
     fs::remove_all(dir);

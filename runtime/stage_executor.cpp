@@ -111,16 +111,29 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
   reduce_started_.assign(static_cast<std::size_t>(num_layers), false);
   // Backward accumulates straight into each layer's flat gradient buffer.
   for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.gradients(l);
+  const auto ops = planning::one_f_one_b(position_.stage, position_.num_stages, num_microbatches);
+  std::size_t last_backward = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].kind == op_kind::backward) last_backward = i;
+  const int final_microbatch = ops.at(last_backward).microbatch;
   // Forward of one microbatch; under checkpointing autograd records nothing until backward redoes it.
   auto forward = [&](in_flight& mb, int microbatch, bool record) {
     std::optional<torch::NoGradGuard> no_grad;
     if (!record) no_grad.emplace();
-    auto out = forward_layers(mb.input, step, first_microbatch + microbatch, record ? &mb.boundaries : nullptr);
+    // Only the microbatch of the final backward is cut at layer boundaries (per-layer backward
+    // calls cost engine overhead); every mode does the same, so the sums do not depend on overlap.
+    auto out = forward_layers(mb.input, step, first_microbatch + microbatch,
+                              record && microbatch == final_microbatch ? &mb.boundaries : nullptr);
     return last ? lm_loss(out, rows(targets, microbatch)) : out;
   };
-  // Backward layer by layer from the top; after the stage's last backward a layer's gradient is
-  // final as soon as its own backward returns, and its all-reduce can start at once.
+  // The final backward goes layer by layer from the top: a layer's gradient is final as soon as its
+  // own backward returns, and its all-reduce can start at once.
   auto backward = [&](in_flight& mb, const torch::Tensor& top, bool final_backward) {
+    if (!final_backward) {
+      if (last) top.backward();
+      else top.backward(mb.gradient);
+      return;
+    }
     for (int i = num_layers - 1; i >= 0; --i) {
       if (i == num_layers - 1) {
         if (last) top.backward();
@@ -130,17 +143,13 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
       }
       const int l = first_layer + i;
       const auto& group = overlap ? layer_groups.at(l) : std::vector<int>{};
-      if (final_backward && group.size() >= 2) {
+      if (group.size() >= 2) {
         reducer_.post(store_.gradients(l), group);
         reduce_started_[static_cast<std::size_t>(i)] = true;
       }
     }
     mb.boundaries.clear();
   };
-  const auto ops = planning::one_f_one_b(position_.stage, position_.num_stages, num_microbatches);
-  std::size_t last_backward = 0;
-  for (std::size_t i = 0; i < ops.size(); ++i)
-    if (ops[i].kind == op_kind::backward) last_backward = i;
   std::vector<in_flight> mbs(num_microbatches);
   double loss_sum = 0;
   try {
