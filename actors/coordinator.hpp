@@ -26,6 +26,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/admission.hpp"
+#include "actors/step_breakdown.hpp"
 #include "messages/actor_interfaces.hpp"
 #include "planning/epoch.hpp"
 #include "planning/planner.hpp"
@@ -43,6 +44,7 @@ struct step_record {
   std::vector<std::pair<std::vector<std::int64_t>, std::int32_t>> pipelines;  ///< nodes, microbatches
   std::map<std::int32_t, std::vector<std::uint64_t>> layer_digests;  ///< per layer: every holder's
   double wall_ms = 0;
+  step_breakdown breakdown;  ///< where wall_ms went (step_breakdown.hpp)
 };
 
 /// One reconfiguration, for metrics: written once the first step after it has committed.
@@ -163,6 +165,7 @@ struct coordinator_state {
   double loss_sum = 0;
   std::map<std::int64_t, bool> commits_pending;
   step_record record;
+  step_clock timing;  ///< the step in progress: T0, T1 and the slowest reports
   nonce_book::clock::time_point step_started;
   nonce_book::clock::time_point last_commit;  ///< when the last step committed (or training began)
   std::optional<reconfiguration_record> recovering;  ///< until the first commit after it

@@ -42,6 +42,7 @@ void run_step(coordinator_pointer self) {
   st.record.step = st.step;
   st.record.epoch = st.epoch;
   st.step_started = st.deps.now();
+  st.timing.start(st.step_started);
   for (auto& p : st.pipelines) self->send(p.actor, messages::run_step{st.epoch, st.step});
 }
 
@@ -354,6 +355,7 @@ void on_pipeline_done(coordinator_pointer self, pipeline_done& d) {
     return retry_epoch(self, "step " + std::to_string(d.step) + " failed in pipeline " + std::to_string(d.pipeline) +
                                  ": " + d.error);
   st.loss_sum += d.loss_sum;
+  st.timing.on_pipeline_done(d, st.deps.now());
   if (--st.pipelines_pending > 0) return;
   // Every pipeline reported: the step is committed, everywhere, now.
   st.job_state = "committing";
@@ -375,7 +377,9 @@ void record_committed_step(coordinator_pointer self, const std::string& note) {
   const std::int64_t microbatches = st.deps.job.global_batch / st.deps.job.microbatch;
   rec.loss = st.loss_sum / static_cast<double>(microbatches);
   rec.samples = st.deps.job.global_batch;
-  rec.wall_ms = std::chrono::duration<double, std::milli>(st.deps.now() - st.step_started).count();
+  const auto now = st.deps.now();
+  rec.wall_ms = std::chrono::duration<double, std::milli>(now - st.step_started).count();
+  rec.breakdown = st.timing.finish(now);
   rec.pipelines.clear();
   for (const auto& p : st.pipelines) rec.pipelines.push_back({p.nodes, p.microbatches});
   std::string mismatch;
@@ -408,6 +412,7 @@ void on_step_committed(coordinator_pointer self, step_committed& c) {
     return;
   }
   st.commits_pending.erase(c.node);
+  st.timing.on_step_committed(c);
   for (const auto& d : c.digests) st.record.layer_digests[d.layer].push_back(d.digest);
   if (!st.commits_pending.empty()) return;
 

@@ -15,12 +15,15 @@ void finish_stage(pipeline_pointer self, std::uint64_t step, const stage_done* d
     ++st.dropped;  // a late answer of an abandoned step
     return;
   }
-  if (done) st.loss_sum += done->loss_sum;
+  if (done) {
+    st.loss_sum += done->loss_sum;
+    if (done->timing.busy_ms.value >= st.slowest.busy_ms.value) st.slowest = done->timing;
+  }
   if (!error.empty() && st.error.empty()) st.error = error;
   if (--st.pending > 0) return;
   st.running = false;
   self->send(st.deps.coordinator,
-             pipeline_done{st.deps.epoch, st.step, st.deps.index, st.loss_sum, st.error});
+             pipeline_done{st.deps.epoch, st.step, st.deps.index, st.loss_sum, st.error, st.slowest});
 }
 
 }  // namespace
@@ -39,6 +42,7 @@ pipeline_actor::behavior_type pipeline(pipeline_pointer self, pipeline_deps deps
         st.pending = st.deps.stages.size();
         st.loss_sum = 0;
         st.error.clear();
+        st.slowest = {};
         const stage_step order{r.epoch, r.step, st.deps.first_microbatch, st.deps.microbatches};
         for (std::size_t s = 0; s < st.deps.stages.size(); ++s) {
           // A stage's step may take minutes; its loss is a down message or an error, not a timeout.

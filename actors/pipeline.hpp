@@ -31,6 +31,7 @@ struct pipeline_state {
   std::size_t pending = 0;
   double loss_sum = 0;
   std::string error;
+  messages::stage_timing slowest;  ///< of the step's stages, the one busy longest
   std::uint64_t dropped = 0;
   static inline const char* name = "oobleck.pipeline";
 };

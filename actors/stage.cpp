@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <mutex>
 
 #include <caf/stateful_actor.hpp>
@@ -88,6 +89,7 @@ runtime::executor_options options_of(const stage_job& job) {
   opt.microbatch_size = job.microbatch;
   opt.global_microbatches = job.global_batch / job.microbatch;
   opt.optimizer = job.optimizer;
+  opt.overlap_gradient_reduce = job.overlap_gradient_reduce;
   return opt;
 }
 
@@ -221,7 +223,12 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   return t;
 }
 
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
 stage_done run(stage_runtime& rt, const stage_step& order) {
+  const auto started = std::chrono::steady_clock::now();
   const auto& s = rt.assignment.stages.at(0);
   stage_done done{order.epoch, order.step, s.pipeline, s.stage, 0, {}};
   try {
@@ -231,13 +238,15 @@ stage_done run(stage_runtime& rt, const stage_step& order) {
                                         all.begin() + static_cast<std::ptrdiff_t>((order.first_microbatch + order.microbatches) * b));
     const auto [inputs, targets] = rt.data.batch(ids);
     done.loss_sum = rt.executor->run_step(static_cast<std::int64_t>(order.step), order.first_microbatch,
-                                          order.microbatches, inputs, targets);
+                                          order.microbatches, inputs, targets, rt.layer_groups);
     rt.fire_faults(order.step);
     rt.executor->reduce_gradients(rt.layer_groups);
   } catch (const std::exception& e) {
     rt.executor->discard();
     done.error = e.what();
   }
+  const auto& t = rt.executor->last_step_timing();
+  done.timing = {ms_since(started), t.compute_ms, t.p2p_wait_ms, t.allreduce_ms};
   return done;
 }
 
@@ -260,12 +269,15 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
       },
       [self](commit_step& c) -> step_committed {
         auto& rt = *self->state.rt;
+        const auto started = std::chrono::steady_clock::now();
         step_committed out{c.epoch, c.step, -1, {}};
         if (!rt.executor || c.epoch != rt.assignment.epoch) return out;
         rt.executor->commit();
         const auto& s = rt.assignment.stages.at(0);
         for (int l = s.first_layer; l < s.end_layer; ++l)
           out.digests.push_back({l, rt.executor->parameter_digest(l)});
+        out.optimizer_ms = rt.executor->last_step_timing().optimizer_ms;
+        out.commit_ms = ms_since(started);
         return out;
       },
       [self](write_checkpoint& w) -> checkpoint_written { return write_checkpoint_layers(self->state.rt->store, w); },

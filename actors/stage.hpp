@@ -39,6 +39,7 @@ struct stage_job {
   std::uint64_t corpus_seed = 7;
   runtime::adamw_options optimizer;
   std::int32_t connect_timeout_ms = 30'000;
+  bool overlap_gradient_reduce = true;  ///< runtime::executor_options::overlap_gradient_reduce
 };
 
 /// A spawned stage and the handle that aborts its data plane (epochs <= the given one) from any
@@ -47,7 +48,8 @@ struct spawned_stage {
   messages::stage_actor actor;
   std::function<void(std::uint64_t epoch, const std::string& reason)> abort;
   /// Arms a fault for step `f.at_step`: `act(f)` runs on the stage's thread in the middle of that
-  /// step, after its compute and before its gradient all-reduce (its peers wait in collectives).
+  /// step, after its compute and before it waits for its gradient all-reduce (its peers wait in
+  /// collectives; with overlap some of the step's all-reduces may be under way or done).
   std::function<void(const messages::inject_fault& f, std::function<void(const messages::inject_fault&)> act)> arm;
 };
 

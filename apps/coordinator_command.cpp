@@ -117,6 +117,15 @@ std::string step_json(const actors::step_record& r) {
   j["pipelines"] = pipelines;
   j["layer_digests"] = digests;
   j["wall_ms"] = r.wall_ms;
+  const auto& b = r.breakdown;
+  nlohmann::ordered_json breakdown;
+  breakdown["compute_ms"] = b.compute_ms;
+  breakdown["p2p_wait_ms"] = b.p2p_wait_ms;
+  breakdown["allreduce_ms"] = b.allreduce_ms;
+  breakdown["optimizer_ms"] = b.optimizer_ms;
+  breakdown["control_ms"] = b.control_ms;
+  breakdown["other_ms"] = b.other_ms;
+  j["breakdown"] = breakdown;
   return j.dump();
 }
 

@@ -148,6 +148,11 @@ std::map<std::string, setter> schema(job_file& job) {
       {"training.global_batch", int_in(job.training.global_batch, 1)},
       {"training.microbatch", int_in(job.training.microbatch, 1)},
       {"training.seed", uint64_in(job.training.seed, 0)},
+      {"training.overlap_gradient_reduce",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         if (!v.is_boolean()) d.fail(v, key + " must be true or false");
+         job.training.overlap_gradient_reduce = v.as_boolean()->get();
+       }},
 
       {"optimizer.lr", number_in(lr.peak, {.lo = 0, .lo_open = true})},
       {"optimizer.beta1", number_in(job.optimizer.beta1, {.lo = 0, .hi = 1, .hi_open = true})},

@@ -43,6 +43,8 @@ struct training_section {
   int global_batch = 64;       ///< B, samples per step: a multiple of microbatch
   int microbatch = 4;          ///< b
   std::uint64_t seed = 1;      ///< which samples form each step, and dropout masks (not the initial weights)
+  /// Start each layer's gradient all-reduce during the last backward (runtime::executor_options).
+  bool overlap_gradient_reduce = true;
 
   bool operator==(const training_section&) const = default;
 };

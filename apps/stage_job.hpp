@@ -16,6 +16,7 @@ inline actors::stage_job stage_job_for(const job_file& job) {
   s.corpus_bytes = job.data.corpus_bytes;
   s.corpus_seed = job.data.corpus_seed;
   s.optimizer = job.optimizer;
+  s.overlap_gradient_reduce = job.training.overlap_gradient_reduce;
   return s;
 }
 

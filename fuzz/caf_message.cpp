@@ -49,9 +49,9 @@ bool protocol_only(const caf::message& m) {
   using namespace oobleck::messages;
   return all_ours<endpoint, nonce_request, register_node, admission, control_proof, stage_assignment, layer_copy,
                   epoch_assignment, node_ready, abort_epoch, epoch_aborted, node_fault, run_step, stage_step,
-                  stage_done, pipeline_done, commit_step, layer_digest, step_committed, inject_fault, node_status,
-                  pipeline_status, job_status, job_event, write_checkpoint, checkpoint_layer_file, checkpoint_written,
-                  std::string, std::uint64_t, std::int64_t, caf::actor>(m);
+                  stage_timing, stage_done, pipeline_done, commit_step, layer_digest, step_committed, inject_fault,
+                  node_status, pipeline_status, job_status, job_event, write_checkpoint, checkpoint_layer_file,
+                  checkpoint_written, std::string, std::uint64_t, std::int64_t, caf::actor>(m);
 }
 
 }  // namespace

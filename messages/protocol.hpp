@@ -21,7 +21,7 @@
 namespace oobleck::messages {
 
 /// Bumped on every incompatible change of a message; nodes of another version are refused.
-constexpr std::uint32_t protocol_version = 3;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir)
+constexpr std::uint32_t protocol_version = 4;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing)
 
 /// Expected failures returned as values (caf::error with category "oobleck").
 enum class protocol_error : std::uint8_t {
@@ -66,6 +66,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(oobleck, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::node_fault))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::run_step))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::stage_step))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::stage_timing))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::stage_done))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::pipeline_done))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::commit_step))

@@ -32,6 +32,22 @@ typename Inspector::result_type inspect(Inspector& f, run_step& x) {
   return f(caf::meta::type_name("run_step"), x.epoch, x.step);
 }
 
+/// Where a stage's step went, in milliseconds of its own steady clock (runtime::step_timing plus
+/// busy_ms: from receiving stage_step to replying, so the rest of the round trip is messaging).
+struct stage_timing {
+  wire_double busy_ms = 0;
+  wire_double compute_ms = 0;    ///< forward, backward, recompute
+  wire_double p2p_wait_ms = 0;   ///< blocked in sends and receives to adjacent stages
+  wire_double allreduce_ms = 0;  ///< blocked in the gradient all-reduce
+
+  bool operator==(const stage_timing&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, stage_timing& x) {
+  return f(caf::meta::type_name("stage_timing"), x.busy_ms, x.compute_ms, x.p2p_wait_ms, x.allreduce_ms);
+}
+
 /// Pipeline actor -> stage: compute your part of step `step`: the pipeline's microbatches
 /// [first_microbatch, first_microbatch + microbatches) of the step's global batch (the samples
 /// follow from the step alone, DESIGN §5 "Sampler").
@@ -57,13 +73,14 @@ struct stage_done {
   std::int32_t stage = 0;
   wire_double loss_sum = 0;  ///< sum of microbatch losses, last stage only
   std::string error;    ///< empty on success
+  stage_timing timing;
 
   bool operator==(const stage_done&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_done& x) {
-  return f(caf::meta::type_name("stage_done"), x.epoch, x.step, x.pipeline, x.stage, x.loss_sum, x.error);
+  return f(caf::meta::type_name("stage_done"), x.epoch, x.step, x.pipeline, x.stage, x.loss_sum, x.error, x.timing);
 }
 
 /// Pipeline actor -> coordinator.
@@ -73,13 +90,14 @@ struct pipeline_done {
   std::int32_t pipeline = 0;
   wire_double loss_sum = 0;
   std::string error;  ///< empty on success
+  stage_timing slowest;  ///< the timing of the stage with the largest busy_ms
 
   bool operator==(const pipeline_done&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, pipeline_done& x) {
-  return f(caf::meta::type_name("pipeline_done"), x.epoch, x.step, x.pipeline, x.loss_sum, x.error);
+  return f(caf::meta::type_name("pipeline_done"), x.epoch, x.step, x.pipeline, x.loss_sum, x.error, x.slowest);
 }
 
 /// Coordinator -> every node in use: the step is committed; apply the optimizer step.
@@ -114,13 +132,15 @@ struct step_committed {
   std::uint64_t step = 0;
   std::int64_t node = -1;
   std::vector<layer_digest> digests;
+  wire_double commit_ms = 0;     ///< the stage's commit handling: optimizer and digests (its clock)
+  wire_double optimizer_ms = 0;  ///< of which AdamW
 
   bool operator==(const step_committed&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_committed& x) {
-  return f(caf::meta::type_name("step_committed"), x.epoch, x.step, x.node, x.digests);
+  return f(caf::meta::type_name("step_committed"), x.epoch, x.step, x.node, x.digests, x.commit_ms, x.optimizer_ms);
 }
 
 }  // namespace oobleck::messages

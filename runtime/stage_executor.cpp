@@ -1,5 +1,6 @@
 #include "runtime/stage_executor.hpp"
 
+#include <chrono>
 #include <optional>
 
 #include "planning/schedule.hpp"
@@ -25,13 +26,29 @@ struct in_flight {
   torch::Tensor input;     // activation received (a leaf requiring grad) or token ids
   torch::Tensor output;    // activation to send, or the scaled loss on the last stage
   torch::Tensor gradient;  // gradient of `output` received from downstream
+  std::vector<torch::Tensor> boundaries;  // per layer: its input leaf, its output (recorded forward)
+};
+
+using clock_type = std::chrono::steady_clock;
+
+/// Adds the time from construction to destruction to `sink` (milliseconds).
+class timed {
+ public:
+  explicit timed(double& sink) : sink_(sink), start_(clock_type::now()) {}
+  ~timed() { sink_ += std::chrono::duration<double, std::milli>(clock_type::now() - start_).count(); }
+  timed(const timed&) = delete;
+  timed& operator=(const timed&) = delete;
+
+ private:
+  double& sink_;
+  clock_type::time_point start_;
 };
 
 }  // namespace
 
 stage_executor::stage_executor(layer_store& store, stage_position position, communicator& comm,
                                executor_options options)
-    : store_(store), position_(position), comm_(comm), options_(options) {
+    : store_(store), position_(position), comm_(comm), options_(options), reducer_(comm, gradient_tag) {
   const int L = store.model().num_layers();
   if (position.first_layer < 0 || position.end_layer > L || position.first_layer >= position.end_layer)
     throw std::invalid_argument("stage layers [" + std::to_string(position.first_layer) + ", " +
@@ -51,100 +68,178 @@ int stage_executor::checked(int layer) const {
   return layer;
 }
 
-torch::Tensor stage_executor::forward_layers(const torch::Tensor& x, std::int64_t step, std::int64_t microbatch) {
+torch::Tensor stage_executor::forward_layers(const torch::Tensor& x, std::int64_t step, std::int64_t microbatch,
+                                            std::vector<torch::Tensor>* boundaries) {
   const auto& model = store_.model();
   torch::Tensor h = x;
+  if (boundaries) boundaries->clear();
   for (int l = position_.first_layer; l < position_.end_layer; ++l) {
+    if (boundaries) {
+      // Cut the graph at every layer boundary: backward then runs layer by layer, and a layer's
+      // gradient is known to be complete when its own backward returns.
+      if (l > position_.first_layer) h = h.detach().requires_grad_(true);
+      boundaries->push_back(h);
+    }
     if (model.dropout > 0) {
       auto gen = dropout_generator(model, step, microbatch, l);
       h = store_.module(l).forward(h, &gen);
     } else {
       h = store_.module(l).forward(h, nullptr);
     }
+    if (boundaries) boundaries->push_back(h);
   }
   return h;
 }
 
 double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch, int num_microbatches,
-                                const torch::Tensor& inputs, const torch::Tensor& targets) {
+                                const torch::Tensor& inputs, const torch::Tensor& targets,
+                                const std::vector<std::vector<int>>& layer_groups) {
   const auto& model = store_.model();
   const auto device = store_.device();
   const bool first = position_.stage == 0;
   const bool last = position_.stage == position_.num_stages - 1;
   const bool recompute = options_.activation_checkpointing;
   const int b = options_.microbatch_size;
+  const int first_layer = position_.first_layer;
+  const int num_layers = position_.end_layer - position_.first_layer;
+  const bool overlap = options_.overlap_gradient_reduce && !layer_groups.empty();
   const auto activation = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   auto rows = [&](const torch::Tensor& t, int microbatch) {
     return t.slice(0, microbatch * b, (microbatch + 1) * b).to(device);
   };
+  timing_ = {};
+  reduce_started_.assign(static_cast<std::size_t>(num_layers), false);
   // Backward accumulates straight into each layer's flat gradient buffer.
   for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.gradients(l);
+  const auto ops = planning::one_f_one_b(position_.stage, position_.num_stages, num_microbatches);
+  std::size_t last_backward = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].kind == op_kind::backward) last_backward = i;
+  const int final_microbatch = ops.at(last_backward).microbatch;
   // Forward of one microbatch; under checkpointing autograd records nothing until backward redoes it.
   auto forward = [&](in_flight& mb, int microbatch, bool record) {
     std::optional<torch::NoGradGuard> no_grad;
     if (!record) no_grad.emplace();
-    auto out = forward_layers(mb.input, step, first_microbatch + microbatch);
+    // Only the microbatch of the final backward is cut at layer boundaries (per-layer backward
+    // calls cost engine overhead); every mode does the same, so the sums do not depend on overlap.
+    auto out = forward_layers(mb.input, step, first_microbatch + microbatch,
+                              record && microbatch == final_microbatch ? &mb.boundaries : nullptr);
     return last ? lm_loss(out, rows(targets, microbatch)) : out;
+  };
+  // The final backward goes layer by layer from the top: a layer's gradient is final as soon as its
+  // own backward returns, and its all-reduce can start at once.
+  auto backward = [&](in_flight& mb, const torch::Tensor& top, bool final_backward) {
+    if (!final_backward) {
+      if (last) top.backward();
+      else top.backward(mb.gradient);
+      return;
+    }
+    for (int i = num_layers - 1; i >= 0; --i) {
+      if (i == num_layers - 1) {
+        if (last) top.backward();
+        else top.backward(mb.gradient);
+      } else {
+        mb.boundaries[2 * i + 1].backward(mb.boundaries[2 * (i + 1)].grad());
+      }
+      const int l = first_layer + i;
+      const auto& group = overlap ? layer_groups.at(l) : std::vector<int>{};
+      if (group.size() >= 2) {
+        reducer_.post(store_.gradients(l), group);
+        reduce_started_[static_cast<std::size_t>(i)] = true;
+      }
+    }
+    mb.boundaries.clear();
   };
   std::vector<in_flight> mbs(num_microbatches);
   double loss_sum = 0;
-  for (const auto& op : planning::one_f_one_b(position_.stage, position_.num_stages, num_microbatches)) {
-    auto& mb = mbs[op.microbatch];
-    const int tag = tag_of(op.kind, op.microbatch);
-    switch (op.kind) {
-      case op_kind::recv_activation:
-        mb.input = torch::empty({b, model.seq_len, model.d_model}, activation);
-        comm_.recv(mb.input, position_.prev_rank, tag);
-        mb.input.requires_grad_(true);
-        break;
-      case op_kind::forward:
-        if (first) mb.input = rows(inputs, op.microbatch);
-        mb.output = forward(mb, op.microbatch, !recompute);
-        if (last) {
-          loss_sum += mb.output.item<double>();
-          mb.output = mb.output / options_.global_microbatches;
+  try {
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const auto& op = ops[i];
+      auto& mb = mbs[op.microbatch];
+      const int tag = tag_of(op.kind, op.microbatch);
+      switch (op.kind) {
+        case op_kind::recv_activation: {
+          timed t(timing_.p2p_wait_ms);
+          mb.input = torch::empty({b, model.seq_len, model.d_model}, activation);
+          comm_.recv(mb.input, position_.prev_rank, tag);
+          mb.input.requires_grad_(true);
+          break;
         }
-        break;
-      case op_kind::send_activation:
-        comm_.send(mb.output.detach().contiguous(), position_.next_rank, tag);
-        if (recompute) mb.output = torch::Tensor();
-        break;
-      case op_kind::recv_gradient:
-        mb.gradient = torch::empty({b, model.seq_len, model.d_model}, activation);
-        comm_.recv(mb.gradient, position_.next_rank, tag);
-        break;
-      case op_kind::backward: {
-        auto out = recompute ? forward(mb, op.microbatch, true) : mb.output;
-        if (last) (recompute ? out / options_.global_microbatches : out).backward();
-        else out.backward(mb.gradient);
-        mb.output = mb.gradient = torch::Tensor();
-        break;
+        case op_kind::forward: {
+          timed t(timing_.compute_ms);
+          if (first) mb.input = rows(inputs, op.microbatch);
+          mb.output = forward(mb, op.microbatch, !recompute);
+          if (last) {
+            loss_sum += mb.output.item<double>();
+            mb.output = mb.output / options_.global_microbatches;
+          }
+          break;
+        }
+        case op_kind::send_activation: {
+          timed t(timing_.p2p_wait_ms);
+          comm_.send(mb.output.detach().contiguous(), position_.next_rank, tag);
+          if (recompute) {
+            mb.output = torch::Tensor();
+            mb.boundaries.clear();
+          }
+          break;
+        }
+        case op_kind::recv_gradient: {
+          timed t(timing_.p2p_wait_ms);
+          mb.gradient = torch::empty({b, model.seq_len, model.d_model}, activation);
+          comm_.recv(mb.gradient, position_.next_rank, tag);
+          break;
+        }
+        case op_kind::backward: {
+          timed t(timing_.compute_ms);
+          auto out = recompute ? forward(mb, op.microbatch, true) : mb.output;
+          backward(mb, last && recompute ? out / options_.global_microbatches : out, i == last_backward);
+          mb.output = mb.gradient = torch::Tensor();
+          break;
+        }
+        case op_kind::send_gradient: {
+          timed t(timing_.p2p_wait_ms);
+          comm_.send(mb.input.grad().contiguous(), position_.prev_rank, tag);
+          mb.input = torch::Tensor();
+          break;
+        }
       }
-      case op_kind::send_gradient:
-        comm_.send(mb.input.grad().contiguous(), position_.prev_rank, tag);
-        mb.input = torch::Tensor();
-        break;
     }
+  } catch (...) {
+    // No all-reduce may outlive the step: the caller discards the buffers they write into.
+    reducer_.cancel();
+    throw;
   }
   return loss_sum;
 }
 
 void stage_executor::reduce_gradients(const std::vector<std::vector<int>>& layer_groups) {
   torch::NoGradGuard no_grad;
-  for (int l = position_.first_layer; l < position_.end_layer; ++l) {
+  timed t(timing_.allreduce_ms);
+  reducer_.wait();
+  const int num_layers = position_.end_layer - position_.first_layer;
+  reduce_started_.resize(static_cast<std::size_t>(num_layers), false);
+  for (int i = num_layers - 1; i >= 0; --i) {
+    const int l = position_.first_layer + i;
     const auto& group = layer_groups.at(l);
-    if (group.size() < 2) continue;
+    if (group.size() < 2 || reduce_started_[static_cast<std::size_t>(i)]) continue;
     comm_.all_reduce_sum(store_.gradients(l), group, gradient_tag);
   }
+  reduce_started_.assign(reduce_started_.size(), false);
 }
 
 void stage_executor::commit() {
-  for (int l = position_.first_layer; l < position_.end_layer; ++l)
-    adamw_step(store_.parameters(l), store_.optimizer_state(l), options_.optimizer);
-  discard();
+  reducer_.wait();  // normally idle: reduce_gradients() waited
+  {
+    timed t(timing_.optimizer_ms);
+    for (int l = position_.first_layer; l < position_.end_layer; ++l)
+      adamw_step(store_.parameters(l), store_.optimizer_state(l), options_.optimizer);
+  }
+  for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.drop_gradients(l);
 }
 
 void stage_executor::discard() {
+  reducer_.cancel();
   for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.drop_gradients(l);
 }
 

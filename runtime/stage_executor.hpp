@@ -10,6 +10,7 @@
 
 #include "runtime/communicator.hpp"
 #include "runtime/gpt_model.hpp"
+#include "runtime/gradient_reducer.hpp"
 #include "runtime/layer_store.hpp"
 #include "runtime/optimizer.hpp"
 
@@ -32,6 +33,23 @@ struct executor_options {
   int global_microbatches = 1;
   bool activation_checkpointing = false;  ///< keep only stage inputs; recompute in backward
   adamw_options optimizer;
+  /// Given the layer groups, run_step starts each layer's gradient all-reduce on a communication
+  /// thread as soon as the layer's gradient is final (during the stage's last backward), while
+  /// the rest of that backward runs. Off: reduce_gradients() runs them all after the schedule.
+  /// The sums are bitwise the same either way.
+  bool overlap_gradient_reduce = true;
+};
+
+/// Where a stage's time went in its last step (milliseconds of the stage's own thread; steady
+/// clock). compute: forward, backward and recompute ops; p2p_wait: blocked in send and recv to
+/// adjacent stages; allreduce: blocked in the gradient all-reduce (with overlap, only the wait for
+/// what the communication thread has not finished when the schedule ends); optimizer: AdamW in
+/// the last commit().
+struct step_timing {
+  double compute_ms = 0;
+  double p2p_wait_ms = 0;
+  double allreduce_ms = 0;
+  double optimizer_ms = 0;
 };
 
 /// A stage of one epoch: a view over layers [first_layer, end_layer) of the node's store, bound to
@@ -50,18 +68,28 @@ class stage_executor {
   /// the pipeline's token ids [num_microbatches * b, seq] (read on the first / last stage only).
   /// Returns the sum of the unscaled microbatch losses on the last stage, 0 elsewhere.
   /// Throws comm_error when the data plane fails; gradients are then partial: discard() them.
+  /// With `layer_groups` (as for reduce_gradients) and overlap on, the all-reduce of each layer
+  /// starts during the last backward; a step that fails while some are in flight aborts this
+  /// rank's communicator (the epoch is over) so that none of them outlives the step.
   double run_step(std::int64_t step, std::int64_t first_microbatch, int num_microbatches, const torch::Tensor& inputs,
-                  const torch::Tensor& targets);
+                  const torch::Tensor& targets, const std::vector<std::vector<int>>& layer_groups = {});
 
-  /// Sums each layer's gradient over layer_groups[l], the ranks of every holder of layer l
-  /// (groups of one rank are skipped): one all-reduce of the layer's flat gradient buffer. Layers
-  /// go in increasing order on every rank.
+  /// Completes the step's gradient sum: each layer's gradient over layer_groups[l], the ranks of
+  /// every holder of layer l (groups of one rank are skipped), one all-reduce of the layer's flat
+  /// gradient buffer. Waits for those run_step started and runs the others; layers go in
+  /// decreasing order on every rank (the order a backward pass makes them final). Throws
+  /// comm_error when the data plane fails.
   void reduce_gradients(const std::vector<std::vector<int>>& layer_groups);
 
   /// The step is committed everywhere: apply AdamW to every layer of the range and drop gradients.
   void commit();
-  /// The step failed somewhere: drop its gradients.
+  /// The step failed somewhere: drop its gradients (all-reduces still in flight are cancelled
+  /// first, aborting this rank's communicator).
   void discard();
+
+  /// Where the last step's time went (run_step, reduce_gradients and commit add to it; run_step
+  /// starts it afresh).
+  const step_timing& last_step_timing() const { return timing_; }
 
   const stage_position& position() const { return position_; }
   /// Parameters of model layer l (first_layer <= l < end_layer).
@@ -72,12 +100,18 @@ class stage_executor {
 
  private:
   int checked(int layer) const;
-  torch::Tensor forward_layers(const torch::Tensor& x, std::int64_t step, std::int64_t microbatch);
+  /// Forward through the range; with `boundaries`, each layer's input after the first is a
+  /// detached leaf and each layer's output is kept, so backward can go layer by layer.
+  torch::Tensor forward_layers(const torch::Tensor& x, std::int64_t step, std::int64_t microbatch,
+                               std::vector<torch::Tensor>* boundaries);
 
   layer_store& store_;
   stage_position position_;
   communicator& comm_;
   executor_options options_;
+  gradient_reducer reducer_;
+  std::vector<bool> reduce_started_;  ///< per layer of the range, this step
+  step_timing timing_;
 };
 
 }  // namespace oobleck::runtime

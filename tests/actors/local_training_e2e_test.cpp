@@ -59,6 +59,24 @@ std::vector<nlohmann::json> run_local(int nodes, int steps, const std::vector<st
   return lines;
 }
 
+/// A step record's breakdown (actors/step_breakdown.hpp): every part there and non-negative, and
+/// the parts add up to the step's wall time (they split it; rounding aside).
+void check_breakdown(const nlohmann::json& m) {
+  REQUIRE(m.contains("breakdown"));
+  const auto& b = m["breakdown"];
+  double sum = 0;
+  for (const char* key : {"compute_ms", "p2p_wait_ms", "allreduce_ms", "optimizer_ms", "control_ms", "other_ms"}) {
+    CAPTURE(key);
+    REQUIRE(b.contains(key));
+    CHECK(b[key].get<double>() >= 0);
+    sum += b[key].get<double>();
+  }
+  CHECK(b["compute_ms"].get<double>() > 0);
+  CHECK(b["optimizer_ms"].get<double>() > 0);
+  const double wall = m["wall_ms"].get<double>();
+  CHECK(std::abs(sum - wall) <= 1e-6 * wall + 1e-6);
+}
+
 void check_run(int nodes, const std::vector<std::string>& extra = {}, const std::vector<std::string>& expect = {},
                std::set<std::int64_t> gone = {}, int lost_at = -1, int steps = 12) {
   const auto job = default_job();
@@ -104,6 +122,7 @@ void check_run(int nodes, const std::vector<std::string>& extra = {}, const std:
       CHECK(digests.size() == static_cast<std::size_t>(pipelines));  // one holder per pipeline
       for (const auto& d : digests) CHECK(d == digests[0]);
     }
+    check_breakdown(m);
     const double loss = m["loss"].get<double>();
     CHECK(std::abs(loss - reference[static_cast<std::size_t>(k)]) <= 1e-4 * std::abs(reference[static_cast<std::size_t>(k)]));
   }

@@ -116,6 +116,10 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: step messages round-trip") {
   check(stage_done{2, 11, 1, 3, 12.5, ""});
   check(stage_done{2, 11, 1, 3, 0, "stage failed: out of memory"});
   check(pipeline_done{2, 11, 1, 12.5, ""});
+  check(stage_timing{40.25, 30.5, 6.125, 2.0});
+  check(stage_done{2, 11, 1, 3, 12.5, "", {40.25, 30.5, 6.125, 2.0}});
+  check(pipeline_done{2, 11, 1, 12.5, "", {40.25, 30.5, 6.125, 2.0}});
+  check(step_committed{2, 11, 6, {{0, 1}}, 3.5, 2.25});
   check(commit_step{2, 11});
   check(layer_digest{4, 0xdeadbeefcafef00dULL});
   check(step_committed{2, 11, 6, {{0, 1}, {1, 0xffffffffffffffffULL}}});
@@ -156,7 +160,7 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: errors carry their category, code
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: every type of the block has a distinct registered name") {
   const auto begin = caf::id_block::oobleck::begin;
   const auto end = caf::id_block::oobleck::end;
-  CHECK(end - begin == 28);
+  CHECK(end - begin == 29);
   CHECK(std::string(caf::type_name<register_node>::value) == "oobleck::messages::register_node");
   CHECK(caf::type_id<checkpoint_written>::value == end - 1);
 }

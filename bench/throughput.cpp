@@ -1,0 +1,365 @@
+// Failure-free throughput of oobleck-local (issue 7, "Benchmark"): for 2, 4 and 6 worker
+// processes, the measured step time against (a) the planner's predicted step time from a profile
+// measured here by oobleck-profile (same model and microbatch) and (b) the single-process run of
+// the same model and global batch, as scaling efficiency; and the per-step breakdown (compute, p2p
+// wait, all-reduce, optimizer, control messages) of the --metrics-out records.
+//
+//   throughput (samples/s)   = B × measured steps / Σ wall_ms of those steps (warm-up steps
+//                              excluded; wall_ms: run_step sent .. last commit acknowledged)
+//   single-process throughput = B × steps / wall time of those steps of train_single_process
+//                              (one process, one LibTorch thread, every layer, the whole batch)
+//   scaling efficiency       = throughput / (nodes in use × single-process throughput)
+//
+// Each configuration runs with the gradient all-reduce overlapped (the default) and, to measure
+// its effect, without (training.overlap_gradient_reduce = false).
+#include <torch/torch.h>  // first: glog macros
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "actors/stage.hpp"
+#include "apps/job_file.hpp"
+#include "apps/stage_job.hpp"
+#include "messages/profile_file.hpp"
+#include "planning/planner.hpp"
+
+namespace fs = std::filesystem;
+using namespace oobleck;
+
+namespace {
+
+const std::string apps_dir = OOBLECK_APPS_DIR;
+const char* const breakdown_keys[] = {"compute_ms", "p2p_wait_ms", "allreduce_ms", "optimizer_ms", "control_ms", "other_ms"};
+
+struct options {
+  bool quick = false;
+  std::string json_path = "bench/results/throughput.json";
+  std::vector<int> nodes{2, 4, 6};
+  int steps = 14;   ///< per run
+  int warmup = 4;   ///< first steps left out of the means
+  std::string config;  ///< job file; default: oobleck-local's default job
+};
+
+[[noreturn]] void usage_error(const std::string& what) {
+  std::cerr << "throughput: " << what << " (see --help)\n";
+  std::exit(2);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(a + " needs a value");
+      return argv[++i];
+    };
+    auto integer = [&](int lo) {
+      const std::string v = value();
+      try {
+        std::size_t used = 0;
+        const int n = std::stoi(v, &used);
+        if (used != v.size() || n < lo) throw std::invalid_argument(v);
+        return n;
+      } catch (const std::exception&) {
+        usage_error(a + " needs an integer >= " + std::to_string(lo) + ", got \"" + v + "\"");
+      }
+    };
+    if (a == "--help" || a == "-h") {
+      std::cout << "throughput [--quick] [--json FILE] [--nodes N,N,...] [--steps K] [--warmup W] [--config JOB.toml]\n"
+                   "  Failure-free throughput of oobleck-local against the planner's prediction (profile measured\n"
+                   "  here by oobleck-profile) and the single-process run. --quick: 2 nodes, 3 steps (a smoke run).\n";
+      std::exit(0);
+    } else if (a == "--quick") {
+      o.quick = true;
+    } else if (a == "--json") {
+      o.json_path = value();
+    } else if (a == "--steps") {
+      o.steps = integer(1);
+    } else if (a == "--warmup") {
+      o.warmup = integer(0);
+    } else if (a == "--config") {
+      o.config = value();
+    } else if (a == "--nodes") {
+      o.nodes.clear();
+      std::stringstream in(value());
+      for (std::string part; std::getline(in, part, ',');) {
+        try {
+          const int n = std::stoi(part);
+          if (n < 1 || n > 64) throw std::out_of_range(part);
+          o.nodes.push_back(n);
+        } catch (const std::exception&) {
+          usage_error("--nodes takes node counts in 1..64 separated by commas, got \"" + part + "\"");
+        }
+      }
+      if (o.nodes.empty()) usage_error("--nodes is empty");
+    } else {
+      usage_error("unknown argument \"" + a + "\"");
+    }
+  }
+  if (o.quick) {
+    o.nodes = {2};
+    o.steps = 3;
+    o.warmup = 1;
+  }
+  if (o.warmup >= o.steps) usage_error("--warmup must be smaller than --steps");
+  return o;
+}
+
+/// Runs a shell command; its exit status and its output (stdout and stderr).
+std::pair<int, std::string> run(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (!p) throw std::runtime_error("cannot run " + command);
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, out};
+}
+
+std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+struct run_result {
+  int nodes = 0;
+  bool overlap = true;
+  int nodes_in_use = 0;
+  std::string shape;  ///< pipelines x stages
+  double predicted_ms = NAN;          ///< the coordinator's plan: its 1F1B makespan
+  double predicted_compute_ms = NAN;  ///< the profile's compute of the busiest stage (Nb x its fwd + bwd)
+  double logged_ms = NAN;             ///< what the coordinator logged as its prediction (a cross-check)
+  double step_ms = 0;  ///< mean wall_ms of the measured steps
+  double samples_per_s = 0;
+  std::map<std::string, double> breakdown;  ///< means
+};
+
+run_result run_cluster(const options& o, const fs::path& dir, const std::string& job_path, int nodes, bool overlap,
+                       int global_batch) {
+  run_result r;
+  r.nodes = nodes;
+  r.overlap = overlap;
+  const auto metrics = dir / ("metrics-" + std::to_string(nodes) + (overlap ? "" : "-sequential") + ".jsonl");
+  std::string cmd = quoted(apps_dir + "/oobleck-local") + " --nodes " + std::to_string(nodes) + " --config " +
+                    quoted(job_path) + " --steps " + std::to_string(o.steps) + " --metrics-out " +
+                    quoted(metrics.string()) + " --timeout 500";
+  // f = 1 needs at least 2 n0 nodes; with 2 nodes the job runs with f = 0 (one pipeline).
+  if (nodes < 4) cmd += " --fault-tolerance 0";
+  const auto [status, out] = run(cmd);
+  if (status != 0) throw std::runtime_error("oobleck-local --nodes " + std::to_string(nodes) + " failed (" +
+                                           std::to_string(status) + "):\n" + out);
+  static const std::regex predicted("predicted step ([0-9.]+) ms");
+  std::smatch m;
+  if (std::regex_search(out, m, predicted)) r.logged_ms = std::stod(m[1]);
+  std::ifstream in(metrics);
+  int k = 0;
+  double wall = 0;
+  std::map<std::string, double> sums;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("event")) continue;
+    if (k == 0) {
+      std::ostringstream shape;
+      for (const auto& p : j["pipelines"]) {
+        shape << (shape.tellp() == 0 ? "" : "+") << p["nodes"].size();
+        r.nodes_in_use += static_cast<int>(p["nodes"].size());
+      }
+      r.shape = shape.str();
+    }
+    if (k++ < o.warmup) continue;
+    wall += j["wall_ms"].get<double>();
+    for (const char* key : breakdown_keys) sums[key] += j["breakdown"][key].get<double>();
+  }
+  const int measured = k - o.warmup;
+  if (measured <= 0) throw std::runtime_error("no measured steps in " + metrics.string());
+  r.step_ms = wall / measured;
+  r.samples_per_s = 1000.0 * global_batch * measured / wall;
+  for (auto& [key, sum] : sums) r.breakdown[key] = sum / measured;
+  return r;
+}
+
+/// What the planner predicts for the job on `nodes` nodes with the measured profile, as the
+/// coordinator plans it (same function, same inputs): the step's makespan, and the compute time of
+/// its busiest stage (Nb x Σ fwd + bwd of the stage's layers).
+std::pair<double, double> prediction(const planning::profile& profile, const apps::job_file& job, int nodes) {
+  planning::job_config cfg;
+  cfg.nodes = nodes;
+  cfg.fault_tolerance = nodes < 4 ? 0 : job.cluster.fault_tolerance;
+  cfg.global_batch = job.training.global_batch;
+  cfg.microbatch = job.training.microbatch;
+  cfg.device_memory_bytes = job.cluster.device_memory_bytes;
+  const auto plan = planning::plan_job(profile, cfg);
+  double busiest = 0;
+  for (const auto& p : plan.pipelines) {
+    const auto* t = plan.templates.find(p.template_nodes);
+    if (!t) throw std::logic_error("the plan uses a template of " + std::to_string(p.template_nodes) + " nodes it lacks");
+    for (const auto& s : t->stages) busiest = std::max(busiest, p.microbatches * s.ms);
+  }
+  return {plan.step_ms, busiest};
+}
+
+/// Mean step time of the single-process run: (time of warmup + steps) - (time of warmup), per step.
+double single_process_step_ms(const actors::stage_job& job, int warmup, int steps) {
+  auto timed = [&](int n) {
+    const auto t0 = std::chrono::steady_clock::now();
+    actors::train_single_process(job, static_cast<std::uint64_t>(n));
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const double with = timed(warmup + steps);
+  const double without = timed(warmup);
+  return (with - without) / steps;
+}
+
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double l = NAN;
+  in >> l;
+  return l;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  try {
+    const fs::path dir = fs::temp_directory_path() / ("oobleck-throughput-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    // The job: the given file, or oobleck-local's default job, with the measured profile.
+    std::string job_text;
+    if (o.config.empty()) {
+      const auto [status, text] = run(quoted(apps_dir + "/oobleck-local") + " --print-default-job");
+      if (status != 0) throw std::runtime_error("oobleck-local --print-default-job failed: " + text);
+      job_text = text;
+    } else {
+      std::ifstream in(o.config);
+      if (!in) usage_error("cannot read " + o.config);
+      job_text = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    const auto plain_job = dir / "job.toml";
+    std::ofstream(plain_job) << job_text;
+    const auto job = apps::read_job_file(plain_job.string());
+
+    const auto profile_path = (dir / "profile.json").string();
+    const auto [pstatus, pout] = run(quoted(apps_dir + "/oobleck-profile") + " --config " + quoted(plain_job.string()) +
+                                     " --out " + quoted(profile_path) + (o.quick ? " --repeats 2" : ""));
+    if (pstatus != 0) throw std::runtime_error("oobleck-profile failed:\n" + pout);
+    const auto profile = messages::read_profile_file(profile_path);
+    double layer_sum_ms = 0;  // Σ_l fwd + bwd at width 1: one microbatch through every layer
+    for (const auto& l : profile.layers) layer_sum_ms += l.forward_ms.at(0) + l.backward_ms.at(0);
+    const int microbatches = job.training.global_batch / job.training.microbatch;
+
+    // The job file with [profile] file and the overlap switch: parsed, edited, written by sections.
+    auto write_job = [&](bool overlap) {
+      std::string text = job_text;
+      auto add_key = [&](const std::string& section, const std::string& line) {
+        const auto at = text.find("[" + section + "]");
+        if (at == std::string::npos) {
+          text += "\n[" + section + "]\n" + line + "\n";
+        } else {
+          const auto eol = text.find('\n', at);
+          text.insert(eol == std::string::npos ? text.size() : eol + 1, line + "\n");
+        }
+      };
+      add_key("profile", "file = " + nlohmann::json(profile_path).dump());
+      add_key("training", std::string("overlap_gradient_reduce = ") + (overlap ? "true" : "false"));
+      const auto path = dir / (overlap ? "job-overlap.toml" : "job-sequential.toml");
+      std::ofstream(path) << text;
+      return path.string();
+    };
+    const std::string job_overlap = write_job(true), job_sequential = write_job(false);
+
+    const double single_ms = single_process_step_ms(apps::stage_job_for(job), o.warmup, o.steps - o.warmup);
+    const double single_sps = 1000.0 * job.training.global_batch / single_ms;
+    const double load_before = load_average();
+
+    std::vector<run_result> results;
+    for (int n : o.nodes)
+      for (bool overlap : {true, false}) {
+        if (o.quick && !overlap) continue;
+        results.push_back(run_cluster(o, dir, overlap ? job_overlap : job_sequential, n, overlap,
+                                      job.training.global_batch));
+        std::tie(results.back().predicted_ms, results.back().predicted_compute_ms) = prediction(profile, job, n);
+        if (!std::isnan(results.back().logged_ms) &&
+            std::abs(results.back().logged_ms - results.back().predicted_ms) > 0.01 * results.back().predicted_ms)
+          throw std::logic_error("the coordinator predicted " + std::to_string(results.back().logged_ms) +
+                                 " ms, the bench's plan " + std::to_string(results.back().predicted_ms) + " ms");
+      }
+    const double load_after = load_average();
+
+    std::printf("throughput of oobleck-local: B = %d, b = %d, %d layers; %d steps per run, first %d left out\n",
+                job.training.global_batch, job.training.microbatch, job.model.num_layers(), o.steps, o.warmup);
+    std::printf("profile (oobleck-profile, here): one microbatch through every layer %.3f ms; x %d microbatches = %.2f ms\n",
+                layer_sum_ms, microbatches, layer_sum_ms * microbatches);
+    std::printf("single process: %.2f ms per step, %.1f samples/s\n\n", single_ms, single_sps);
+    std::printf("%5s %7s %9s %9s %9s %7s %9s %7s | %8s %8s %8s %8s %8s %8s | %9s\n", "nodes", "overlap",
+                "pipelines", "pred ms", "step ms", "/pred", "samples/s", "effic.", "compute", "p2p", "allred", "optim",
+                "control", "other", "pred comp");
+    nlohmann::ordered_json rows = nlohmann::json::array();
+    for (const auto& r : results) {
+      const double efficiency = r.samples_per_s / (r.nodes_in_use * single_sps);
+      std::printf("%5d %7s %9s %9.2f %9.2f %7.2f %9.1f %7.3f | %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | %9.2f\n", r.nodes,
+                  r.overlap ? "on" : "off", r.shape.c_str(), r.predicted_ms, r.step_ms, r.step_ms / r.predicted_ms,
+                  r.samples_per_s, efficiency, r.breakdown.at("compute_ms"), r.breakdown.at("p2p_wait_ms"),
+                  r.breakdown.at("allreduce_ms"), r.breakdown.at("optimizer_ms"), r.breakdown.at("control_ms"),
+                  r.breakdown.at("other_ms"), r.predicted_compute_ms);
+      nlohmann::ordered_json row;
+      row["nodes"] = r.nodes;
+      row["overlap_gradient_reduce"] = r.overlap;
+      row["nodes_in_use"] = r.nodes_in_use;
+      row["pipelines"] = r.shape;
+      row["predicted_step_ms"] = r.predicted_ms;
+      row["step_ms"] = r.step_ms;
+      row["step_over_predicted"] = r.step_ms / r.predicted_ms;
+      row["predicted_busiest_stage_compute_ms"] = r.predicted_compute_ms;
+      row["samples_per_s"] = r.samples_per_s;
+      row["scaling_efficiency"] = efficiency;
+      row["breakdown_mean_ms"] = r.breakdown;
+      row["targets"] = {{"step_le_1.15x_predicted", r.step_ms <= 1.15 * r.predicted_ms},
+                        {"efficiency_ge_0.85", efficiency >= 0.85},
+                        {"control_le_2ms", r.breakdown.at("control_ms") <= 2.0}};
+      rows.push_back(row);
+    }
+    nlohmann::ordered_json out;
+    out["benchmark"] = "throughput";
+    out["quick"] = o.quick;
+    out["command"] = [&] {
+      std::string c;
+      for (int i = 0; i < argc; ++i) c += (i ? " " : "") + std::string(argv[i]);
+      return c;
+    }();
+    out["global_batch"] = job.training.global_batch;
+    out["microbatch"] = job.training.microbatch;
+    out["layers"] = job.model.num_layers();
+    out["steps_per_run"] = o.steps;
+    out["warmup_steps"] = o.warmup;
+    out["profile_microbatch_all_layers_ms"] = layer_sum_ms;
+    out["single_process_step_ms"] = single_ms;
+    out["single_process_samples_per_s"] = single_sps;
+    out["load_average_1min"] = {load_before, load_after};
+    out["runs"] = rows;
+    const fs::path json_path(o.json_path);
+    if (json_path.has_parent_path()) fs::create_directories(json_path.parent_path());
+    std::ofstream(json_path) << out.dump(2) << "\n";
+    std::printf("(pipelines: nodes per pipeline; pred ms: the planner's 1F1B makespan from the profile; compute .. other:\n"
+                " breakdown means, slowest stage; pred comp: the profile's compute of the busiest stage)\n");
+    std::printf("\nload average (1 min) %.2f before the cluster runs, %.2f after; JSON: %s\n", load_before, load_after,
+                o.json_path.c_str());
+    fs::remove_all(dir);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "throughput: " << e.what() << "\n";
+    return 1;
+  }
+}
