@@ -1,5 +1,6 @@
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -115,6 +116,9 @@ std::string step_json(const actors::step_record& r) {
   j["pipelines"] = pipelines;
   j["layer_digests"] = digests;
   j["wall_ms"] = r.wall_ms;
+  // When the line is written (at the commit): throughput over time, and over a window, from the
+  // file alone (oobleck-local --trace, bench/sim_validation).
+  j["unix_ms"] = std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
   return j.dump();
 }
 
