@@ -12,8 +12,9 @@
 //   - the measured recovery costs (bench/results/recovery.json: detection, planning, copy rate);
 //   - a measured contention model: on 2 cores, n worker processes share the machine, and a step of
 //     n nodes does not take what one process's profile predicts. Separate failure-free calibration
-//     runs (n = each node count the replays can visit) measure the mean step interval, and the
-//     simulator multiplies the planner's step time for n nodes by measured(n) / planned(n);
+//     runs (n = each node count the replays train on, once before the replays and once after, the
+//     mean used) measure the mean step interval, and the simulator multiplies the planner's step
+//     time for n nodes by measured(n) / planned(n);
 //   - the readiness delay of a join: measured in a separate calibration run (--join-at), from the
 //     worker's start to its admission by the coordinator (not the 45 s of the cloud simulators).
 // Nothing is fitted to the replay being predicted: every input comes from runs before it.
@@ -332,7 +333,9 @@ int main(int argc, char** argv) try {
     cases.push_back(ten_minute_case(traces, dir, 2, 4, 0.005));
   } else {
     cases.push_back(ten_minute_case(traces, dir, 4, 4, 0.02));
-    if (fs::exists(traces / "bamboo-p3-trace.csv")) cases.push_back(bamboo_case(traces, dir, 6, 10000e3, 0.01));
+    // 8 slots: the f = 1 job runs 4 pipelines of 2, so the trace's double removals (3060, 5100 and
+    // 8460 s) leave every layer a holder; its triple removal at 10,680 s is beyond the window.
+    if (fs::exists(traces / "bamboo-p3-trace.csv")) cases.push_back(bamboo_case(traces, dir, 8, 10000e3, 0.01));
   }
   auto planner_config = [&](int nodes) {
     planning::job_config c;
@@ -375,26 +378,33 @@ int main(int argc, char** argv) try {
       if (d.nodes_in_use > 0) counts.insert(d.nodes_in_use);
   }
 
-  // --- calibration: failure-free runs, one per node count
+  // --- calibration: failure-free runs, one per node count, before the replays and again after
+  // them (the machine is shared: the mean of the two is the figure used, their spread is shown)
   const int calibration_steps = quick ? 25 : 60;
-  std::cout << "\ncalibration (failure-free runs on the node counts the replays train on, " << calibration_steps << " steps each, mean commit interval after step 5):\n";
-  std::printf("%6s %12s %12s %10s %12s\n", "nodes", "planned ms", "measured ms", "factor", "load");
-  std::vector<double> step_scale(static_cast<std::size_t>(most + 1), 0.0);
+  std::map<int, std::vector<double>> measured_steps;  // nodes -> mean step ms of each pass
   json calibration = json::array();
-  for (int n : counts) {
-    const auto metrics = dir / ("calibration-" + std::to_string(n) + ".jsonl");
-    const auto r = run_program(bin + "/oobleck-local", {"--config", job_path.string(), "--nodes", std::to_string(n), "--steps",
-                                                        std::to_string(calibration_steps), "--metrics-out", metrics.string()},
-                               300);
-    if (r.status != 0) throw std::runtime_error("calibration run on " + std::to_string(n) + " nodes failed:\n" + r.transcript());
-    const double measured = mean_interval(read_steps(metrics), 5);
-    const double planned = planning::plan_job(profile, planner_config(n)).step_ms;
-    step_scale[static_cast<std::size_t>(n)] = measured / planned;
-    const std::string load = load_average();
-    std::printf("%6d %12.3f %12.1f %10.1f %12s\n", n, planned, measured, measured / planned, load.c_str());
-    calibration.push_back({{"nodes", n}, {"planned_step_ms", planned}, {"measured_step_ms", measured},
-                           {"factor", measured / planned}, {"load_average", load}});
-  }
+  auto calibrate = [&](const char* pass) {
+    std::cout << "\ncalibration " << pass << " (failure-free runs on the node counts the replays train on, "
+              << calibration_steps << " steps each, mean commit interval after step 5):\n";
+    std::printf("%6s %12s %12s %10s %12s\n", "nodes", "planned ms", "measured ms", "factor", "load");
+    for (int n : counts) {
+      const auto metrics = dir / ("calibration-" + std::to_string(n) + ".jsonl");
+      const auto r = run_program(bin + "/oobleck-local", {"--config", job_path.string(), "--nodes", std::to_string(n),
+                                                          "--steps", std::to_string(calibration_steps), "--metrics-out",
+                                                          metrics.string()},
+                                 300);
+      if (r.status != 0)
+        throw std::runtime_error("calibration run on " + std::to_string(n) + " nodes failed:\n" + r.transcript());
+      const double measured = mean_interval(read_steps(metrics), 5);
+      const double planned = planning::plan_job(profile, planner_config(n)).step_ms;
+      measured_steps[n].push_back(measured);
+      const std::string load = load_average();
+      std::printf("%6d %12.3f %12.1f %10.1f %12s\n", n, planned, measured, measured / planned, load.c_str());
+      calibration.push_back({{"pass", pass}, {"nodes", n}, {"planned_step_ms", planned}, {"measured_step_ms", measured},
+                             {"factor", measured / planned}, {"load_average", load}});
+    }
+  };
+  calibrate("before the replays");
   // The readiness delay of a join: a worker started after a commit -> its admission.
   double join_ms = NAN;
   json join_json;
@@ -414,89 +424,142 @@ int main(int argc, char** argv) try {
     join_json = {{"nodes_before", n}, {"ready_ms", join_ms}, {"records", json::parse(nlohmann::json(events).dump())}};
   }
 
-  // --- the replays and their predictions
-  json results = json::array();
-  std::cout << "\n";
-  std::vector<std::string> table;
+  // --- the replays (measured)
+  struct replay_run {
+    sim::replay_schedule schedule;
+    double window_ms = 0, t0 = NAN, samples = 0, measured = 0;
+    std::size_t replayed_events = 0;  // those before the end (the run ends at the trace's last time)
+    std::vector<nlohmann::json> steps, records;
+    std::vector<std::string> progress;
+    std::string load_before, load_after;
+  };
+  std::vector<replay_run> runs;
   for (const auto& c : cases) {
-    const auto events = sim::read_trace(c.trace.string());
-    const auto schedule = sim::make_replay_schedule(events, {.slots = c.slots});
-    const double window_ms = schedule.end_ms * c.scale;
-    std::cout << c.name << ": " << c.how << "; " << c.slots << " workers, x" << c.scale << " (window "
-              << fmt("%.1f", window_ms / 1000) << " s)\n";
-    for (const auto& e : schedule.events)
-      if (e.ms < schedule.end_ms) std::cout << "  " << sim::describe(e) << "  (" << fmt("%.2f", e.ms * c.scale / 1000) << " s here)\n";
-    // Measured.
-    const auto metrics = dir / ("replay-" + std::to_string(results.size()) + ".jsonl");
-    const std::string load_before = load_average();
+    replay_run m;
+    m.schedule = sim::make_replay_schedule(sim::read_trace(c.trace.string()), {.slots = c.slots});
+    m.window_ms = m.schedule.end_ms * c.scale;
+    for (const auto& e : m.schedule.events) m.replayed_events += e.ms < m.schedule.end_ms;
+    std::cout << "\n" << c.name << ": " << c.how << "; " << c.slots << " workers, x" << c.scale << " (window "
+              << fmt("%.1f", m.window_ms / 1000) << " s)\n";
+    for (const auto& e : m.schedule.events)
+      if (e.ms < m.schedule.end_ms)
+        std::cout << "  " << sim::describe(e) << "  (" << fmt("%.2f", e.ms * c.scale / 1000) << " s here)\n";
+    const auto metrics = dir / ("replay-" + std::to_string(runs.size()) + ".jsonl");
+    m.load_before = load_average();
     const auto r = run_program(bin + "/oobleck-local", {"--config", job_path.string(), "--trace", c.trace.string(),
                                                         "--time-scale", fmt("%.17g", c.scale), "--trace-nodes",
                                                         std::to_string(c.slots), "--metrics-out", metrics.string()},
-                               window_ms / 1000 + 300);
-    const std::string load_after = load_average();
-    if (r.status != 0) throw std::runtime_error(c.name + ": the replay failed (status " + std::to_string(r.status) + "):\n" + r.transcript());
-    double t0 = NAN;
+                               m.window_ms / 1000 + 300);
+    m.load_after = load_average();
+    if (r.status != 0)
+      throw std::runtime_error(c.name + ": the replay failed (status " + std::to_string(r.status) + "):\n" + r.transcript());
     for (const auto& l : r.lines)
       if (l.text.rfind("[coordinator] epoch ", 0) == 0 && l.text.find(" formed: ") != std::string::npos) {
-        t0 = l.unix_ms;
+        m.t0 = l.unix_ms;
         break;
       }
-    if (std::isnan(t0)) throw std::runtime_error(c.name + ": no epoch formed:\n" + r.transcript());
-    const auto steps = read_steps(metrics);
-    double samples = 0;
-    for (const auto& s : steps) {
-      const double t = s["unix_ms"].get<double>();
-      if (t > t0 && t <= t0 + window_ms) samples += s["samples"].get<double>();
+    if (std::isnan(m.t0)) throw std::runtime_error(c.name + ": no epoch formed:\n" + r.transcript());
+    m.steps = read_steps(metrics);
+    for (const auto& st : m.steps) {
+      const double t = st["unix_ms"].get<double>();
+      if (t > m.t0 && t <= m.t0 + m.window_ms) m.samples += st["samples"].get<double>();
     }
-    const double measured = samples / (window_ms / 1000);
-    const auto records = read_events(metrics);
-    std::vector<std::string> progress;
+    m.measured = m.samples / (m.window_ms / 1000);
+    m.records = read_events(metrics);
     for (const auto& l : r.lines)
-      if (l.text.rfind("[local] trace ", 0) == 0) progress.push_back(l.text);
-    // Predicted: the same node subset, time scale, readiness delay; the measured costs.
-    const auto ct = cluster_trace_of(c, schedule, std::isnan(join_ms) ? 0 : join_ms);
+      if (l.text.rfind("[local] trace ", 0) == 0) m.progress.push_back(l.text);
+    std::cout << "  measured " << fmt("%.1f", m.measured) << " samples/s (" << m.samples << " samples in "
+              << fmt("%.1f", m.window_ms / 1000) << " s; " << m.records.size() << " recovery record(s); load "
+              << m.load_before << " -> " << m.load_after << ")\n";
+    runs.push_back(std::move(m));
+  }
+  calibrate("after the replays");
+  std::vector<double> step_scale(static_cast<std::size_t>(most + 1), 0.0);
+  std::cout << "\ncontention model (measured / planned step, mean of the two passes):";
+  for (const auto& [n, v] : measured_steps) {
+    double mean = 0;
+    for (double x : v) mean += x / static_cast<double>(v.size());
+    step_scale[static_cast<std::size_t>(n)] = mean / planning::plan_job(profile, planner_config(n)).step_ms;
+    std::cout << " " << n << " nodes x" << fmt("%.2f", step_scale[static_cast<std::size_t>(n)]) << " ("
+              << fmt("%.1f", mean) << " ms)";
+  }
+  std::cout << "\n";
+
+  // --- the predictions
+  json results = json::array();
+  std::vector<std::string> table;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    const auto& m = runs[i];
+    // The same node subset, time scale and readiness delay; the measured costs and contention.
+    const auto ct = cluster_trace_of(c, m.schedule, std::isnan(join_ms) ? 0 : join_ms);
     sim::oobleck_policy policy(sim_job_for(c, step_scale), costs, ct.start_ms);
-    const auto p = sim::simulate(policy, ct, ct.start_ms + window_ms, c.slots);
+    const auto p = sim::simulate(policy, ct, ct.start_ms + m.window_ms, c.slots);
     // The same without the contention model, for scale.
     sim::oobleck_policy plain(sim_job_for(c, {}), costs, ct.start_ms);
-    const auto q = sim::simulate(plain, ct, ct.start_ms + window_ms, c.slots);
-    const double error = (p.samples_per_s - measured) / measured;
-    std::cout << "  measured " << fmt("%.1f", measured) << " samples/s (" << samples << " samples in "
-              << fmt("%.1f", window_ms / 1000) << " s; " << records.size() << " recovery record(s); load " << load_before
-              << " -> " << load_after << ")\n  predicted " << fmt("%.1f", p.samples_per_s) << " samples/s: error "
-              << fmt("%+.1f", 100 * error) << "% (without the contention model: " << fmt("%.0f", q.samples_per_s)
-              << " samples/s)\n";
-    std::string decisions;
+    const auto q = sim::simulate(plain, ct, ct.start_ms + m.window_ms, c.slots);
+    const double error = (p.samples_per_s - m.measured) / m.measured;
+    std::cout << "\n" << c.name << ": measured " << fmt("%.1f", m.measured) << " samples/s, predicted "
+              << fmt("%.1f", p.samples_per_s) << ": error " << fmt("%+.1f", 100 * error)
+              << "% (without the contention model: " << fmt("%.0f", q.samples_per_s) << " samples/s)\n";
     for (const auto& d : p.decisions)
-      decisions += "  sim " + fmt("%.2f", (d.ms - ct.start_ms) / 1000) + " s: " + d.what + " on " + std::to_string(d.nodes_in_use) +
-                   " nodes, step " + fmt("%.1f", d.step_ms) + " ms" + (d.detail.empty() ? "" : " (" + d.detail + ")") + "\n";
-    std::cout << decisions;
+      std::cout << "  sim " << fmt("%.2f", (d.ms - ct.start_ms) / 1000) << " s: " << d.what << " on " << d.nodes_in_use
+                << " nodes, step " << fmt("%.1f", d.step_ms) << " ms" << (d.detail.empty() ? "" : " (" + d.detail + ")")
+                << "\n";
+    // Between consecutive events: measured against predicted throughput (where the error comes from).
+    std::vector<double> cuts{0};
+    for (const auto& e : m.schedule.events)
+      if (e.ms < m.schedule.end_ms) cuts.push_back(e.ms * c.scale);
+    cuts.push_back(m.window_ms);
+    json phases = json::array();
+    std::cout << "  phase (s here)      measured/s  predicted/s\n";
+    for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
+      const double a = cuts[k], b = cuts[k + 1];
+      if (!(b > a)) continue;
+      double got = 0, want = 0;
+      for (const auto& st : m.steps) {
+        const double t = st["unix_ms"].get<double>() - m.t0;
+        if (t > a && t <= b) got += st["samples"].get<double>();
+      }
+      for (const auto& seg : p.segments) {
+        const double lo = std::max(a, seg.start_ms - ct.start_ms), hi = std::min(b, seg.end_ms - ct.start_ms);
+        if (hi > lo && seg.end_ms > seg.start_ms) want += seg.samples * (hi - lo) / (seg.end_ms - seg.start_ms);
+      }
+      const double span_s = (b - a) / 1000;
+      std::printf("  %6.1f - %6.1f %13.1f %12.1f\n", a / 1000, b / 1000, got / span_s, want / span_s);
+      phases.push_back({{"from_s", a / 1000}, {"to_s", b / 1000}, {"measured_samples_per_s", got / span_s},
+                        {"predicted_samples_per_s", want / span_s}});
+    }
     char row[256];
     std::snprintf(row, sizeof row, "%-28s %6d %8g %9.1f %7zu %11.1f %11.1f %+8.1f%%", c.name.c_str(), c.slots, c.scale,
-                  window_ms / 1000, schedule.events.size(), measured, p.samples_per_s, 100 * error);
+                  m.window_ms / 1000, m.replayed_events, m.measured, p.samples_per_s, 100 * error);
     table.push_back(row);
     json breakdown;
     for (int a = 0; a < sim::kActivities; ++a)
       breakdown[sim::to_string(static_cast<sim::activity>(a))] = p.breakdown_ms[static_cast<std::size_t>(a)];
     json recs = json::array();
-    for (const auto& e : records) recs.push_back(json::parse(e.dump()));
+    for (const auto& e : m.records) recs.push_back(json::parse(e.dump()));
     results.push_back({{"case", c.name},
                        {"source", c.source},
                        {"subset", c.how},
                        {"slots", c.slots},
                        {"time_scale", c.scale},
-                       {"window_s", window_ms / 1000},
-                       {"events", schedule.events.size()},
-                       {"replayed", progress},
-                       {"measured_samples_per_s", measured},
-                       {"measured_samples", samples},
+                       {"window_s", m.window_ms / 1000},
+                       {"events", m.replayed_events},
+                       {"replayed", m.progress},
+                       {"measured_samples_per_s", m.measured},
+                       {"measured_samples", m.samples},
                        {"recovery_records", recs},
                        {"predicted_samples_per_s", p.samples_per_s},
                        {"relative_error", error},
                        {"predicted_without_contention_model", q.samples_per_s},
                        {"predicted_breakdown_ms", breakdown},
-                       {"load_average", {load_before, load_after}}});
+                       {"phases", phases},
+                       {"load_average", {m.load_before, m.load_after}}});
   }
+  json model = json::object();
+  for (std::size_t n = 0; n < step_scale.size(); ++n)
+    if (step_scale[n] > 0) model[std::to_string(n)] = step_scale[n];
   std::cout << "\n";
   std::printf("%-28s %6s %8s %9s %7s %11s %11s %9s\n", "case", "nodes", "scale", "window s", "events", "measured/s",
               "predicted/s", "error");
@@ -517,6 +580,7 @@ int main(int argc, char** argv) try {
     out["recovery_costs"] = costs_path;
     out["profile_step_ms_6_nodes"] = planning::plan_job(profile, planner_config(6)).step_ms;
     out["calibration"] = calibration;
+    out["step_scale_by_nodes"] = model;
     out["join"] = join_json;
     out["cases"] = results;
     out["within_10_percent"] = within;
