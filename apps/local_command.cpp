@@ -276,9 +276,10 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   std::atomic<bool> have_address{false};
   std::atomic<std::int64_t> last_step{-1};  // the newest "step K:" line of the coordinator
   std::atomic<bool> formed{false};          // the first "epoch N formed:" line (trace time 0)
+  std::atomic<int> registered{0};           // "node K joined:" lines
   std::chrono::steady_clock::time_point formed_at{};
   std::string address;
-  std::thread echo([fd = pipe_fds[0], &address, &have_address, &last_step, &formed, &formed_at, &out] {
+  std::thread echo([fd = pipe_fds[0], &address, &have_address, &last_step, &formed, &formed_at, &registered, &out] {
     std::string pending;
     char buf[4096];
     for (;;) {
@@ -289,6 +290,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
         const std::string line = pending.substr(0, nl);
         pending.erase(0, nl + 1);
         out << line << std::endl;
+        if (line.rfind("[coordinator] node ", 0) == 0 && line.find(" joined: ") != std::string::npos) ++registered;
         if (!formed && line.rfind("[coordinator] epoch ", 0) == 0 && line.find(" formed: ") != std::string::npos) {
           formed_at = std::chrono::steady_clock::now();
           formed = true;  // after formed_at: the reader sees both
@@ -351,11 +353,23 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
                      "--connection-timeout-ms", std::to_string(job.cluster.connection_timeout_ms)}));
   };
   if (replay) out << "[local] " << replay->summary(trace_path) << std::endl;
-  for (int i = 0; i < nodes; ++i) start_worker(i);
+  for (int i = 0; i < nodes && !coordinator_status; ++i) {
+    start_worker(i);
+    // A trace replay starts its workers one at a time, so that worker i is node i (ids follow
+    // registration order): the simulator's node ids are the same (sim::replay_trace), and so
+    // are the pipelines a removal hits.
+    while (replay && registered <= i && !(coordinator_status = procs.poll(coordinator))) {
+      if (std::chrono::steady_clock::now() > deadline || stop_signal) {
+        err << "error: worker node" << i << " did not register\n";
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
 
   int next_worker = nodes;
   bool trace_stopped = false;
-  while (!(coordinator_status = procs.poll(coordinator))) {
+  while (!coordinator_status && !(coordinator_status = procs.poll(coordinator))) {
     if (replay && !trace_stopped) {
       const auto now = std::chrono::steady_clock::now();
       if (!replay->begun() && formed) replay->begin(formed_at);

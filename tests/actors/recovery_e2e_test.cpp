@@ -671,6 +671,7 @@ TEST_CASE("recovery e2e: a trace replayed with --trace: its removal kills a work
     }
   REQUIRE(id_of.count("node2") == 1);
   REQUIRE(id_of.count("node6") == 1);
+  CHECK(id_of.at("node2") == 2);  // a replay's starting workers register one at a time
   CHECK(id_of.at("node6") == 6);  // joined workers take the next ids
   const int steps = static_cast<int>(r.steps.size());
   REQUIRE(steps >= 5);
