@@ -412,11 +412,13 @@ int main(int argc, char** argv) try {
     const int n = most - 1;
     const auto metrics = dir / "calibration-join.jsonl";
     const auto r = run_program(bin + "/oobleck-local", {"--config", job_path.string(), "--nodes", std::to_string(n), "--steps",
-                                                        "40", "--join-at", "10:1", "--metrics-out", metrics.string()},
+                                                        "400", "--join-at", "10:1", "--metrics-out", metrics.string()},
                                300);
     if (r.status != 0) throw std::runtime_error("join calibration failed:\n" + r.transcript());
     const double start = r.first("starting 1 more worker"), admitted = r.first("node " + std::to_string(n) + " joined: ");
     join_ms = admitted - start;
+    // (With too few steps the job can finish before a slow worker registers: no figure at all.)
+    if (!std::isfinite(join_ms)) throw std::runtime_error("join calibration: the worker never joined:\n" + r.transcript());
     const auto events = read_events(metrics);
     std::cout << "join readiness (worker started -> admitted, " << n << " -> " << n + 1 << " nodes): " << fmt("%.0f", join_ms)
               << " ms; the join's own recovery record: "
