@@ -1,6 +1,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -126,6 +127,9 @@ std::string step_json(const actors::step_record& r) {
   breakdown["control_ms"] = b.control_ms;
   breakdown["other_ms"] = b.other_ms;
   j["breakdown"] = breakdown;
+  // When the line is written (at the commit): throughput over time, and over a window, from the
+  // file alone (oobleck-local --trace, bench/sim_validation).
+  j["unix_ms"] = std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
   return j.dump();
 }
 

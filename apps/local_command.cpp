@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +27,7 @@
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
 #include "apps/job_file.hpp"
+#include "apps/trace_replay.hpp"
 #include "messages/input_error.hpp"
 
 extern char** environ;
@@ -116,6 +118,30 @@ class process_set {
   std::vector<pid_t> pids_;
 };
 
+/// Carries out one trace event: kill -9 of the removed nodes' workers, then the added nodes'
+/// workers started (numbered as the schedule says, which is the order they are started in).
+/// Returns the progress line.
+template <class Start>
+std::string replay_step(const sim::replay_event& e, double local_s, const std::vector<pid_t>& worker_pids,
+                        int& next_worker, Start&& start_worker) {
+  char at[64];
+  std::snprintf(at, sizeof at, "trace %g s (%.2f s here): ", e.ms / 1000, local_s);
+  std::string line = at;
+  for (std::size_t i = 0; i < e.killed.size(); ++i) {
+    const pid_t pid = worker_pids.at(static_cast<std::size_t>(e.killed[i]));
+    ::kill(pid, SIGKILL);
+    line += e.removed[i] + " removed: kill -9 of worker node" + std::to_string(e.killed[i]) + " (pid " +
+            std::to_string(pid) + "); ";
+  }
+  for (std::size_t i = 0; i < e.started.size(); ++i) {
+    if (e.started[i] != next_worker) throw std::logic_error("trace replay: worker numbers out of order");
+    start_worker(next_worker++);
+    line += e.added[i] + " added: started worker node" + std::to_string(e.started[i]) + " (it joins); ";
+  }
+  line.resize(line.size() - 2);
+  return line;
+}
+
 std::filesystem::path own_directory() {
   return std::filesystem::read_symlink("/proc/self/exe").parent_path();
 }
@@ -133,6 +159,8 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   double timeout = 600;
   bool print_default = false;
   std::vector<std::string> fail_at, hang_at, join_at;
+  std::string trace_path;
+  std::optional<int> trace_nodes;
   add_integer(app, "--nodes", nodes_flag, 1, 64, "worker processes (default: the job's cluster.nodes, 6 for the default job)");
   add_text(app, "--config", config, "the job file (default: the built-in default job)");
   add_integer(app, "--steps", steps_flag, 1, std::int64_t{1} << 40,
@@ -152,6 +180,18 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
                  "STEP:K: start K more worker processes when step STEP has committed; they join at the "
                  "next step boundary and take the next node ids (repeatable)")
       ->type_name("STEP:K");
+  add_text(app, "--trace", trace_path,
+           "replay a node availability trace (lines 'ms,add|remove,nodeN', e.g. ../shared/traces/10m.csv): "
+           "its removals kill workers (kill -9), its later adds start workers (joins); trace time 0 is the "
+           "first epoch; the run ends at the trace's last time (or --steps)")
+      ->type_name("FILE");
+  double time_scale_value = 1;
+  add_number(app, "--time-scale", time_scale_value, 0,
+             "with --trace: multiply trace times by X > 0 (0.01 replays 10 minutes in 6 s; default 1)");
+  add_integer(app, "--trace-nodes", trace_nodes, 1, 64,
+              "with --trace: at most N workers at once (default: --nodes, else the job's cluster.nodes); the trace's "
+              "nodes take free slots in the order they are added, the rest wait as spares")
+      ->type_name("N");
   std::string checkpoint_dir, resume;
   std::optional<std::int64_t> checkpoint_every;
   add_text(app, "--checkpoint-dir", checkpoint_dir, "where checkpoints go (default: the job's [checkpoint] dir)");
@@ -201,8 +241,23 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     if (parts.size() != 2 || parts[1] < 1) throw messages::input_error("--join-at: expected STEP:K with K >= 1, got '" + j + "'");
     joins.emplace_back(parts[0], parts[1]);
   }
-  const int nodes = nodes_flag.value_or(job.cluster.nodes);
-  const std::int64_t steps = steps_flag.value_or(static_cast<std::int64_t>(job.training.steps));
+  const bool time_scale_given = app.get_option("--time-scale")->count() > 0;
+  std::unique_ptr<trace_replayer> replay;
+  if (trace_path.empty()) {
+    if (time_scale_given) throw messages::input_error("--time-scale goes with --trace");
+    if (trace_nodes) throw messages::input_error("--trace-nodes goes with --trace");
+  } else {
+    if (!faults.empty() || !joins.empty())
+      throw messages::input_error("--trace replaces --fail-at, --hang-at and --join-at: give one or the other");
+    if (!(time_scale_value > 0)) throw messages::input_error("--time-scale must be > 0, got 0");
+    replay = std::make_unique<trace_replayer>(trace_path, trace_nodes.value_or(nodes_flag.value_or(job.cluster.nodes)),
+                                              time_scale_value);
+  }
+  // With a trace, its starting nodes are the workers, and the trace's end (not a step count)
+  // ends the run unless --steps says otherwise.
+  const int nodes = replay ? static_cast<int>(replay->schedule().initial.size()) : nodes_flag.value_or(job.cluster.nodes);
+  const std::int64_t steps = steps_flag.value_or(replay ? std::int64_t{1} << 40
+                                                        : static_cast<std::int64_t>(job.training.steps));
   const int fault_tolerance = fault_tolerance_flag.value_or(job.cluster.fault_tolerance);
   for (const auto& f : faults)
     if (f.node >= nodes)
@@ -239,8 +294,11 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   // Echo the coordinator's lines; the first "listening on" gives its address.
   std::atomic<bool> have_address{false};
   std::atomic<std::int64_t> last_step{-1};  // the newest "step K:" line of the coordinator
+  std::atomic<bool> formed{false};          // the first "epoch N formed:" line (trace time 0)
+  std::atomic<int> registered{0};           // "node K joined:" lines
+  std::chrono::steady_clock::time_point formed_at{};
   std::string address;
-  std::thread echo([fd = pipe_fds[0], &address, &have_address, &last_step, &out] {
+  std::thread echo([fd = pipe_fds[0], &address, &have_address, &last_step, &formed, &formed_at, &registered, &out] {
     std::string pending;
     char buf[4096];
     for (;;) {
@@ -251,6 +309,11 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
         const std::string line = pending.substr(0, nl);
         pending.erase(0, nl + 1);
         out << line << std::endl;
+        if (line.rfind("[coordinator] node ", 0) == 0 && line.find(" joined: ") != std::string::npos) ++registered;
+        if (!formed && line.rfind("[coordinator] epoch ", 0) == 0 && line.find(" formed: ") != std::string::npos) {
+          formed_at = std::chrono::steady_clock::now();
+          formed = true;  // after formed_at: the reader sees both
+        }
         if (const auto at = line.find("[coordinator] step "); at == 0) {
           std::int64_t k = -1;
           if (std::sscanf(line.c_str() + 19, "%lld:", reinterpret_cast<long long*>(&k)) == 1) last_step = k;
@@ -318,20 +381,44 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
-  for (int i = 0; i < nodes; ++i)
-    procs.start((bin / "oobleck-worker").string(),
-                {"--coordinator", address, "--token-file", token, "--name", "node" + std::to_string(i),
-                 "--heartbeat-interval-ms", std::to_string(job.cluster.heartbeat_interval_ms),
-                 "--connection-timeout-ms", std::to_string(job.cluster.connection_timeout_ms)});
+  std::vector<pid_t> worker_pids;  // by worker number (its name is "node" + number)
+  auto start_worker = [&](int i) {
+    worker_pids.push_back(
+        procs.start((bin / "oobleck-worker").string(),
+                    {"--coordinator", address, "--token-file", token, "--name", "node" + std::to_string(i),
+                     "--heartbeat-interval-ms", std::to_string(job.cluster.heartbeat_interval_ms),
+                     "--connection-timeout-ms", std::to_string(job.cluster.connection_timeout_ms)}));
+  };
+  if (replay) out << "[local] " << replay->summary(trace_path) << std::endl;
+  for (int i = 0; i < nodes && !coordinator_status; ++i) {
+    start_worker(i);
+    // A trace replay starts its workers one at a time, so that worker i is node i (ids follow
+    // registration order): the simulator's node ids are the same (sim::replay_trace), and so
+    // are the pipelines a removal hits.
+    while (replay && registered <= i && !(coordinator_status = procs.poll(coordinator))) {
+      if (std::chrono::steady_clock::now() > deadline || stop_signal) {
+        err << "error: worker node" << i << " did not register\n";
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
 
   int next_worker = nodes;
-  auto start_worker = [&](int i) {
-    procs.start((bin / "oobleck-worker").string(),
-                {"--coordinator", address, "--token-file", token, "--name", "node" + std::to_string(i),
-                 "--heartbeat-interval-ms", std::to_string(job.cluster.heartbeat_interval_ms),
-                 "--connection-timeout-ms", std::to_string(job.cluster.connection_timeout_ms)});
-  };
-  while (!(coordinator_status = procs.poll(coordinator))) {
+  bool trace_stopped = false;
+  while (!coordinator_status && !(coordinator_status = procs.poll(coordinator))) {
+    if (replay && !trace_stopped) {
+      const auto now = std::chrono::steady_clock::now();
+      if (!replay->begun() && formed) replay->begin(formed_at);
+      for (const auto& e : replay->due(now))
+        out << "[local] " << replay_step(e, replay->local_s(e), worker_pids, next_worker, start_worker) << std::endl;
+      if (replay->ended(now)) {
+        out << "[local] the trace ended (trace " << replay->schedule().end_ms / 1000 << " s): stopping the job"
+            << std::endl;
+        ::kill(coordinator, SIGTERM);  // an orderly stop: the steps committed so far stand
+        trace_stopped = true;
+      }
+    }
     for (auto it = joins.begin(); it != joins.end();)
       if (last_step >= it->first) {
         out << "[local] step " << it->first << " committed: starting " << it->second << " more worker(s)" << std::endl;

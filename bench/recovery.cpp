@@ -61,6 +61,7 @@
 #include "planning/synthetic_profile.hpp"
 #include "runtime/layer_store.hpp"
 #include "sim/recovery_costs.hpp"
+#include "sim/replay_schedule.hpp"
 #include "sim/report.hpp"
 #include "sim/trace.hpp"
 
@@ -720,7 +721,7 @@ json result_json(const fault_result& r, double p2p) {
 int main(int argc, char** argv) try {
   bool quick = false;
   std::string json_path, plot_path, bin = OOBLECK_APPS_DIR;
-  std::string trace_path = "/work/shared/traces/bamboo-p3-trace.csv";
+  std::string trace_path = std::string(OOBLECK_TRACES_DIR) + "/bamboo-p3-trace.csv";
   std::string transport_json = std::string(OOBLECK_SOURCE_DIR) + "/bench/results/transport_vs_gloo.json";
   std::string transport_label = "bench/results/transport_vs_gloo.json";
   double time_scale = 0.005;
@@ -910,41 +911,25 @@ int main(int argc, char** argv) try {
   } else {
     const auto events = oobleck::sim::read_trace(trace_path);
     const int nodes = 8;
-    std::vector<std::string> sample;  // the trace's starting nodes, file order
-    for (const auto& e : events)
-      if (e.ms == events.front().ms && e.action == oobleck::sim::trace_action::add && static_cast<int>(sample.size()) < nodes)
-        sample.push_back(e.node);
+    // The trace's first 8 starting nodes (file order) and their removals (sim/replay_schedule.hpp,
+    // as oobleck-local --trace schedules them, without the joins).
+    const auto schedule = oobleck::sim::make_replay_schedule(events, {.slots = nodes, .joins = false});
+    const std::vector<std::string>& sample = schedule.initial;
     const std::string replay_job = with_key(small_job, "cluster", "nodes", std::to_string(nodes));
     const job_model model(replay_job, nodes);
     plan_replay planner(model);
     std::vector<replay_kill> kills;
-    double end_trace_ms = events.back().ms;
+    double end_trace_ms = schedule.end_ms;
     std::string end_reason = "the trace's end";
-    int adds_ignored = 0, removes_elsewhere = 0;
-    for (std::size_t i = 0; i < events.size();) {
-      const double t = events[i].ms;
-      replay_kill k{t, {}, {}};
-      for (; i < events.size() && events[i].ms == t; ++i) {
-        const auto& e = events[i];
-        if (e.action == oobleck::sim::trace_action::add) {
-          adds_ignored += t > events.front().ms;
-          continue;
-        }
-        const auto at = std::find(sample.begin(), sample.end(), e.node);
-        if (at == sample.end()) {
-          ++removes_elsewhere;
-          continue;
-        }
-        k.names.push_back(e.node);
-        k.nodes.push_back(static_cast<int>(at - sample.begin()));
-      }
-      if (k.nodes.empty()) continue;
+    const int adds_ignored = schedule.adds_without_slot, removes_elsewhere = schedule.removes_without_worker;
+    for (const auto& e : schedule.events) {
+      const replay_kill k{e.ms, e.removed, e.killed};
       const auto r = planner.lose(k.nodes);
       if (r.action == planning::reconfiguration_action::checkpoint_and_stop) {
-        end_trace_ms = t;
+        end_trace_ms = e.ms;
         std::string names;
         for (const auto& n : k.names) names += " " + n;
-        end_reason = "the removal of" + names + " at " + fmt("%.0f", t / 1000) + " s, which the job cannot survive (" +
+        end_reason = "the removal of" + names + " at " + fmt("%.0f", e.ms / 1000) + " s, which the job cannot survive (" +
                      r.reason + ")";
         break;
       }
@@ -1015,8 +1000,9 @@ int main(int argc, char** argv) try {
     std::cout << "  average throughput: failure-free " << fmt("%.1f", free_avg) << " samples/s, replay "
               << fmt("%.1f", replay_avg) << " samples/s: " << fmt("%.3f", replay_avg / free_avg)
               << " of the failure-free run (" << kills.size() << " removal event(s) replayed; " << adds_ignored
-              << " adds not replayed: joins are not supported yet; " << removes_elsewhere
-              << " removals of nodes outside the sample)\n"
+              << " nodes of the trace outside the sample, their adds not replayed here (oobleck-local --trace and "
+                 "bench/sim_validation replay joins); "
+              << removes_elsewhere << " removals of nodes outside the sample)\n"
               << "  recoveries (downtime less one failure-free step of " << fmt("%.1f", free_step_ms)
               << " ms) took " << fmt("%.2f", 100 * median(lost_shares)) << "% of the window\n";
     if (!plot_path.empty())

@@ -104,7 +104,7 @@ nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlo
 int main(int argc, char** argv) {
   bool quick = false;
   std::string json_path = "sim_table2.json";
-  std::string traces_dir = "/work/shared/traces";
+  std::string traces_dir = OOBLECK_TRACES_DIR;
   std::string costs_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     else {
       std::cout << "usage: sim_table2 [--quick] [--json PATH] [--traces DIR] [--recovery-costs FILE]\n"
                    "  Regenerates the paper's Table 2 with oobleck-sim's policies: traces DIR/{6h,1h,10m}.csv\n"
-                   "  (default /work/shared/traces; a missing trace is skipped with a message), the five\n"
+                   "  (default " OOBLECK_TRACES_DIR "; a missing trace is skipped with a message), the five\n"
                    "  models on analytical A40 profiles, f = 1. --quick runs BERT-large only.\n";
       return a == "--help" ? 0 : 2;
     }

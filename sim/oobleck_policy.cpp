@@ -38,6 +38,11 @@ int oobleck_policy::nodes_in_use() const {
   return n;
 }
 
+double oobleck_policy::scaled(double step_ms, int nodes) const {
+  const auto n = static_cast<std::size_t>(nodes);
+  return n < job_.step_scale.size() && job_.step_scale[n] > 0 ? step_ms * job_.step_scale[n] : step_ms;
+}
+
 double oobleck_policy::copy_ms(const std::vector<planning::layer_copy>& copies) const {
   std::map<int, double> in, out;
   double busiest = 0;
@@ -62,8 +67,9 @@ void oobleck_policy::start() {
   state_.pipelines = planning::place_pipelines(inst, ids);
   state_.idle_nodes.assign(ids.begin() + used, ids.end());
   if (started_once_) clock_.pause(activity::restart, restart_ms(rc_, state_bytes_));
-  clock_.run({.step_ms = inst.batch.step_ms, .samples_per_step = static_cast<double>(job_.global_batch), .nodes = used});
-  record(started_once_ ? "restart" : "start", used, inst.batch.step_ms,
+  const double step_ms = scaled(inst.batch.step_ms, used);
+  clock_.run({.step_ms = step_ms, .samples_per_step = static_cast<double>(job_.global_batch), .nodes = used});
+  record(started_once_ ? "restart" : "start", used, step_ms,
          std::to_string(state_.pipelines.size()) + " pipelines");
   running_ = true;
   started_once_ = true;
@@ -109,10 +115,11 @@ void oobleck_policy::on_change(const std::vector<int>& ready, const std::vector<
   clock_.pause(activity::reconfiguration, rc_.planning_ms + copy_ms(r.copies));
   state_ = {r.pipelines, r.idle_nodes};
   const int used = nodes_in_use();
-  clock_.run({.step_ms = r.step_ms, .samples_per_step = static_cast<double>(job_.global_batch), .nodes = used});
+  const double step_ms = scaled(r.step_ms, used);
+  clock_.run({.step_ms = step_ms, .samples_per_step = static_cast<double>(job_.global_batch), .nodes = used});
   std::string rules;
   for (auto rule : r.rules) rules += (rules.empty() ? "" : ",") + std::string(planning::to_string(rule));
-  record("reconfigure", used, r.step_ms, rules);
+  record("reconfigure", used, step_ms, rules);
 }
 
 }  // namespace oobleck::sim

@@ -32,6 +32,8 @@ class oobleck_policy : public policy {
  private:
   void start();
   int nodes_in_use() const;
+  /// step_ms x the job's step_scale for `nodes` training nodes.
+  double scaled(double step_ms, int nodes) const;
 
   sim_job job_;
   recovery_costs rc_;

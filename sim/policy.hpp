@@ -21,6 +21,10 @@ struct sim_job {
   int microbatch = 0;                ///< b (Oobleck, Varuna)
   int bamboo_microbatch = 0;         ///< Bamboo's b
   double state_factor = 4.0;         ///< bytes of training state per parameter byte
+  /// Oobleck's step time x step_scale[n] while n nodes train (missing or empty: x 1). A measured
+  /// contention model for a cluster whose nodes share cores (bench/sim_validation): on one
+  /// machine, n worker processes do not run n times the work of one.
+  std::vector<double> step_scale;
 };
 
 /// One decision of a policy, for reports and tests.

@@ -1,8 +1,10 @@
 #pragma once
 // The constants that price a failure: Oobleck's recovery (detection, planning, layer copies),
 // checkpoint-restart (Varuna, Bamboo's fatal failures, Oobleck below (f+1) n0 nodes) and Bamboo's
-// redundant computation. Read from a JSON file written by the fault-tolerance benchmark; until
-// that benchmark exists, the defaults below hold, each next to its source.
+// redundant computation. The defaults below model the paper's cluster, each next to its source. A
+// JSON file overrides any of them: bench/recovery writes one (bench/results/recovery.json) with
+// the local cluster's measured detection, planning and copy rate (loopback, 2 cores); it measures
+// no checkpoint, restart, Varuna or Bamboo figure, so those keep their defaults.
 
 #include <string>
 
@@ -10,8 +12,10 @@ namespace oobleck::sim {
 
 struct recovery_costs {
   // --- Oobleck (paper §5; DESIGN §5) ---
-  /// From a node's loss to the coordinator's knowing it. A crash closes TCP at once (~2 ms, DESIGN
-  /// §8); a hung node needs the heartbeat timeout, 1 s with the 100 ms / 1 s setting measured there.
+  /// From a node's loss to the coordinator's knowing it. A crash closes TCP at once (13-30 ms
+  /// measured by bench/recovery on the loaded local cluster); a hung node needs the heartbeat
+  /// timeout (cluster.connection_timeout_ms, 10 s by default). 1 s: a crash on a busy cluster
+  /// with margin, or a hang with a 1 s timeout.
   double detection_ms = 1000;
   /// Re-planning plus the new epoch's communicators: the reconfiguration decision takes < 0.1 ms
   /// (bench/RESULTS.md) but NCCL communicators over 30 GPUs take seconds; 2 s is the low end of

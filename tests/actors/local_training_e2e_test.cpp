@@ -177,6 +177,36 @@ TEST_CASE("oobleck-local: --timeout stops every process and returns") {
   CHECK(took < 60);
 }
 
+TEST_CASE("oobleck-local: --trace flags are checked before any process starts") {
+  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-local-trace-flags-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct cleanup {
+    std::filesystem::path d;
+    ~cleanup() { std::filesystem::remove_all(d); }
+  } remove{dir};
+  const auto good = (dir / "good.csv").string();
+  std::ofstream(good) << "0,add,a\n0,add,b\n0,add,c\n0,add,d\n1000,remove,a\n";
+  const auto garbage = (dir / "garbage.csv").string();
+  std::ofstream(garbage) << "0,add,a\n0,add,b\nthis is not a trace line\n";
+  auto refused = [&](const std::vector<std::string>& args, const std::string& message) {
+    const auto r = run_process(bin + "/oobleck-local", args);
+    INFO(r.err);
+    CHECK(r.exit_status == 2);
+    CHECK(r.err.rfind("error: ", 0) == 0);
+    CHECK(r.err.find(message) != std::string::npos);
+    CHECK(r.out.empty());  // nothing started, not even the coordinator
+  };
+  refused({"--trace", (dir / "missing.csv").string()}, "cannot read trace file " + (dir / "missing.csv").string());
+  refused({"--trace", garbage}, garbage + " line 3: ");
+  refused({"--trace", good, "--time-scale", "-1"}, "--time-scale must be >= 0, got -1");
+  refused({"--trace", good, "--time-scale", "0"}, "--time-scale must be > 0");
+  refused({"--trace", good, "--time-scale", "fast"}, "--time-scale expects a finite number");
+  refused({"--time-scale", "0.5"}, "--time-scale goes with --trace");
+  refused({"--trace-nodes", "4"}, "--trace-nodes goes with --trace");
+  refused({"--trace", good, "--trace-nodes", "0"}, "--trace-nodes");
+  refused({"--trace", good, "--fail-at", "3:1"}, "--trace replaces --fail-at");
+}
+
 TEST_CASE("cluster: a hung worker is replaced, and when it wakes up it changes nothing and exits") {
   // Separate processes (not oobleck-local) so the test can wake the frozen worker itself.
   const auto dir = std::filesystem::temp_directory_path() / ("oobleck-fencing-" + std::to_string(::getpid()));

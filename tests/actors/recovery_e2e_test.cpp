@@ -113,10 +113,11 @@ class planner_model {
   /// The first epoch's configuration (node ids are registration order, 0..N-1).
   planning::cluster_state initial() const { return {plan_.pipelines, plan_.idle_nodes}; }
   int n0() const { return plan_.spec.n0; }
-  planning::reconfiguration lose(const planning::cluster_state& from, const std::vector<int>& lost) const {
+  planning::reconfiguration lose(const planning::cluster_state& from, const std::vector<int>& lost,
+                                 const std::vector<int>& joined = {}) const {
     const planning::reconfiguration_context ctx{plan_.templates, *costs_, job_.fault_tolerance,
                                                 job_.global_batch / job_.microbatch, job_.microbatch};
-    return planning::reconfigure(ctx, from, lost, {});
+    return planning::reconfigure(ctx, from, lost, joined);
   }
   static planning::cluster_state after(const planning::reconfiguration& r) { return {r.pipelines, r.idle_nodes}; }
 
@@ -149,10 +150,12 @@ std::string describe(const planning::cluster_state& s) {
   return out;
 }
 
-/// The failure-free run: every job here has the default model, data, batch and optimizer.
-const std::vector<double>& reference_losses() {
-  static const std::vector<double> losses =
-      actors::train_single_process(apps::stage_job_for(apps::parse_job(default_job_text(), "job")), 12);
+/// The failure-free run: every job here has the default model, data, batch and optimizer. At least
+/// `steps` steps (a trace replay runs as many as its time allows).
+const std::vector<double>& reference_losses(int steps = 12) {
+  static std::vector<double> losses;
+  if (static_cast<int>(losses.size()) < steps)
+    losses = actors::train_single_process(apps::stage_job_for(apps::parse_job(default_job_text(), "job")), steps);
   return losses;
 }
 
@@ -205,8 +208,11 @@ run_result run_local(const job_case& c, int steps, const std::vector<std::string
   } remove{dir};
   std::ofstream(dir / "job.toml") << c.text;
   const auto metrics = (dir / "metrics.jsonl").string();
-  std::vector<std::string> args{"--config", (dir / "job.toml").string(), "--steps", std::to_string(steps),
-                                "--metrics-out", metrics, "--timeout", "150"};
+  std::vector<std::string> args{"--config", (dir / "job.toml").string(), "--metrics-out", metrics, "--timeout", "150"};
+  if (steps > 0) {  // else the run ends otherwise (a trace's end)
+    args.push_back("--steps");
+    args.push_back(std::to_string(steps));
+  }
   args.insert(args.end(), extra.begin(), extra.end());
   background_process local(bin + "/oobleck-local", args);
   run_result r;
@@ -233,6 +239,7 @@ run_result run_local(const job_case& c, int steps, const std::vector<std::string
 /// One reconfiguration the coordinator logged.
 struct logged_reconfiguration {
   std::vector<int> lost;
+  std::vector<int> joined;
   std::string rules;
   std::uint64_t epoch = 0;
 };
@@ -254,11 +261,16 @@ std::vector<std::string> coordinator_lines(const std::string& output) {
 }
 
 /// Every invariant of one run (see the file's comment). `victims`: the nodes the run killed.
-run_summary check_run(const job_case& c, const run_result& r, int steps, const std::set<int>& victims) {
+/// `stopped`: the run was stopped (at a trace's end) rather than finishing its steps.
+run_summary check_run(const job_case& c, const run_result& r, int steps, const std::set<int>& victims,
+                      bool stopped = false) {
   INFO("output of the run:\n" << r.output);
   run_summary summary;
   REQUIRE(r.status == 0);
-  CHECK(r.output.find("training finished: " + std::to_string(steps) + " step(s) committed") != std::string::npos);
+  if (stopped)
+    CHECK(r.output.find("stopping: the coordinator was stopped") != std::string::npos);
+  else
+    CHECK(r.output.find("training finished: " + std::to_string(steps) + " step(s) committed") != std::string::npos);
   CHECK(r.output.find("ERROR") == std::string::npos);  // the coordinator logs a digest mismatch so
 
   // Replay the coordinator's decisions through the policy.
@@ -269,20 +281,29 @@ run_summary check_run(const job_case& c, const run_result& r, int steps, const s
   for (const auto& line : coordinator_lines(r.output)) {
     CAPTURE(line);
     const std::string reconf = "reconfigured after losing node(s)";
+    const std::string admit = "reconfigured to admit node(s)";
+    const std::string and_admit = " and admitting node(s)";
     const std::string reform = "re-formed the epoch (";
-    if (line.rfind(reconf, 0) == 0 || line.rfind(reform, 0) == 0) {
+    if (line.rfind(reconf, 0) == 0 || line.rfind(admit, 0) == 0 || line.rfind(reform, 0) == 0) {
       logged_reconfiguration lr;
       const auto open = line.find(" (");
+      auto read_ids = [&](std::size_t from, std::size_t to, std::vector<int>& into) {
+        std::istringstream ids(line.substr(from, to - from));
+        for (int id; ids >> id;) into.push_back(id);
+      };
       if (line.rfind(reconf, 0) == 0) {
-        std::istringstream ids(line.substr(reconf.size(), open - reconf.size()));
-        for (int id; ids >> id;) lr.lost.push_back(id);
+        const auto also = line.find(and_admit);
+        read_ids(reconf.size(), std::min(open, also), lr.lost);
+        if (also < open) read_ids(also + and_admit.size(), open, lr.joined);
+      } else if (line.rfind(admit, 0) == 0) {
+        read_ids(admit.size(), open, lr.joined);
       }
       const auto comma = line.find(", ", open);
       lr.rules = line.substr(open + 2, comma - open - 2);
       const auto e = line.find("): epoch ");
       REQUIRE(e != std::string::npos);
       lr.epoch = std::stoull(line.substr(e + 9));
-      const auto predicted = planner.lose(formed, lr.lost);
+      const auto predicted = planner.lose(formed, lr.lost, lr.joined);
       REQUIRE(continues(predicted));
       CHECK(lr.rules == predicted.reason);
       forming = planner_model::after(predicted);
@@ -301,7 +322,7 @@ run_summary check_run(const job_case& c, const run_result& r, int steps, const s
 
   // The steps: each once, in order, B samples, on the predicted pipelines, equal replicas, and
   // the failure-free run's loss.
-  const auto& reference = reference_losses();
+  const auto& reference = reference_losses(steps);
   REQUIRE(static_cast<int>(reference.size()) >= steps);
   REQUIRE(static_cast<int>(r.steps.size()) == steps);
   const auto layers = static_cast<std::size_t>(c.job.model.num_layers());
@@ -611,6 +632,63 @@ TEST_CASE("recovery e2e: a copy source is lost while the first reconfiguration f
   REQUIRE(r.events.size() == 1);  // one recovery: step 3 committed once, after both losses
   CHECK(r.events[0]["resumed_step"] == 3);
   CHECK(r.events[0]["lost"].size() == 2u);
+}
+
+TEST_CASE("recovery e2e: a trace replayed with --trace: its removal kills a worker, its add starts one that joins") {
+  // A tiny trace written here: six nodes at 0, n3 removed at 1.5 s, n7 added at 3.5 s, n8 added
+  // at 15 s (the trace's end; with 6 slots it would wait as a spare). The replay must kill n3's
+  // worker (node2), start a worker for n7 (node6) that joins at a step boundary and computes,
+  // stop the job at the trace's end, and every invariant of the other runs must hold.
+  const auto c = make_job(6, 1, 1'500'000);
+  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-trace-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct cleanup {
+    std::filesystem::path d;
+    ~cleanup() { std::filesystem::remove_all(d); }
+  } remove{dir};
+  const auto trace = (dir / "trace.csv").string();
+  {
+    std::ofstream t(trace);
+    for (int i = 1; i <= 6; ++i) t << "0,add,n" << i << "\n";
+    t << "1500,remove,n3\r\n3500,add,n7\n15000,add,n8\n";  // CRLF tolerated
+  }
+  const auto r = run_local(c, 0, {"--trace", trace, "--time-scale", "1", "--trace-nodes", "6"});
+  INFO(r.output);
+  CHECK(r.output.find("n3 -> worker 2") != std::string::npos);
+  CHECK(r.output.find("1 kill(s), 1 worker start(s) (joins); 1 node(s) of the trace never get a worker") !=
+        std::string::npos);
+  CHECK(r.output.find("n3 removed: kill -9 of worker node2") != std::string::npos);
+  CHECK(r.output.find("n7 added: started worker node6 (it joins)") != std::string::npos);
+  CHECK(r.output.find("the trace ended (trace 15 s): stopping the job") != std::string::npos);
+  CHECK(r.output.find("started worker node7") == std::string::npos);  // n8 never gets a slot
+  // Node ids are the coordinator's (order of registration): node2's and node6's.
+  std::map<std::string, int> id_of;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("[coordinator] node ", 0) == 0 && line.find(" joined: ") != std::string::npos) {
+      const auto name_at = line.find(" joined: ") + 9;
+      id_of[line.substr(name_at, line.find(' ', name_at) - name_at)] = std::stoi(line.substr(19));
+    }
+  REQUIRE(id_of.count("node2") == 1);
+  REQUIRE(id_of.count("node6") == 1);
+  CHECK(id_of.at("node2") == 2);  // a replay's starting workers register one at a time
+  CHECK(id_of.at("node6") == 6);  // joined workers take the next ids
+  const int steps = static_cast<int>(r.steps.size());
+  REQUIRE(steps >= 5);
+  const auto s = check_run(c, r, steps, {id_of.at("node2")}, true);
+  // The joined node was admitted by a reconfiguration and computed in the steps after it.
+  const bool admitted = std::any_of(s.reconfigurations.begin(), s.reconfigurations.end(), [](const logged_reconfiguration& lr) {
+    return std::find(lr.joined.begin(), lr.joined.end(), 6) != lr.joined.end();
+  });
+  CHECK(admitted);
+  bool computed = false;
+  for (const auto& m : r.steps)
+    for (const auto& p : m["pipelines"])
+      for (const auto& n : p["nodes"]) computed = computed || n.get<int>() == 6;
+  CHECK(computed);
+  // The metrics lines carry their commit time: the replay's window can be read from the file.
+  for (std::size_t k = 1; k < r.steps.size(); ++k)
+    CHECK(r.steps[k]["unix_ms"].get<double>() >= r.steps[k - 1]["unix_ms"].get<double>());
 }
 
 namespace {
