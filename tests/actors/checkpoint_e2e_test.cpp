@@ -86,27 +86,9 @@ pid_t worker_pid(background_process& local, int node) {
   const auto line = local.wait_for_line("node " + std::to_string(node) + " joined: ", std::chrono::seconds(60));
   const auto begin = line.find("joined: ") + 8;
   const std::string name = line.substr(begin, line.find(' ', begin) - begin);
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string pid = entry.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string statline;
-    std::getline(stat, statline);
-    const auto close = statline.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(statline.substr(close + 2));
-    char state = 0;
-    pid_t ppid = 0;
-    fields >> state >> ppid;
-    if (ppid != local.pid()) continue;
-    std::ifstream cmd(entry.path() / "cmdline", std::ios::binary);
-    std::vector<std::string> argv;
-    for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);
-    for (std::size_t i = 0; i + 1 < argv.size(); ++i)
-      if (argv[i] == "--name" && argv[i + 1] == name) return static_cast<pid_t>(std::stoi(pid));
-  }
-  FAIL("no worker process named " << name << " (node " << node << ")");
-  return -1;
+  const pid_t pid = child_named(local.pid(), name);
+  if (pid < 0) FAIL("no worker process named " << name << " (node " << node << ")");
+  return pid;
 }
 
 run_result run_local(const fs::path& dir, const std::string& job, int steps, const std::vector<std::string>& extra,

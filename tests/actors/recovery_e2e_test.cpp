@@ -86,11 +86,19 @@ struct job_case {
   int nodes = 0;
 };
 
-job_case make_job(int nodes, int f, std::int64_t memory) {
+/// Heartbeats for tests that freeze a process on purpose for seconds (not about detection).
+const std::vector<std::tuple<std::string, std::string, std::string>> slow_heartbeats{
+    {"cluster", "heartbeat_interval_ms", "1000"}, {"cluster", "connection_timeout_ms", "30000"}};
+
+job_case make_job(int nodes, int f, std::int64_t memory,
+                  const std::vector<std::tuple<std::string, std::string, std::string>>& more = {}) {
   job_case c;
-  c.text = job_with({{"cluster", "nodes", std::to_string(nodes)},
-                     {"cluster", "fault_tolerance", std::to_string(f)},
-                     {"cluster", "device_memory_bytes", std::to_string(memory)}});
+  std::vector<std::tuple<std::string, std::string, std::string>> keys{
+      {"cluster", "nodes", std::to_string(nodes)},
+      {"cluster", "fault_tolerance", std::to_string(f)},
+      {"cluster", "device_memory_bytes", std::to_string(memory)}};
+  keys.insert(keys.end(), more.begin(), more.end());
+  c.text = job_with(keys);
   c.job = apps::parse_job(c.text, "job");
   c.nodes = nodes;
   return c;
@@ -172,27 +180,9 @@ pid_t worker_pid(background_process& local, int node) {
   const auto line = local.wait_for_line("node " + std::to_string(node) + " joined: ");
   const auto begin = line.find("joined: ") + 8;
   const std::string name = line.substr(begin, line.find(' ', begin) - begin);
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string pid = entry.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string statline;
-    std::getline(stat, statline);
-    const auto close = statline.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(statline.substr(close + 2));
-    char state = 0;
-    pid_t ppid = 0;
-    fields >> state >> ppid;
-    if (ppid != local.pid()) continue;
-    std::ifstream cmd(entry.path() / "cmdline", std::ios::binary);
-    std::vector<std::string> argv;
-    for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);
-    for (std::size_t i = 0; i + 1 < argv.size(); ++i)
-      if (argv[i] == "--name" && argv[i + 1] == name) return static_cast<pid_t>(std::stoi(pid));
-  }
-  FAIL("no worker process named " << name << " (node " << node << ")");
-  return -1;
+  const pid_t pid = child_named(local.pid(), name);
+  if (pid < 0) FAIL("no worker process named " << name << " (node " << node << ")");
+  return pid;
 }
 
 /// Runs oobleck-local on the job; `during` runs while it does (a test's own failure injection).
@@ -842,14 +832,7 @@ TEST_CASE("recovery e2e: a node lost while the job's first epoch forms") {
   // and train exactly like the single-process run. No layer was trained yet: every layer is still
   // its seed's. Generous heartbeats: the frozen node must not be declared lost by the heartbeat
   // before the others have joined and the first epoch is planned on it.
-  job_case c;
-  c.text = job_with({{"cluster", "nodes", "6"},
-                     {"cluster", "fault_tolerance", "1"},
-                     {"cluster", "device_memory_bytes", "1500000"},
-                     {"cluster", "heartbeat_interval_ms", "1000"},
-                     {"cluster", "connection_timeout_ms", "30000"}});
-  c.job = apps::parse_job(c.text, "job");
-  c.nodes = 6;
+  const auto c = make_job(6, 1, 1'500'000, slow_heartbeats);
   const auto dir = std::filesystem::temp_directory_path() / ("oobleck-first-epoch-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   struct cleanup {
@@ -930,14 +913,7 @@ TEST_CASE("recovery e2e: a node lost while the job's first epoch forms") {
 // asked for step 1: the kill still fires at step 1.
 TEST_CASE("recovery e2e: a --fail-at fault fires even when oobleck-local is frozen as training starts") {
   // Generous heartbeats: oobleck-local (its injector's connection) stays frozen for seconds.
-  job_case c;
-  c.text = job_with({{"cluster", "nodes", "6"},
-                     {"cluster", "fault_tolerance", "1"},
-                     {"cluster", "device_memory_bytes", "1500000"},
-                     {"cluster", "heartbeat_interval_ms", "1000"},
-                     {"cluster", "connection_timeout_ms", "30000"}});
-  c.job = apps::parse_job(c.text, "job");
-  c.nodes = 6;
+  const auto c = make_job(6, 1, 1'500'000, slow_heartbeats);
   const auto dir = std::filesystem::temp_directory_path() / ("oobleck-late-arm-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   struct cleanup {

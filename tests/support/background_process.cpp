@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -84,5 +85,28 @@ int background_process::wait_exit(std::chrono::milliseconds timeout) {
 }
 
 void background_process::signal(int sig) { ::kill(pid_, sig); }
+
+pid_t child_named(pid_t parent, const std::string& name) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string statline;
+    std::getline(stat, statline);
+    const auto close = statline.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(statline.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    fields >> state >> ppid;
+    if (ppid != parent) continue;
+    std::ifstream cmd(entry.path() / "cmdline", std::ios::binary);
+    std::vector<std::string> argv;
+    for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);
+    for (std::size_t i = 0; i + 1 < argv.size(); ++i)
+      if (argv[i] == "--name" && argv[i + 1] == name) return static_cast<pid_t>(std::stoi(pid));
+  }
+  return -1;
+}
 
 }  // namespace oobleck::testing

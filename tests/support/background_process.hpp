@@ -36,4 +36,7 @@ class background_process {
   int status_ = -1;
 };
 
+/// The child of `parent` started with `--name NAME` (a worker of oobleck-local), or -1.
+pid_t child_named(pid_t parent, const std::string& name);
+
 }  // namespace oobleck::testing
