@@ -115,7 +115,7 @@ struct stage_state {
 using stage_pointer = stage_actor::stateful_pointer<stage_state>;
 
 /// Tags of the copy plan's messages: far above the executor's (which count microbatches).
-int copy_tag(int layer, int part) { return (1 << 24) + layer * 2 + part; }
+int copy_tag(int layer, int part) { return (1 << 24) + layer * 4 + part; }
 
 /// Bytes as a tensor that owns them: the transport keeps it until they are written.
 torch::Tensor owning_tensor(std::vector<std::byte> bytes) {
@@ -125,31 +125,38 @@ torch::Tensor owning_tensor(std::vector<std::byte> bytes) {
 }
 
 /// Runs this rank's part of the copy plan: every send first (they never wait for the receiver),
-/// then every receive, each layer's full state (parameters, AdamW moments, step count) as the
-/// store's bytes: their size, then the bytes.
+/// then every receive, each layer's full state (parameters, AdamW moments, step count): a
+/// checksummed header, then the store's three flat buffers as they are, received straight into
+/// the new layer's buffers (no serialisation, no intermediate copy). The transport checks every
+/// message's length; the replicas' digests are compared after every commit.
 void run_copies(stage_runtime& rt, const epoch_assignment& a, form_timing& t) {
   for (const auto& c : a.copies) {
     if (c.source != a.rank) continue;
     if (!rt.store.holds(c.layer))
       throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " from rank " +
                              std::to_string(a.rank) + ", which does not hold it");
-    const auto bytes = owning_tensor(rt.store.serialize_layer(c.layer));
-    t.bytes_sent += bytes.numel();
-    rt.comm->send(torch::tensor({bytes.numel()}, torch::kInt64), c.target, copy_tag(c.layer, 0));
-    rt.comm->send(bytes, c.target, copy_tag(c.layer, 1));
+    auto source = rt.store.copy_of(c.layer);
+    const auto header = owning_tensor(std::move(source.header));
+    rt.comm->send(header, c.target, copy_tag(c.layer, 0));
+    t.bytes_sent += header.numel();
+    for (std::size_t k = 0; k < source.buffers.size(); ++k) {
+      rt.comm->send(source.buffers[k], c.target, copy_tag(c.layer, 1 + static_cast<int>(k)));
+      t.bytes_sent += static_cast<std::int64_t>(source.buffers[k].nbytes());
+    }
   }
   for (const auto& c : a.copies) {
     if (c.target != a.rank) continue;
     if (a.stages.empty()) throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " to rank " +
                                                  std::to_string(a.rank) + ", which runs no stage");
-    auto size = torch::zeros({1}, torch::kInt64);
-    rt.comm->recv(size, c.source, copy_tag(c.layer, 0));
-    const auto n = size.item<std::int64_t>();
-    if (n < 0) throw std::runtime_error("layer " + std::to_string(c.layer) + " announced as " + std::to_string(n) + " bytes");
-    auto bytes = torch::empty({n}, torch::kUInt8);
-    rt.comm->recv(bytes, c.source, copy_tag(c.layer, 1));
-    rt.store.install_layer(c.layer, {static_cast<const std::byte*>(bytes.data_ptr()), static_cast<std::size_t>(n)});
-    t.bytes_received += n;
+    auto header = torch::empty({static_cast<std::int64_t>(runtime::layer_store::copy_header_bytes())}, torch::kUInt8);
+    rt.comm->recv(header, c.source, copy_tag(c.layer, 0));
+    t.bytes_received += header.numel();
+    int part = 1;
+    rt.store.receive_layer(c.layer, {static_cast<const std::byte*>(header.data_ptr()), static_cast<std::size_t>(header.numel())},
+                           [&](torch::Tensor& buffer) {
+                             rt.comm->recv(buffer, c.source, copy_tag(c.layer, part++));
+                             t.bytes_received += static_cast<std::int64_t>(buffer.nbytes());
+                           });
   }
 }
 

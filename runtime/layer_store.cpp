@@ -166,6 +166,62 @@ std::vector<std::byte> layer_store::serialize_layer(int layer) const {
   return bytes;
 }
 
+std::size_t layer_store::copy_header_bytes() { return sizeof(layer_header); }
+
+layer_store::copy_source layer_store::copy_of(int layer) const {
+  const auto& s = at(layer);
+  layer_header h{};
+  std::memcpy(h.magic, kMagic.data(), sizeof h.magic);
+  h.version = kVersion;
+  h.layer = layer;
+  std::memcpy(h.model_hash, model_hash_.data(), sizeof h.model_hash);
+  h.step = s.optimizer.step;
+  h.tensors = static_cast<std::int64_t>(s.parameters.size());
+  h.elements = s.flat_parameters.numel();
+  h.payload_bytes = static_cast<std::uint64_t>(kBuffers * h.elements) * sizeof(float);
+  h.checksum = checksum_of(h, nullptr, 0);  // the header alone: the buffers travel on their own
+  copy_source out;
+  out.header.resize(sizeof h);
+  std::memcpy(out.header.data(), &h, sizeof h);
+  out.buffers = {s.flat_parameters, s.flat_exp_avg, s.flat_exp_avg_sq};
+  return out;
+}
+
+void layer_store::receive_layer(int layer, std::span<const std::byte> header,
+                                const std::function<void(torch::Tensor&)>& fill) {
+  if (layer < 0 || layer >= model_.num_layers())
+    throw std::invalid_argument("layer " + std::to_string(layer) + " is not one of the model's " +
+                                std::to_string(model_.num_layers()) + " layers");
+  layer_header h;
+  if (header.size() != sizeof h)
+    refuse(layer, "a copy header of " + std::to_string(header.size()) + " bytes, not " + std::to_string(sizeof h));
+  std::memcpy(&h, header.data(), sizeof h);
+  if (std::string_view(h.magic, sizeof h.magic) != kMagic) refuse(layer, "the header is not a layer's");
+  if (h.version != kVersion)
+    refuse(layer, "format version " + std::to_string(h.version) + "; this build reads " + std::to_string(kVersion));
+  if (checksum_of(h, nullptr, 0) != h.checksum) refuse(layer, "corrupt copy header: checksum mismatch");
+  if (h.layer != layer) refuse(layer, "the header announces layer " + std::to_string(h.layer));
+  if (std::string_view(h.model_hash, sizeof h.model_hash) != model_hash_)
+    refuse(layer, "the header is of model " + hash_text(h.model_hash) + ", this store's model is " + model_hash_);
+  if (h.step < 0) refuse(layer, "negative step count " + std::to_string(h.step));
+  // A fresh slot: the buffers are received into it and it replaces the held layer only when all
+  // of them arrived.
+  auto fresh = build(layer);
+  if (h.tensors != static_cast<std::int64_t>(fresh->parameters.size()) || h.elements != fresh->flat_parameters.numel() ||
+      h.payload_bytes != static_cast<std::uint64_t>(kBuffers * h.elements) * sizeof(float))
+    refuse(layer, "the header announces " + std::to_string(h.tensors) + " tensors of " + std::to_string(h.elements) +
+                      " elements, the layer has " + std::to_string(fresh->parameters.size()) + " of " +
+                      std::to_string(fresh->flat_parameters.numel()));
+  torch::NoGradGuard no_grad;
+  for (auto* flat : {&fresh->flat_parameters, &fresh->flat_exp_avg, &fresh->flat_exp_avg_sq}) {
+    fill(*flat);
+    if (flat->numel() != h.elements || flat->scalar_type() != torch::kFloat32)
+      throw std::logic_error("receive_layer: a buffer of layer " + std::to_string(layer) + " changed its shape");
+  }
+  fresh->optimizer.step = h.step;
+  slots_.insert_or_assign(layer, std::move(fresh));
+}
+
 void layer_store::install_layer(int layer, std::span<const std::byte> bytes) {
   if (layer < 0 || layer >= model_.num_layers())
     throw std::invalid_argument("layer " + std::to_string(layer) + " is not one of the model's " +

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -55,6 +56,23 @@ class layer_store {
   /// Replaces (or adds) layer l with the state in `bytes`, dropping any gradients. Bytes of
   /// another layer or model, or torn or corrupt bytes, throw layer_install_error and change nothing.
   void install_layer(int layer, std::span<const std::byte> bytes);
+
+  /// A layer's full state for a copy over a communicator without serialising it: a header
+  /// (layer, model, step count, sizes; checksummed) and the store's own flat buffers (parameters,
+  /// first moments, second moments). Send them as they are; they must not change until the sends
+  /// complete (nothing updates a layer while an epoch forms).
+  struct copy_source {
+    std::vector<std::byte> header;
+    std::vector<torch::Tensor> buffers;
+  };
+  copy_source copy_of(int layer) const;
+  /// Bytes of a copy_source header.
+  static std::size_t copy_header_bytes();
+  /// Receives layer l from a copy_source: checks the header as install_layer checks bytes, then
+  /// `fill` receives each buffer in turn into a tensor of the right size and type, and the layer
+  /// is installed (replacing any held one) with no further copy. A wrong header, or a `fill`
+  /// that throws, changes nothing.
+  void receive_layer(int layer, std::span<const std::byte> header, const std::function<void(torch::Tensor&)>& fill);
 
   model_layer& module(int layer);
   /// The module's parameters: views of flat_parameters(layer), in registration order.

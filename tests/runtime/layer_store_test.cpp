@@ -126,6 +126,69 @@ TEST_CASE("a layer's full state round-trips through bytes bitwise") {
   CHECK(b.layers_held() == std::vector<int>{0, 3, 5});
 }
 
+/// A copy as the stage runs it, without a communicator: the header, then each buffer copied in.
+void copy_layer(const layer_store& from, layer_store& to, int layer, int target_layer = -1) {
+  const auto source = from.copy_of(layer);
+  std::size_t k = 0;
+  to.receive_layer(target_layer < 0 ? layer : target_layer, source.header,
+                   [&](torch::Tensor& buffer) { buffer.copy_(source.buffers.at(k++)); });
+  CHECK(k == source.buffers.size());
+}
+
+TEST_CASE("a layer copied buffer by buffer (the copy plan's path) equals the original bitwise") {
+  staged_pipeline trained(testing::small_setup(), {{0, 6}});
+  trained.train(0, 2);
+  auto& a = *trained.stores[0];
+  layer_store b(trained.setup.model);
+  b.ensure(3);  // held: the copy replaces it
+  for (int l : {0, 3, 5}) {
+    CAPTURE(l);
+    copy_layer(a, b, l);
+    CHECK(b.parameter_digest(l) == a.parameter_digest(l));
+    CHECK(bitwise_equal(moments(b, l), moments(a, l)));
+    CHECK(b.optimizer_state(l).step == 2);
+    CHECK((b.serialize_layer(l) == a.serialize_layer(l)));
+  }
+  // The copy does not share storage with its source.
+  CHECK(b.flat_parameters(0).data_ptr() != a.flat_parameters(0).data_ptr());
+}
+
+TEST_CASE("a copy with a wrong header, or one whose transfer fails, is refused and changes nothing") {
+  staged_pipeline trained(testing::small_setup(), {{0, 6}});
+  trained.train(0, 1);
+  auto& a = *trained.stores[0];
+  layer_store b(trained.setup.model);
+  b.ensure(3);
+  const auto before = b.serialize_layer(3);
+  auto header = a.copy_of(3).header;
+  auto refused = [&](std::vector<std::byte> h, const std::string& why, int layer = 3) {
+    CAPTURE(why);
+    int calls = 0;
+    CHECK_THROWS_AS(b.receive_layer(layer, h, [&](torch::Tensor&) { ++calls; }), runtime::layer_install_error);
+    CHECK(calls == 0);
+  };
+  refused(std::vector<std::byte>(header.begin(), header.end() - 1), "short");
+  auto flipped = header;
+  flipped[20] ^= std::byte{1};
+  refused(flipped, "corrupt");
+  refused(header, "another layer", 4);
+  auto other_model = trained.setup.model;
+  other_model.seed += 1;
+  layer_store other(other_model);
+  other.ensure(3);
+  refused(other.copy_of(3).header, "another model");
+  // The transfer fails after the first buffer: the held layer stays as it was.
+  int calls = 0;
+  CHECK_THROWS_AS(b.receive_layer(3, header,
+                                  [&](torch::Tensor& buffer) {
+                                    if (++calls == 2) throw std::runtime_error("peer lost");
+                                    buffer.fill_(7.0f);
+                                  }),
+                  std::runtime_error);
+  CHECK((b.serialize_layer(3) == before));
+  CHECK(!b.holds(4));
+}
+
 TEST_CASE("training continues identically after its layers move to another store") {
   const auto s = testing::small_setup();
   staged_pipeline straight(s, {{0, 6}});
