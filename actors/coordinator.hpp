@@ -56,7 +56,7 @@ struct reconfiguration_record {
   double detect_ms = 0;   ///< from the start of the interrupted step to the loss notice (an upper bound)
   double plan_ms = 0;     ///< the policy's decision and the epoch mapping
   std::int64_t copy_bytes = 0;
-  /// The copy plan's slowest node: its sends (serialise, hand to the transport) and receives
+  /// The copy plan's slowest node: its sends (the layer's buffers handed to the transport) and receives
   /// (wait, install), in its own clock. copy_bytes / copy_ms is the copies' effective bandwidth.
   double copy_ms = 0;
   double connect_ms = 0;  ///< the slowest node's data-plane mesh of the new epoch

@@ -13,7 +13,7 @@
 //   downtime    = the coordinator's own figure (last commit before the failure -> first commit
 //                 after), and the same in failure-free steps;
 // and from the coordinator's "reconfigured" metrics record: the decision (plan_ms), the bytes the
-// copy plan moved, copy_ms (the slowest node's layer copies: serialise and send, receive and
+// copy plan moved, copy_ms (the slowest node's layer copies: post the buffers, receive and
 // install), connect_ms and views_ms (its new mesh and stage views) and form_ms (assignments sent ->
 // every node ready: all of those and the messages). The copy bandwidth is the busiest link's bytes
 // over copy_ms.
