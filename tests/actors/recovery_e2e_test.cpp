@@ -431,56 +431,46 @@ std::optional<int> victim_for(const planner_model& planner, int nodes, const std
 
 }  // namespace
 
+namespace {
+
+/// One node killed in the middle of step 3 of 6, chosen so that the policy answers with exactly
+/// `rules`; checked in full, and the loss taken with those rules, logged and recorded once.
+checked_run run_single_loss(const job_case& c, const std::string& rules) {
+  const planner_model planner(c);
+  const auto v = victim_for(planner, c.nodes, rules);
+  REQUIRE(v);
+  MESSAGE(rules << ": " << describe(planner.initial()) << "- node " << *v << " -> "
+                << describe(planner_model::after(planner.lose(planner.initial(), {*v}))));
+  constexpr int steps = 6;
+  auto run = run_faults(c, steps, {"--fail-at", "3:" + std::to_string(*v)}, {*v});
+  const auto& [r, s] = run;
+  REQUIRE(!s.losses.empty());
+  CHECK(s.losses.back().rules == rules);
+  CHECK(r.output.find("(" + rules + ", ") != std::string::npos);
+  REQUIRE(r.events.size() == 1);
+  CHECK(r.events[0]["action"] == rules);
+  CHECK(r.events[0]["resumed_step"] == 3);
+  return run;
+}
+
+}  // namespace
+
 TEST_CASE("recovery e2e: a single loss that the policy answers with simple re-instantiation") {
   // 6 nodes, 2 pipelines of 3 (n0 = 2): a pipeline that keeps 2 nodes runs the 2-node template.
-  const auto c = make_job(6, 1, 1'500'000);
-  const planner_model planner(c);
-  const auto v = victim_for(planner, c.nodes, "simple");
-  REQUIRE(v);
-  constexpr int steps = 6;
-  const auto [r, s] = run_faults(c, steps, {"--fail-at", "3:" + std::to_string(*v)}, {*v});
-  REQUIRE(!s.losses.empty());  // (a retry of the same plan would log it again)
-  CHECK(s.losses.back().rules == "simple");
-  REQUIRE(r.events.size() == 1);
-  CHECK(r.events[0]["action"] == "simple");
-  CHECK(r.events[0]["resumed_step"] == 3);
+  run_single_loss(make_job(6, 1, 1'500'000), "simple");
 }
 
 TEST_CASE("recovery e2e: a loss that forces borrow: the shrunken pipeline takes a node from a larger one") {
   // 5 nodes: pipelines of 3 and 2 (n0 = 2). A node of the 2-node pipeline dies: 1 node is left,
   // below n0, and the 3-node pipeline can spare one (it still has a 2-node template).
-  const auto c = make_job(5, 1, 1'500'000);
-  const planner_model planner(c);
-  const auto v = victim_for(planner, c.nodes, "borrow");
-  REQUIRE(v);
-  MESSAGE("borrow: " << describe(planner.initial()) << "- node " << *v << " -> "
-                     << describe(planner_model::after(planner.lose(planner.initial(), {*v}))));
-  constexpr int steps = 6;
-  const auto [r, s] = run_faults(c, steps, {"--fail-at", "3:" + std::to_string(*v)}, {*v});
-  REQUIRE(!s.losses.empty());  // (a retry of the same plan would log it again)
-  CHECK(s.losses.back().rules == "borrow");
-  CHECK(r.output.find("(borrow, ") != std::string::npos);
-  REQUIRE(r.events.size() == 1);
-  CHECK(r.events[0]["action"] == "borrow");
-  CHECK(r.events[0]["copy_bytes"].get<std::int64_t>() > 0);
+  const auto run = run_single_loss(make_job(5, 1, 1'500'000), "borrow");
+  CHECK(run.result.events.at(0)["copy_bytes"].get<std::int64_t>() > 0);
 }
 
 TEST_CASE("recovery e2e: a loss that forces merge: no pipeline can spare a node, the survivor joins another") {
   // 6 nodes with less slot memory: 3 pipelines of 2 (n0 = 2), none can give a node away; the
   // survivor of the broken one is merged into another, which becomes a 3-node pipeline.
-  const auto c = make_job(6, 1, 1'000'000);
-  const planner_model planner(c);
-  const auto v = victim_for(planner, c.nodes, "merge");
-  REQUIRE(v);
-  MESSAGE("merge: " << describe(planner.initial()) << "- node " << *v << " -> "
-                    << describe(planner_model::after(planner.lose(planner.initial(), {*v}))));
-  constexpr int steps = 6;
-  const auto [r, s] = run_faults(c, steps, {"--fail-at", "3:" + std::to_string(*v)}, {*v});
-  REQUIRE(!s.losses.empty());  // (a retry of the same plan would log it again)
-  CHECK(s.losses.back().rules == "merge");
-  CHECK(r.output.find("(merge, ") != std::string::npos);
-  REQUIRE(r.events.size() == 1);
-  CHECK(r.events[0]["action"] == "merge");
+  run_single_loss(make_job(6, 1, 1'000'000), "merge");
 }
 
 TEST_CASE("recovery e2e: f = 2: two nodes of different pipelines killed in the same step") {
