@@ -33,6 +33,7 @@
 #include "planning/synthetic_profile.hpp"
 #include "runtime/checkpoint.hpp"
 #include "support/background_process.hpp"
+#include "support/local_run.hpp"
 #include "support/subprocess.hpp"
 
 using namespace oobleck;
@@ -74,22 +75,7 @@ struct scratch {
   ~scratch() { fs::remove_all(dir); }
 };
 
-struct run_result {
-  int status = -1;
-  std::string output;
-  std::vector<json> steps;
-  std::vector<json> events;
-};
-
-/// The pid of worker `node` (its node id) of a running oobleck-local (as recovery_e2e_test).
-pid_t worker_pid(background_process& local, int node) {
-  const auto line = local.wait_for_line("node " + std::to_string(node) + " joined: ", std::chrono::seconds(60));
-  const auto begin = line.find("joined: ") + 8;
-  const std::string name = line.substr(begin, line.find(' ', begin) - begin);
-  const pid_t pid = child_named(local.pid(), name);
-  if (pid < 0) FAIL("no worker process named " << name << " (node " << node << ")");
-  return pid;
-}
+using run_result = local_run;
 
 run_result run_local(const fs::path& dir, const std::string& job, int steps, const std::vector<std::string>& extra,
                      const std::function<void(background_process&)>& during = {}) {
@@ -100,26 +86,7 @@ run_result run_local(const fs::path& dir, const std::string& job, int steps, con
   std::vector<std::string> args{"--config", (dir / ("job" + tag + ".toml")).string(), "--steps", std::to_string(steps),
                                 "--metrics-out", metrics, "--timeout", "200"};
   args.insert(args.end(), extra.begin(), extra.end());
-  background_process local(bin + "/oobleck-local", args);
-  run_result r;
-  try {
-    if (during) during(local);
-    r.status = local.wait_exit(std::chrono::seconds(220));
-  } catch (...) {
-    local.signal(SIGTERM);
-    try {
-      local.wait_exit(std::chrono::seconds(20));
-    } catch (...) {
-    }
-    throw;
-  }
-  r.output = local.output();
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    auto j = json::parse(line);
-    (j.contains("event") ? r.events : r.steps).push_back(std::move(j));
-  }
-  return r;
+  return run_to_end(bin + "/oobleck-local", args, metrics, std::chrono::seconds(220), during);
 }
 
 /// The single-process run of the default job: losses and every layer's final state.
@@ -214,7 +181,7 @@ TEST_CASE("checkpoint e2e: a whole pipeline lost: the survivors checkpoint, exit
   const auto root = s.dir / "ckpt";
   const auto first = run_local(s.dir, job_text(6), steps, {"--checkpoint-dir", root.string()}, [&](background_process& local) {
     std::vector<pid_t> pids;
-    for (int v : victims) pids.push_back(worker_pid(local, v));
+    for (int v : victims) pids.push_back(worker_pid(local, v, std::chrono::seconds(60)));
     local.wait_for_line("[coordinator] step 1: loss", std::chrono::seconds(150));
     for (pid_t p : pids) REQUIRE(::kill(p, SIGKILL) == 0);
   });

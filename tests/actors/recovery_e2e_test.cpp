@@ -39,6 +39,7 @@
 #include "planning/reconfiguration.hpp"
 #include "planning/synthetic_profile.hpp"
 #include "support/background_process.hpp"
+#include "support/local_run.hpp"
 #include "support/subprocess.hpp"
 
 using namespace oobleck;
@@ -167,23 +168,7 @@ const std::vector<double>& reference_losses(int steps = 12) {
   return losses;
 }
 
-struct run_result {
-  int status = -1;
-  std::string output;
-  std::vector<json> steps;   ///< one per committed step
-  std::vector<json> events;  ///< "reconfigured" records
-};
-
-/// The pid of worker `node` (its node id) of a running oobleck-local: its name from the
-/// coordinator's "node ID joined: NAME" line, its process among oobleck-local's children.
-pid_t worker_pid(background_process& local, int node) {
-  const auto line = local.wait_for_line("node " + std::to_string(node) + " joined: ");
-  const auto begin = line.find("joined: ") + 8;
-  const std::string name = line.substr(begin, line.find(' ', begin) - begin);
-  const pid_t pid = child_named(local.pid(), name);
-  if (pid < 0) FAIL("no worker process named " << name << " (node " << node << ")");
-  return pid;
-}
+using run_result = local_run;
 
 /// Runs oobleck-local on the job; `during` runs while it does (a test's own failure injection).
 run_result run_local(const job_case& c, int steps, const std::vector<std::string>& extra,
@@ -204,26 +189,7 @@ run_result run_local(const job_case& c, int steps, const std::vector<std::string
     args.push_back(std::to_string(steps));
   }
   args.insert(args.end(), extra.begin(), extra.end());
-  background_process local(bin + "/oobleck-local", args);
-  run_result r;
-  try {
-    if (during) during(local);
-    r.status = local.wait_exit(std::chrono::seconds(170));
-  } catch (...) {
-    local.signal(SIGTERM);  // oobleck-local stops its coordinator and workers in order
-    try {
-      local.wait_exit(std::chrono::seconds(20));
-    } catch (...) {
-    }
-    throw;
-  }
-  r.output = local.output();
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    auto j = json::parse(line);
-    (j.contains("event") ? r.events : r.steps).push_back(std::move(j));
-  }
-  return r;
+  return run_to_end(bin + "/oobleck-local", args, metrics, std::chrono::seconds(170), during);
 }
 
 /// One reconfiguration the coordinator logged.
