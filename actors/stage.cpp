@@ -13,6 +13,7 @@
 
 #include "actors/stage_checkpoint.hpp"
 #include "runtime/dataset.hpp"
+#include "runtime/device.hpp"
 #include "runtime/host_communicator.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/stage_executor.hpp"
@@ -351,7 +352,7 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
 
 std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps,
                                          std::vector<std::vector<std::byte>>* final_layers) {
-  torch::set_num_threads(1);
+  runtime::use_one_compute_thread();
   const runtime::token_dataset data(runtime::default_corpus(static_cast<std::size_t>(job.corpus_bytes), job.corpus_seed),
                                     job.model.seq_len);
   const runtime::sampler samples(job.sample_seed, data.size(), job.global_batch);
@@ -375,7 +376,7 @@ std::vector<double> train_single_process(const stage_job& job, std::uint64_t ste
 spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job) {
   // One LibTorch thread per stage: the node's cores belong to its stages (and other nodes' on a
   // shared machine); intra-op threads only fight over them.
-  torch::set_num_threads(1);
+  runtime::use_one_compute_thread();
   auto rt = std::make_shared<stage_runtime>(job);
   auto actor = sys.spawn<caf::detached>(stage_behavior, rt);
   return {actor, [rt](std::uint64_t epoch, const std::string& reason) { rt->abort(epoch, reason); },

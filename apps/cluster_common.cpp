@@ -37,6 +37,7 @@ cluster_config::cluster_config() {
   messages::add_protocol_types(*this);
   load<caf::io::middleman>();
   set("scheduler.max-threads", 2);
+  set("scheduler.policy", caf::atom("sharing"));
   set("logger.verbosity", caf::atom("quiet"));
   set("logger.console", caf::atom("none"));
 }

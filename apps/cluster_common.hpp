@@ -23,7 +23,10 @@ struct host_port {
 host_port parse_host_port(const std::string& flag, const std::string& text, bool allow_zero = false);
 
 /// The CAF configuration of every cluster program: the protocol's types, the middleman, quiet
-/// logs, a small scheduler (the machine's cores belong to LibTorch).
+/// logs, a small scheduler that sleeps when idle (the machine's cores belong to LibTorch): CAF's
+/// default work-stealing workers poll for ~25 ms after every message, and with a few control
+/// messages per step that polling took a worker's compute down to 0.7x on a machine whose cores
+/// are all in use (bench/RESULTS.md, "Failure-free throughput").
 struct cluster_config : caf::actor_system_config {
   cluster_config();
   /// CAF's middleman heartbeat: every connection carries a heartbeat each `interval_ms`, and a

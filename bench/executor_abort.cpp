@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include "runtime/device.hpp"
 #include "runtime/host_communicator.hpp"
 #include "runtime/stage_executor.hpp"
 
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
       return a == "--help" ? 0 : 2;
     }
   }
-  torch::set_num_threads(1);
+  runtime::use_one_compute_thread();
   const int trials = quick ? 3 : 50;
   std::printf("2-stage pipeline over the host transport, stage 1 frozen after its activation; %d trials each\n", trials);
   std::printf("%-36s %10s %10s %10s\n", "abort to stage 0 throwing", "median ms", "p90 ms", "max ms");

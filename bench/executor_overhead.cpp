@@ -14,6 +14,7 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include "runtime/device.hpp"
 #include "runtime/dataset.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/stage_executor.hpp"
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
       return a == "--help" ? 0 : 2;
     }
   }
-  torch::set_num_threads(1);
+  runtime::use_one_compute_thread();
   const runtime::gpt_config model{.vocab = 256, .d_model = quick ? 64 : 256, .heads = 8, .blocks = 4,
                                   .seq_len = quick ? 32 : 128, .seed = 1};
   const int microbatch = 4, microbatches = 8, steps = quick ? 2 : 12, warmup = 2;  // steps per round

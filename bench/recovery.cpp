@@ -59,6 +59,7 @@
 #include "planning/planner.hpp"
 #include "planning/reconfiguration.hpp"
 #include "planning/synthetic_profile.hpp"
+#include "runtime/device.hpp"
 #include "runtime/layer_store.hpp"
 #include "sim/recovery_costs.hpp"
 #include "sim/replay_schedule.hpp"
@@ -619,7 +620,7 @@ struct copy_path {
 };
 
 copy_path measure_copy_path(const apps::job_file& job, int layer) {
-  torch::set_num_threads(1);
+  oobleck::runtime::use_one_compute_thread();
   oobleck::runtime::layer_store sender(job.model), receiver(job.model);
   sender.ensure(layer);
   std::vector<double> ser, ins, cpy;

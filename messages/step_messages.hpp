@@ -113,7 +113,7 @@ typename Inspector::result_type inspect(Inspector& f, commit_step& x) {
   return f(caf::meta::type_name("commit_step"), x.epoch, x.step);
 }
 
-/// A layer's parameter digest after a commit (FNV-1a over its parameter bytes).
+/// A layer's parameter digest after a commit (FNV-1a over its parameter bytes, 8-byte words at a time).
 struct layer_digest {
   std::int32_t layer = 0;
   std::uint64_t digest = 0;

@@ -1,5 +1,7 @@
 #include "runtime/device.hpp"
 
+#include <dlfcn.h>
+
 #include <stdexcept>
 
 namespace oobleck::runtime {
@@ -28,6 +30,20 @@ device_kind parse_device_kind(const std::string& text) {
   if (text == "cpu") return device_kind::cpu;
   if (text == "cuda") return device_kind::cuda;
   throw std::invalid_argument("unknown device kind '" + text + "' (cpu or cuda)");
+}
+
+void use_one_compute_thread() {
+  torch::set_num_threads(1);
+  // Looked up at run time: the BLAS behind libblas.so.3 is whatever the system's alternatives
+  // select, and only OpenBLAS has (and needs) this call.
+  using set_threads = void (*)(int);
+  if (auto* set = reinterpret_cast<set_threads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(1);
+}
+
+std::optional<int> blas_threads() {
+  using get_threads = int (*)();
+  if (auto* get = reinterpret_cast<get_threads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"))) return get();
+  return std::nullopt;
 }
 
 }  // namespace oobleck::runtime

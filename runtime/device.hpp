@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 
 namespace oobleck::runtime {
@@ -18,5 +19,16 @@ std::string describe(const torch::Device& d);
 
 /// "cpu" / "cuda" (case-sensitive); throws std::invalid_argument otherwise.
 device_kind parse_device_kind(const std::string& text);
+
+/// One CPU thread for this process's tensor math, so that a process (a stage, the profiler, a
+/// single-process baseline) computes on one core and processes sharing a machine do not fight
+/// over its cores: LibTorch's intra-op pool and the BLAS library's own pool. Debian's LibTorch
+/// calls OpenBLAS (the pthread build), whose pool torch::set_num_threads does not reach: without
+/// this, every process ran each matrix product on every core, and two workers on two cores ran
+/// their compute at half speed (measured: bench/RESULTS.md, "Failure-free throughput").
+void use_one_compute_thread();
+
+/// The BLAS library's thread count, where the library says (OpenBLAS); nullopt otherwise.
+std::optional<int> blas_threads();
 
 }  // namespace oobleck::runtime

@@ -113,7 +113,7 @@ class layer_store {
   void drop_gradients(int layer);
   /// Moments are views of one flat buffer each.
   layer_optimizer_state& optimizer_state(int layer);
-  /// FNV-1a over the bytes of layer l's parameters: equal digests = bitwise equal replicas.
+  /// FNV-1a over the 8-byte words of layer l's parameters: equal digests = bitwise equal replicas.
   std::uint64_t parameter_digest(int layer) const;
 
  private:
@@ -127,7 +127,7 @@ class layer_store {
   std::map<int, std::unique_ptr<slot>> slots_;
 };
 
-/// FNV-1a over the raw bytes of tensors (moved to CPU, contiguous).
+/// FNV-1a over the raw bytes of tensors, 8-byte words at a time (then the tail bytes) (moved to CPU, contiguous).
 std::uint64_t tensor_digest(const std::vector<torch::Tensor>& tensors);
 
 }  // namespace oobleck::runtime

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "runtime/device.hpp"
 #include "runtime/gpt_model.hpp"
 
 namespace oobleck::runtime {
@@ -92,7 +93,7 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
   if (options.microbatch < 1 || options.repeats < 1 || options.warmup < 0)
     throw std::invalid_argument("profiler: microbatch and repeats must be >= 1, warmup >= 0");
   allocator();
-  torch::set_num_threads(1);
+  runtime::use_one_compute_thread();
   const auto now = options.clock ? options.clock : [] { return std::chrono::steady_clock::now(); };
   const int L = model.num_layers();
   auto layers = build_layers(model, 0, L);

@@ -95,7 +95,7 @@ class stage_executor {
   /// Parameters of model layer l (first_layer <= l < end_layer).
   std::vector<torch::Tensor> parameters(int layer) const;
   layer_optimizer_state& optimizer_state(int layer);
-  /// FNV-1a over the bytes of layer l's parameters: equal digests = bitwise equal replicas.
+  /// FNV-1a over the 8-byte words of layer l's parameters: equal digests = bitwise equal replicas.
   std::uint64_t parameter_digest(int layer) const;
 
  private:

@@ -122,3 +122,13 @@ TEST_CASE("the device seam gives the CPU, and says why CUDA is unavailable") {
   CHECK_THROWS_WITH_AS(make_device(device_kind::cuda), doctest::Contains("no CUDA support"), std::runtime_error);
 #endif
 }
+
+TEST_CASE("one compute thread means one for LibTorch and one for the BLAS library it calls") {
+  use_one_compute_thread();
+  CHECK(torch::get_num_threads() == 1);
+  // Debian's LibTorch calls OpenBLAS (scripts/install-deps.sh installs it), whose own thread pool
+  // torch::set_num_threads does not reach: every matrix product used to run on every core.
+  const auto blas = blas_threads();
+  if (blas) CHECK(*blas == 1);
+  else MESSAGE("the BLAS library in use is not OpenBLAS: it does not report its threads");
+}

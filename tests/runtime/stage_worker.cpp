@@ -8,6 +8,7 @@
 #include <iostream>
 #include <string>
 
+#include "runtime/device.hpp"
 #include "runtime/host_communicator.hpp"
 #include "support/cluster_harness.hpp"
 #include "support/multiprocess_scenario.hpp"
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
     std::cerr << "usage: stage_worker RANK RESULT\n";
     return 2;
   }
-  torch::set_num_threads(1);
+  runtime::use_one_compute_thread();
   const int rank = std::stoi(argv[1]);
   const std::string result = argv[2];
   const auto scenario = testing::multiprocess_scenario();
