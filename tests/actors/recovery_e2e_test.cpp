@@ -1,17 +1,19 @@
-// Recovery end to end (issue 8, the parts that exist: losses): oobleck-local with worker processes
-// that kill (or freeze) themselves in the middle of a step, or that the test kills while a
-// reconfiguration is forming. Every run checks DESIGN §5's "nothing lost" invariants:
+// Recovery end to end (issue 8): oobleck-local with worker processes that kill (or freeze)
+// themselves in the middle of a step, workers that join during training, or workers that the test
+// kills while a reconfiguration is forming. Every run checks DESIGN §5's "nothing lost" invariants:
 //   (1) every committed step consumed exactly B samples (the pipelines' microbatches tile B/b),
 //   (2) every holder of a layer reports the same parameter digest after every commit,
 //   (3) the loss curve equals the failure-free single-process run (actors::train_single_process)
 //       within 1e-4 relative,
 // and, beyond them, that the coordinator did what the reconfiguration policy says: each
-// "reconfigured after losing node(s) ..." line of its log is replayed through planning::reconfigure
-// on the coordinator's own profile (the synthetic profile of the job's model), from the last
-// configuration that formed, and must name the same rules (simple / borrow / merge / ...); every
-// committed step ran on exactly the pipelines (nodes in stage order, microbatches) the policy
-// predicted for its epoch; lost nodes never appear again. Victims are chosen by asking the
-// planner, so each test takes the policy path it names. Every wait has a deadline.
+// "reconfigured after losing node(s) ..." (or "... to admit node(s) ...") line of its log is
+// replayed through planning::reconfigure on the coordinator's own profile (the synthetic profile
+// of the job's model), from the last configuration that formed, and must name the same rules
+// (simple / borrow / merge / join ...); every committed step ran on exactly the pipelines (nodes
+// in stage order, microbatches) the policy predicted for its epoch; lost nodes never appear
+// again; a node that registers during training enters at the next step boundary. Victims are
+// chosen by asking the planner, so each test takes the policy path it names; the seeded chaos
+// schedules (support/recovery_model) mix kills, hangs and joins. Every wait has a deadline.
 
 #include <doctest/doctest.h>
 
