@@ -53,8 +53,15 @@ void start_training(coordinator_pointer self) {
   st.formed_once = true;
   st.formed = st.forming;
   st.lost_since_formed.clear();
-  for (std::int64_t id : st.joining) st.nodes.at(id).state = "registered";
-  st.joining.clear();
+  // The joining nodes this epoch was planned with are in; one that registered while it formed
+  // is not, and enters at the next step boundary.
+  std::erase_if(st.joining, [&](std::int64_t id) {
+    const auto in = [id](const std::vector<int>& nodes) { return std::find(nodes.begin(), nodes.end(), id) != nodes.end(); };
+    bool planned = in(st.formed.idle_nodes);
+    for (const auto& p : st.formed.pipelines) planned = planned || in(p.nodes);
+    if (planned) st.nodes.at(id).state = "registered";
+    return planned;
+  });
   if (st.recovering) {
     auto& rec = *st.recovering;
     rec.form_ms = std::chrono::duration<double, std::milli>(st.deps.now() - st.assignments_sent).count();

@@ -74,6 +74,15 @@ device_memory_bytes = 1500000
 std::atomic<int> stop_signal{0};
 extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
 
+/// Whether `pid` is stopped (SIGSTOP: a worker frozen by --hang-at): its state in /proc/PID/stat.
+bool stopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't');
+}
+
 /// The processes of the job; killed and reaped on destruction.
 class process_set {
  public:
@@ -441,7 +450,11 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   // The workers leave once the coordinator told them; give them a moment, then make sure.
   const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!procs.pids().empty() && std::chrono::steady_clock::now() < grace) {
-    for (pid_t p : std::vector<pid_t>(procs.pids())) procs.poll(p);
+    for (pid_t p : std::vector<pid_t>(procs.pids()))
+      if (!procs.poll(p) && stopped(p)) {  // frozen (--hang-at): it cannot leave, do not wait for it
+        ::kill(p, SIGKILL);
+        ::kill(p, SIGCONT);
+      }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   if (*coordinator_status == 0 && unfired) {

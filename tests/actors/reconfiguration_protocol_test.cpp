@@ -184,30 +184,34 @@ struct fixture {
   /// Starts the six workers; `setup[id]` adjusts node id's fake before the job starts. Node ids
   /// are registration order, which on this scheduler is the order of the workers' spawns.
   void start(const std::map<std::int64_t, std::function<void(fake_stage_record&)>>& setup = {}) {
-    for (int i = 0; i < nodes; ++i) {
-      monitor_deps d;
-      d.coordinator = coord;
-      d.token = token;
-      d.name = "w" + std::to_string(i);
-      d.data = {"127.0.0.1", static_cast<std::uint16_t>(5000 + i)};
-      d.make_stage = [this, setup](const admission& a) {
-        auto& rec = stages[a.node];
-        rec = std::make_unique<fake_stage_record>();
-        rec->node = a.node;
-        if (auto it = setup.find(a.node); it != setup.end()) it->second(*rec);
-        auto* r = rec.get();
-        spawned_stage s;
-        s.actor = sys.spawn(fake_stage, r);
-        stage_actors[a.node] = s.actor;
-        s.abort = [r](std::uint64_t epoch, const std::string&) { r->trace.push_back("abort " + std::to_string(epoch)); };
-        return s;
-      };
-      d.admitted = [this, i](const admission& a) { monitors[a.node] = all_monitors.at(static_cast<std::size_t>(i)); };
-      all_monitors.push_back(sys.spawn(monitor, std::move(d)));
-    }
+    for (int i = 0; i < nodes; ++i) add_worker(i, setup);
     sched.run();
     REQUIRE(monitors.size() == static_cast<std::size_t>(nodes));
     for (auto& [id, rec] : stages) REQUIRE(rec->node == id);
+  }
+
+  /// Spawns worker `i` (named "w<i>"): its monitor registers with the coordinator once the
+  /// scheduler runs. Workers after the first `nodes` join a job that trains.
+  void add_worker(int i, const std::map<std::int64_t, std::function<void(fake_stage_record&)>>& setup = {}) {
+    monitor_deps d;
+    d.coordinator = coord;
+    d.token = token;
+    d.name = "w" + std::to_string(i);
+    d.data = {"127.0.0.1", static_cast<std::uint16_t>(5000 + i)};
+    d.make_stage = [this, setup](const admission& a) {
+      auto& rec = stages[a.node];
+      rec = std::make_unique<fake_stage_record>();
+      rec->node = a.node;
+      if (auto it = setup.find(a.node); it != setup.end()) it->second(*rec);
+      auto* r = rec.get();
+      spawned_stage s;
+      s.actor = sys.spawn(fake_stage, r);
+      stage_actors[a.node] = s.actor;
+      s.abort = [r](std::uint64_t epoch, const std::string&) { r->trace.push_back("abort " + std::to_string(epoch)); };
+      return s;
+    };
+    d.admitted = [this, i](const admission& a) { monitors[a.node] = all_monitors.at(static_cast<std::size_t>(i)); };
+    all_monitors.push_back(sys.spawn(monitor, std::move(d)));
   }
 
   /// The node's process dies: its monitor and its stage.
@@ -241,11 +245,12 @@ struct fixture {
 
   // The policy, as the coordinator runs it.
   planning::cluster_state initial() const { return {plan.pipelines, plan.idle_nodes}; }
-  planning::reconfiguration lose(const planning::cluster_state& from, std::vector<int> lost) const {
+  planning::reconfiguration lose(const planning::cluster_state& from, std::vector<int> lost,
+                                 std::vector<int> joined = {}) const {
     const planning::layer_costs costs(profile, planning::job_memory(profile, job));
     const planning::reconfiguration_context ctx{plan.templates, costs, job.fault_tolerance,
                                                 job.global_batch / job.microbatch, job.microbatch};
-    return planning::reconfigure(ctx, from, lost, {});
+    return planning::reconfigure(ctx, from, lost, joined);
   }
   static planning::cluster_state after(const planning::reconfiguration& r) { return {r.pipelines, r.idle_nodes}; }
 
@@ -432,6 +437,35 @@ TEST_CASE("reconfiguration protocol: another node lost while a slow node still f
   CHECK(!f.stages.at(1)->steps.empty());  // the slow node trains in epoch 3
   REQUIRE(f.recoveries.size() == 1);
   CHECK(f.recoveries[0].lost == std::vector<std::int64_t>{0, 4});
+}
+
+TEST_CASE("reconfiguration protocol: a node that registers while a reconfiguration forms enters at the next step boundary") {
+  // Node 0 dies in step 1; while epoch 2 (planned without it) forms, a seventh worker registers:
+  // it enters at the next step boundary. Epoch 2 forms and step 1 commits: at that boundary the
+  // new node must be admitted. (Was a bug: forming an epoch cleared every joining node, so a node
+  // that registered while an epoch formed was never admitted and idled to the end.)
+  constexpr std::uint64_t steps = 4;
+  fixture f(steps);
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 1u}; }}});
+  f.kill(0);
+  // Run until the coordinator has sent epoch 2's assignments, then start the new worker: its
+  // registration arrives before every node of epoch 2 is ready.
+  while (!f.logged("reconfigured after losing node(s) 0 (")) REQUIRE(f.sched.try_run_once());
+  f.add_worker(fixture::nodes);
+  f.sched.run();
+  const auto joined = f.log_position("node 6 joined: w6");
+  REQUIRE(joined < f.log.size());
+  CHECK(f.log[joined].find("it enters at the next step boundary") != std::string::npos);
+  CHECK(f.log_position("reconfigured after losing node(s) 0 (") < joined);
+  CHECK(joined < f.log_position("epoch 2 formed"));  // registered while epoch 2 formed
+  const auto first = f.lose(f.initial(), {0});
+  const auto admit = f.lose(fixture::after(first), {}, {6});
+  REQUIRE(admit.action == planning::reconfiguration_action::continue_training);
+  CHECK(f.logged("reconfigured to admit node(s) 6 (" + rules_of(admit) + ", "));
+  CHECK(f.log_position("step 1: ") < f.log_position("reconfigured to admit node(s) 6"));
+  CHECK(f.logged("training finished: 4 step(s) committed"));
+  f.check_steps(steps);
+  f.check_pipelines(2, fixture::after(admit));
 }
 
 TEST_CASE("reconfiguration protocol: two losses at once: one plan without both, no epoch in between forms") {

@@ -1,0 +1,78 @@
+// The seeded chaos schedules of recovery_e2e_tests, drawn here without running them: the claim
+// that the suite's chaos covers hangs and joins as well as kills (issue 8: "seeded random
+// schedules of kills, hangs and joins (within f at a time)") is checked, and so is determinism
+// per seed, in well under a second; the e2e cases run the same 20 seeds.
+
+#include <doctest/doctest.h>
+
+#include <iterator>
+#include <set>
+#include <string>
+
+#include "support/recovery_model.hpp"
+
+using namespace oobleck;
+using namespace oobleck::testing;
+
+namespace {
+const std::string bin = OOBLECK_APPS_DIR;
+}  // namespace
+
+TEST_CASE("recovery chaos: the 20 seeded schedules of the suite draw kills and hangs and joins within f") {
+  int with_kills = 0, with_hangs = 0, with_joins = 0, joins_then_faults = 0, hangs_with_kills = 0;
+  std::set<int> shapes;
+  for (std::uint64_t seed = 0; seed < 20; ++seed) {
+    const auto s = draw_schedule(bin, seed);
+    CAPTURE(s.text);
+    CHECK(draw_schedule(bin, seed).text == s.text);
+    with_kills += !s.kills.empty();
+    with_hangs += !s.hangs.empty();
+    with_joins += s.join_count > 0;
+    hangs_with_kills += !s.hangs.empty() && !s.kills.empty();
+    const auto faults = s.faults();
+    REQUIRE(!faults.empty());
+    joins_then_faults += s.join_count > 0 && faults.rbegin()->first > s.join_step;
+    std::set<int> victims;
+    for (const auto& [step, ids] : faults) {
+      CHECK(static_cast<int>(ids.size()) <= s.shape.f);  // within f at a time
+      CHECK(step >= 2);
+      CHECK(step < chaos_steps);
+      for (int v : ids) {
+        CHECK(victims.insert(v).second);  // each node faults once
+        CHECK(v >= 0);
+        CHECK(v < s.shape.nodes);  // one of the first nodes, never a joined one
+      }
+    }
+    if (s.join_count > 0) {
+      CHECK(s.join_step >= 0);
+      CHECK(s.join_step < chaos_steps - 2);
+    }
+    shapes.insert(s.shape.nodes * 100 + s.shape.f * 10 + static_cast<int>(s.shape.memory / 500'000));
+    const planner_model planner(make_job(bin, s.shape.nodes, s.shape.f, s.shape.memory, chaos_heartbeats));
+    CHECK(survivable(planner, s.shape.nodes, faults, s.join_step, s.join_count));
+    MESSAGE(s.text);
+  }
+  CHECK(with_kills >= 10);
+  CHECK(with_hangs >= 5);
+  CHECK(with_joins >= 5);
+  CHECK(joins_then_faults >= 3);  // a joined node may enter before or with a later loss
+  CHECK(hangs_with_kills >= 2);
+  CHECK(shapes.size() == std::size(chaos_jobs));
+  // The same schedule on every platform and build (splitmix64, no std distribution).
+  CHECK(draw_schedule(bin, 4).text ==
+        "seed 4: 8 nodes, f = 2, slot memory 1500000; --fail-at 25:6 --hang-at 26:3 --join-at 0:2");
+}
+
+TEST_CASE("recovery chaos: survivable() refuses a schedule the policy cannot survive") {
+  // 6 nodes, two pipelines of 3: losing a whole pipeline leaves one, fewer than f + 1 = 2.
+  const auto c = make_job(bin, 6, 1, 1'500'000);
+  const planner_model planner(c);
+  const auto first = planner.initial().pipelines.at(0).nodes;
+  REQUIRE(first.size() == 3u);
+  CHECK(!survivable(planner, 6, {{2, first}}, -1, 0));
+  CHECK(!survivable(planner, 6, {{2, {first[0]}}, {3, {first[1]}}, {4, {first[2]}}}, -1, 0));
+  CHECK(survivable(planner, 6, {{2, {first[0]}}}, -1, 0));
+  CHECK(survivable(planner, 6, {{2, {first[0]}}}, 1, 2));  // two joins, entering in any order
+  // A victim in no pipeline when its step comes would never fault (42 is no node at all).
+  CHECK(!survivable(planner, 6, {{2, {42}}}, -1, 0));
+}

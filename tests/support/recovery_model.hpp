@@ -1,0 +1,160 @@
+#pragma once
+// The model the recovery tests check runs against (issue 8): jobs of oobleck-local's default model
+// on chosen node counts, the reconfiguration policy exactly as the coordinator runs it, and the
+// seeded chaos schedules (kills, hangs and joins) with the check that the policy survives every
+// way the coordinator may see them. No process is started here except `oobleck-local
+// --print-default-job` (once): the e2e suites run the jobs, recovery_schedule_tests checks the
+// schedules themselves.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "apps/job_file.hpp"
+#include "planning/planner.hpp"
+#include "planning/reconfiguration.hpp"
+
+namespace oobleck::testing {
+
+using job_keys = std::vector<std::tuple<std::string, std::string, std::string>>;
+
+/// oobleck-local's default job file (from `oobleck-local --print-default-job` in `apps_dir`, once).
+const std::string& default_job_text(const std::string& apps_dir);
+
+/// The default job with `section.key = value` set (replaced where the default sets it).
+std::string job_with(const std::string& apps_dir, const job_keys& keys);
+
+/// A job of the default model on `nodes` nodes with f and the slot memory given (the memory only
+/// steers the planner: n0 and the templates).
+struct job_case {
+  std::string text;
+  apps::job_file job;
+  int nodes = 0;
+};
+
+/// A job of the default model on `nodes` nodes with f, the slot memory and `more` keys given.
+job_case make_job(const std::string& apps_dir, int nodes, int f, std::int64_t memory, const job_keys& more = {});
+
+/// The policy exactly as the coordinator runs it: the same profile, job and templates.
+class planner_model {
+ public:
+  explicit planner_model(const job_case& c) {
+    profile_ = planning::synthetic_gpt_profile(apps::synthetic_model(c.job));
+    profile_.config_hash = c.job.model.hash();
+    job_.nodes = c.nodes;
+    job_.fault_tolerance = c.job.cluster.fault_tolerance;
+    job_.global_batch = c.job.training.global_batch;
+    job_.microbatch = c.job.training.microbatch;
+    job_.device_memory_bytes = c.job.cluster.device_memory_bytes;
+    plan_ = planning::plan_job(profile_, job_);
+    costs_.emplace(profile_, planning::job_memory(profile_, job_));
+  }
+  /// The first epoch's configuration (node ids are registration order, 0..N-1).
+  planning::cluster_state initial() const { return {plan_.pipelines, plan_.idle_nodes}; }
+  int n0() const { return plan_.spec.n0; }
+  planning::reconfiguration lose(const planning::cluster_state& from, const std::vector<int>& lost,
+                                 const std::vector<int>& joined = {}) const {
+    const planning::reconfiguration_context ctx{plan_.templates, *costs_, job_.fault_tolerance,
+                                                job_.global_batch / job_.microbatch, job_.microbatch};
+    return planning::reconfigure(ctx, from, lost, joined);
+  }
+  static planning::cluster_state after(const planning::reconfiguration& r) { return {r.pipelines, r.idle_nodes}; }
+
+ private:
+  planning::profile profile_;
+  planning::job_config job_;
+  planning::job_plan plan_;
+  std::optional<planning::layer_costs> costs_;
+};
+
+bool continues(const planning::reconfiguration& r);
+/// Which pipeline of `s` runs `node` (-1: none).
+int pipeline_of(const planning::cluster_state& s, int node);
+/// "[0 1 2 x4] [3 4 5 x4] ".
+std::string describe(const planning::cluster_state& s);
+/// "0,3,4".
+std::string ids_list(const std::vector<int>& ids);
+
+/// splitmix64: the same schedules on every platform (std's distributions are not portable).
+struct seeded {
+  std::uint64_t state;
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int below(int n) { return static_cast<int>(next() % static_cast<std::uint64_t>(n)); }
+};
+
+/// The jobs chaos draws from: different shapes, so that simple, borrow and merge all occur.
+struct chaos_job {
+  int nodes, f;
+  std::int64_t memory;
+};
+inline constexpr chaos_job chaos_jobs[] = {
+    {6, 1, 1'500'000},  // 2 pipelines of 3
+    {5, 1, 1'500'000},  // 3 + 2
+    {6, 1, 1'000'000},  // 3 pipelines of 2
+    {7, 1, 1'500'000},  // 3 + 2 + 2
+    {8, 2, 1'500'000},  // f = 2: 4 pipelines of 2
+};
+
+/// Steps per chaos run: a step takes 0.05 to 0.1 s here and a worker started by --join-at registers
+/// 1 to 3 s after its step (sooner when a hang holds the job for the heartbeat timeout), so the
+/// joined nodes usually enter while faults are still due.
+inline constexpr int chaos_steps = 32;
+
+/// Heartbeats for chaos: a hang is detected after connection_timeout_ms (5 s each), long enough
+/// that 6 to 10 workers sharing 2 loaded cores (CI runs two e2e tests at once) never miss one
+/// (the default 1.5 s has a third of the margin).
+inline const job_keys chaos_heartbeats{
+    {"cluster", "heartbeat_interval_ms", "500"}, {"cluster", "connection_timeout_ms", "5000"}};
+
+struct chaos_schedule {
+  chaos_job shape;
+  std::map<int, std::vector<int>> kills;  ///< step -> nodes that kill themselves (SIGKILL) in its middle
+  std::map<int, std::vector<int>> hangs;  ///< step -> nodes that freeze (SIGSTOP) in its middle
+  int join_step = -1;                     ///< --join-at join_step:join_count (none: -1)
+  int join_count = 0;
+  std::string text;
+
+  /// Every node lost in a step, killed or frozen.
+  std::map<int, std::vector<int>> faults() const {
+    auto all = kills;
+    for (const auto& [step, ids] : hangs) all[step].insert(all[step].end(), ids.begin(), ids.end());
+    return all;
+  }
+  std::vector<std::string> args() const {
+    std::vector<std::string> out;
+    for (const auto& [flag, m] : {std::pair{"--fail-at", &kills}, std::pair{"--hang-at", &hangs}})
+      for (const auto& [step, ids] : *m) {
+        out.push_back(flag);
+        out.push_back(std::to_string(step) + ":" + ids_list(ids));
+      }
+    if (join_count > 0) {
+      out.push_back("--join-at");
+      out.push_back(std::to_string(join_step) + ":" + std::to_string(join_count));
+    }
+    return out;
+  }
+};
+
+/// Whether every way the coordinator may see the schedule keeps training. A step's victims are
+/// lost together (a second loss arrives while the epoch forms) or one after the other (the second
+/// victim's fault fires in the re-run of the step), in any order; each victim runs a stage when its
+/// fault is due (otherwise it would never fire). Joined nodes (ids N, N+1, ... in registration
+/// order) start after step `join_step` commits, so they may enter at any step boundary after it,
+/// a few at a time, or with any loss after it ("reconfigured after losing ... and admitting ..."),
+/// or never (the run ends first); every such interleaving must continue too.
+bool survivable(const planner_model& planner, int nodes, const std::map<int, std::vector<int>>& faults, int join_step,
+                int join_count);
+
+/// The chaos schedule of `seed`: the same on every platform, survivable by construction.
+chaos_schedule draw_schedule(const std::string& apps_dir, std::uint64_t seed);
+
+}  // namespace oobleck::testing
