@@ -43,11 +43,11 @@ struct job_dir {
 
 /// A tiny GPT (6 layers) on 2 nodes of 2 slots; `cluster` adds keys to [cluster]. Heartbeats are
 /// lenient: 2 workers of 2 threads each share 2 cores with other tests, and no node is lost here.
-std::string job_text(int fault_tolerance, const std::string& cluster, bool with_profile) {
+std::string job_text(int fault_tolerance, const std::string& cluster, bool with_profile, int nodes = 2) {
   return "[model]\nvocab = 256\nd_model = 32\nheads = 2\nblocks = 4\nseq_len = 16\nseed = 99\n"
          "[data]\ncorpus_bytes = 32768\n"
          "[training]\nsteps = 5\nglobal_batch = 8\nmicrobatch = 2\n"
-         "[cluster]\nnodes = 2\nslots_per_node = 2\nheartbeat_interval_ms = 500\nconnection_timeout_ms = 10000\n"
+         "[cluster]\nnodes = " + std::to_string(nodes) + "\nslots_per_node = 2\nheartbeat_interval_ms = 500\nconnection_timeout_ms = 10000\n"
          "fault_tolerance = " +
          std::to_string(fault_tolerance) + "\n" + cluster + (with_profile ? "[profile]\nfile = \"profile.json\"\n" : "");
 }
@@ -72,21 +72,27 @@ void write_profile(const job_dir& d, const apps::job_file& job) {
   std::ofstream(d.path("profile.json")) << p.dump();
 }
 
-/// Runs the job of `text` on 2 workers for `steps` steps; checks it against the single-process
-/// run and returns oobleck-local's output.
-std::string check_equals_single_process(const std::string& text, bool with_profile, int steps = 5) {
+/// Runs the job of `text` (on its cluster.nodes workers) for `steps` steps, with `extra` flags;
+/// checks it against the single-process run and returns oobleck-local's output and the
+/// reconfiguration records (none unless `extra` injects a failure).
+struct outcome {
+  std::string output;
+  std::vector<nlohmann::json> events;
+};
+outcome run_against_single_process(const std::string& text, bool with_profile, int steps = 5,
+                                   const std::vector<std::string>& extra = {}) {
   job_dir d;
   std::ofstream(d.path("job.toml")) << text;
   const auto job = apps::read_job_file(d.path("job.toml"));
   if (with_profile) write_profile(d, job);
   const auto reference = actors::train_single_process(apps::stage_job_for(job), static_cast<std::uint64_t>(steps));
-  const auto run = run_to_end(bin + "/oobleck-local",
-                              {"--config", d.path("job.toml"), "--steps", std::to_string(steps), "--metrics-out",
-                               d.path("metrics.jsonl"), "--timeout", "150"},
-                              d.path("metrics.jsonl"), std::chrono::seconds(170));
+  std::vector<std::string> args{"--config", d.path("job.toml"), "--steps", std::to_string(steps), "--metrics-out",
+                                d.path("metrics.jsonl"), "--timeout", "150"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const auto run = run_to_end(bin + "/oobleck-local", args, d.path("metrics.jsonl"), std::chrono::seconds(170));
   INFO(run.output);
   REQUIRE(run.status == 0);
-  CHECK(run.events.empty());  // no reconfiguration
+  if (extra.empty()) CHECK(run.events.empty());  // no reconfiguration
   REQUIRE(run.steps.size() == static_cast<std::size_t>(steps));
   for (int k = 0; k < steps; ++k) {
     CAPTURE(k);
@@ -105,7 +111,11 @@ std::string check_equals_single_process(const std::string& text, bool with_profi
     CHECK(std::abs(loss - want) <= 1e-4 * std::abs(want));
   }
   CHECK(run.steps.back()["loss"].get<double>() < run.steps.front()["loss"].get<double>());
-  return run.output;
+  return {run.output, run.events};
+}
+
+std::string check_equals_single_process(const std::string& text, bool with_profile, int steps = 5) {
+  return run_against_single_process(text, with_profile, steps).output;
 }
 
 bool has(const std::string& output, const std::string& text) { return output.find(text) != std::string::npos; }
@@ -136,4 +146,26 @@ TEST_CASE("slots: 2 workers of 2 slots, one stage of width 2 each (2 intra-op th
   const auto out = check_equals_single_process(job_text(1, "", false), false, 3);
   CHECK(has(out, "pipeline 0 stage 0 of 1, layers [0, 6), width 2"));
   CHECK(has(out, "pipeline 1 stage 0 of 1, layers [0, 6), width 2"));
+}
+
+TEST_CASE("slots: a worker of 2 slots killed in the middle of a step: recovery with layer copies, still exactly one process") {
+  // 5 workers of 2 slots, f = 1, slots of 10 MB (n0 = 2): pipelines of 3 and 2 nodes, two
+  // stages per node. Node 4 kills itself in step 2: the survivors abort (the stages of a node
+  // waiting on each other too), the policy re-forms the pipelines, nodes receive the layers of
+  // their new stages from surviving replicas, and step 2 runs again.
+  const auto r = run_against_single_process(job_text(1, "device_memory_bytes = 10485760\n", true, 5), true, 5,
+                                            {"--fail-at", "2:4"});
+  CHECK(has(r.output, "injected fault: kill (step 2)"));
+  CHECK(has(r.output, "node 4 lost"));
+  CHECK(has(r.output, "step 2 runs again"));
+  // Heterogeneous pipelines of two stages per node (a 3-node and a 2-node one), then node 4's
+  // pipeline borrows a node of the other: 2 pipelines of 2 nodes, 4 stages each.
+  CHECK(has(r.output, "epoch 1 formed: 2 pipeline(s): 6 stage(s) x 2 microbatch(es), 4 stage(s) x 2 microbatch(es)"));
+  CHECK(has(r.output, "reconfigured after losing node(s) 4 (borrow"));
+  CHECK(has(r.output, "epoch 2 formed: 2 pipeline(s): 4 stage(s) x 2 microbatch(es), 4 stage(s) x 2 microbatch(es)"));
+  REQUIRE(r.events.size() == 1);
+  CHECK(r.events[0]["event"] == "reconfigured");
+  CHECK(r.events[0]["lost"] == nlohmann::json::array({4}));
+  CHECK(r.events[0]["resumed_step"] == 2);
+  CHECK(r.events[0]["copy_bytes"].get<std::int64_t>() > 0);
 }
