@@ -2,9 +2,13 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <map>
 #include <mutex>
 #include <shared_mutex>
+#include <thread>
 
 #include <caf/stateful_actor.hpp>
 
@@ -152,11 +156,40 @@ torch::Tensor owning_tensor(std::vector<std::byte> bytes) {
       owned->data(), {static_cast<std::int64_t>(owned->size())}, [owned](void*) { delete owned; }, torch::kUInt8);
 }
 
+/// What one source sends this rank: the layers in plan order, received but not installed yet.
+struct received_from_source {
+  std::vector<std::pair<runtime::layer_store::incoming, torch::Tensor>> layers;  ///< with each header
+  std::int64_t bytes = 0;
+  std::exception_ptr error;
+};
+
+/// Receives `layers` from `source` in plan order: each layer's buffers are allocated before its
+/// header is asked for, so every receive is posted before its bytes arrive and the transport
+/// reads them straight into the new layer. Thread-safe against other sources' calls (the store
+/// is not touched until adopt()).
+void receive_from(stage_runtime& rt, int source, const std::vector<int>& layers, received_from_source& out) {
+  for (int layer : layers) {
+    auto in = rt.store.prepare_incoming(layer);
+    auto header = torch::empty({static_cast<std::int64_t>(runtime::layer_store::copy_header_bytes())}, torch::kUInt8);
+    rt.comm->recv(header, source, copy_tag(layer, 0));
+    out.bytes += header.numel();
+    int part = 1;
+    for (auto buffer : in.buffers()) {
+      rt.comm->recv(buffer, source, copy_tag(layer, part++));
+      out.bytes += static_cast<std::int64_t>(buffer.nbytes());
+    }
+    out.layers.emplace_back(std::move(in), std::move(header));
+  }
+}
+
 /// Runs this rank's part of the copy plan: every send first (they never wait for the receiver),
 /// then every receive, each layer's full state (parameters, AdamW moments, step count): a
 /// checksummed header, then the store's three flat buffers as they are, received straight into
-/// the new layer's buffers (no serialisation, no intermediate copy). The transport checks every
-/// message's length; the replicas' digests are compared after every commit.
+/// the new layer's buffers (no serialisation, no intermediate copy, no initialisation drawn
+/// only to be overwritten). The links from different sources run at once: one thread per
+/// source (the first on this one); the layers are installed when all have arrived. The
+/// transport checks every message's length; the replicas' digests are compared after every
+/// commit.
 void run_copies(stage_runtime& rt, const epoch_assignment& a, form_timing& t) {
   for (const auto& c : a.copies) {
     if (c.source != a.rank) continue;
@@ -172,19 +205,42 @@ void run_copies(stage_runtime& rt, const epoch_assignment& a, form_timing& t) {
       t.bytes_sent += static_cast<std::int64_t>(source.buffers[k].nbytes());
     }
   }
+  std::map<int, std::vector<int>> by_source;  // source rank -> its layers for this rank, plan order
   for (const auto& c : a.copies) {
     if (c.target != a.rank) continue;
     if (a.stages.empty()) throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " to rank " +
                                                  std::to_string(a.rank) + ", which runs no stage");
-    auto header = torch::empty({static_cast<std::int64_t>(runtime::layer_store::copy_header_bytes())}, torch::kUInt8);
-    rt.comm->recv(header, c.source, copy_tag(c.layer, 0));
-    t.bytes_received += header.numel();
-    int part = 1;
-    rt.store.receive_layer(c.layer, {static_cast<const std::byte*>(header.data_ptr()), static_cast<std::size_t>(header.numel())},
-                           [&](torch::Tensor& buffer) {
-                             rt.comm->recv(buffer, c.source, copy_tag(c.layer, part++));
-                             t.bytes_received += static_cast<std::int64_t>(buffer.nbytes());
-                           });
+    by_source[c.source].push_back(c.layer);
+  }
+  if (by_source.empty()) return;
+  std::vector<received_from_source> received(by_source.size());
+  std::atomic<int> first_failure{-1};
+  auto receive = [&](std::size_t i, int source, const std::vector<int>& layers) {
+    try {
+      receive_from(rt, source, layers, received[i]);
+    } catch (...) {
+      received[i].error = std::current_exception();
+      int none = -1;
+      // The other sources' receives would wait for ever (there are no data timeouts): the
+      // epoch has failed, so its data plane ends here and they fail at once.
+      if (first_failure.compare_exchange_strong(none, static_cast<int>(i))) rt.comm->abort();
+    }
+  };
+  {
+    std::vector<std::jthread> threads;
+    std::size_t i = 0;
+    for (const auto& [source, layers] : by_source) {
+      if (i > 0) threads.emplace_back(receive, i, source, std::cref(layers));
+      ++i;
+    }
+    receive(0, by_source.begin()->first, by_source.begin()->second);
+  }
+  if (first_failure.load() >= 0) std::rethrow_exception(received[static_cast<std::size_t>(first_failure.load())].error);
+  for (auto& r : received) {
+    t.bytes_received += r.bytes;
+    for (auto& [in, header] : r.layers)
+      rt.store.adopt(std::move(in), {static_cast<const std::byte*>(header.data_ptr()),
+                                     static_cast<std::size_t>(header.numel())});
   }
 }
 

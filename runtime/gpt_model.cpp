@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <optional>
 
 namespace oobleck::runtime {
 
@@ -32,17 +33,28 @@ std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-torch::Tensor normal(torch::IntArrayRef shape, at::Generator& gen, double std = kInitStd) {
-  auto t = torch::empty(shape, torch::kFloat32);
-  t.normal_(0.0, std, gen);
-  return t;
-}
+/// A layer's initial values: drawn from its generator, or left uninitialised for a layer whose
+/// every value is about to be overwritten (a copy received from another node).
+class initialiser {
+ public:
+  explicit initialiser(std::optional<at::Generator> gen) : gen_(std::move(gen)) {}
+  torch::Tensor normal(torch::IntArrayRef shape, double std = kInitStd) {
+    auto t = torch::empty(shape, torch::kFloat32);
+    if (gen_) t.normal_(0.0, std, *gen_);
+    return t;
+  }
+  torch::Tensor ones(torch::IntArrayRef shape) const { return gen_ ? torch::ones(shape) : torch::empty(shape); }
+  torch::Tensor zeros(torch::IntArrayRef shape) const { return gen_ ? torch::zeros(shape) : torch::empty(shape); }
+
+ private:
+  std::optional<at::Generator> gen_;
+};
 
 class embedding_layer : public model_layer {
  public:
-  embedding_layer(const gpt_config& c, at::Generator gen) {
-    token_ = register_parameter("token", normal({c.vocab, c.d_model}, gen));
-    position_ = register_parameter("position", normal({c.seq_len, c.d_model}, gen));
+  embedding_layer(const gpt_config& c, initialiser& init) {
+    token_ = register_parameter("token", init.normal({c.vocab, c.d_model}));
+    position_ = register_parameter("position", init.normal({c.seq_len, c.d_model}));
     dropout_ = c.dropout;
   }
   torch::Tensor forward(const torch::Tensor& tokens, at::Generator* gen) override {
@@ -59,23 +71,23 @@ class embedding_layer : public model_layer {
 
 class block_layer : public model_layer {
  public:
-  block_layer(const gpt_config& c, at::Generator gen) : heads_(c.heads), dropout_(c.dropout) {
+  block_layer(const gpt_config& c, initialiser& init) : heads_(c.heads), dropout_(c.dropout) {
     const auto d = c.d_model;
     // GPT-2 scales the residual projections by 1/sqrt(2 * blocks).
     const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.blocks));
-    ln1_w_ = register_parameter("ln1_w", torch::ones({d}));
-    ln1_b_ = register_parameter("ln1_b", torch::zeros({d}));
+    ln1_w_ = register_parameter("ln1_w", init.ones({d}));
+    ln1_b_ = register_parameter("ln1_b", init.zeros({d}));
     // No q/k/v bias: the key bias gets an identically zero gradient (softmax ignores a constant
     // added to every key), so Adam would only integrate rounding noise into it.
-    qkv_w_ = register_parameter("qkv_w", normal({3 * d, d}, gen));
-    proj_w_ = register_parameter("proj_w", normal({d, d}, gen, residual_std));
-    proj_b_ = register_parameter("proj_b", torch::zeros({d}));
-    ln2_w_ = register_parameter("ln2_w", torch::ones({d}));
-    ln2_b_ = register_parameter("ln2_b", torch::zeros({d}));
-    fc_w_ = register_parameter("fc_w", normal({4 * d, d}, gen));
-    fc_b_ = register_parameter("fc_b", torch::zeros({4 * d}));
-    out_w_ = register_parameter("out_w", normal({d, 4 * d}, gen, residual_std));
-    out_b_ = register_parameter("out_b", torch::zeros({d}));
+    qkv_w_ = register_parameter("qkv_w", init.normal({3 * d, d}));
+    proj_w_ = register_parameter("proj_w", init.normal({d, d}, residual_std));
+    proj_b_ = register_parameter("proj_b", init.zeros({d}));
+    ln2_w_ = register_parameter("ln2_w", init.ones({d}));
+    ln2_b_ = register_parameter("ln2_b", init.zeros({d}));
+    fc_w_ = register_parameter("fc_w", init.normal({4 * d, d}));
+    fc_b_ = register_parameter("fc_b", init.zeros({4 * d}));
+    out_w_ = register_parameter("out_w", init.normal({d, 4 * d}, residual_std));
+    out_b_ = register_parameter("out_b", init.zeros({d}));
   }
 
   torch::Tensor forward(const torch::Tensor& x, at::Generator* gen) override {
@@ -102,10 +114,10 @@ class block_layer : public model_layer {
 
 class head_layer : public model_layer {
  public:
-  head_layer(const gpt_config& c, at::Generator gen) {
-    ln_w_ = register_parameter("ln_w", torch::ones({c.d_model}));
-    ln_b_ = register_parameter("ln_b", torch::zeros({c.d_model}));
-    lm_w_ = register_parameter("lm_w", normal({c.vocab, c.d_model}, gen));
+  head_layer(const gpt_config& c, initialiser& init) {
+    ln_w_ = register_parameter("ln_w", init.ones({c.d_model}));
+    ln_b_ = register_parameter("ln_b", init.zeros({c.d_model}));
+    lm_w_ = register_parameter("lm_w", init.normal({c.vocab, c.d_model}));
   }
   torch::Tensor forward(const torch::Tensor& x, at::Generator*) override {
     return torch::linear(torch::layer_norm(x, {x.size(-1)}, ln_w_, ln_b_), lm_w_);
@@ -117,18 +129,19 @@ class head_layer : public model_layer {
 
 }  // namespace
 
-std::vector<std::shared_ptr<model_layer>> build_layers(const gpt_config& c, int first, int end, torch::Device device) {
+std::vector<std::shared_ptr<model_layer>> build_layers(const gpt_config& c, int first, int end, torch::Device device,
+                                                       layer_init how) {
   validate(c);
   if (first < 0 || end > c.num_layers() || first >= end)
     throw std::invalid_argument("layer range [" + std::to_string(first) + ", " + std::to_string(end) +
                                 ") is not inside the model's " + std::to_string(c.num_layers()) + " layers");
   std::vector<std::shared_ptr<model_layer>> layers;
   for (int l = first; l < end; ++l) {
-    auto gen = layer_generator(c, l);
+    initialiser init(how == layer_init::seeded ? std::optional(layer_generator(c, l)) : std::nullopt);
     std::shared_ptr<model_layer> layer;
-    if (l == 0) layer = std::make_shared<embedding_layer>(c, gen);
-    else if (l == c.num_layers() - 1) layer = std::make_shared<head_layer>(c, gen);
-    else layer = std::make_shared<block_layer>(c, gen);
+    if (l == 0) layer = std::make_shared<embedding_layer>(c, init);
+    else if (l == c.num_layers() - 1) layer = std::make_shared<head_layer>(c, init);
+    else layer = std::make_shared<block_layer>(c, init);
     layer->to(device);
     layers.push_back(std::move(layer));
   }

@@ -21,10 +21,15 @@ class model_layer : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) { return forward(x, nullptr); }
 };
 
+/// How build_layers fills the parameters: from the layer's seed, or not at all (every value is
+/// about to be overwritten, e.g. by a copy from another node; drawing them would be wasted time).
+enum class layer_init { seeded, uninitialised };
+
 /// Layers [first, end) of the model, initialised exactly as in any other split: layer l draws from
 /// its own CPU generator seeded from (seed, l), then moves to `device`.
 std::vector<std::shared_ptr<model_layer>> build_layers(const gpt_config& c, int first, int end,
-                                                       torch::Device device = torch::kCPU);
+                                                       torch::Device device = torch::kCPU,
+                                                       layer_init how = layer_init::seeded);
 
 /// The generator of layer l's dropout masks for global microbatch `microbatch` of step `step`:
 /// a pure function of (c.seed, step, microbatch, layer), whichever pipeline or stage runs it.

@@ -61,6 +61,24 @@ std::string hash_text(const char (&hash)[16]) {
   throw layer_install_error("cannot install layer " + std::to_string(layer) + ": " + why);
 }
 
+/// The header of a copy of `layer`, checked (magic, version, checksum, layer, model, step)
+/// before anything changes.
+layer_header checked_copy_header(int layer, std::span<const std::byte> header, const std::string& model_hash) {
+  layer_header h;
+  if (header.size() != sizeof h)
+    refuse(layer, "a copy header of " + std::to_string(header.size()) + " bytes, not " + std::to_string(sizeof h));
+  std::memcpy(&h, header.data(), sizeof h);
+  if (std::string_view(h.magic, sizeof h.magic) != kMagic) refuse(layer, "the header is not a layer's");
+  if (h.version != kVersion)
+    refuse(layer, "format version " + std::to_string(h.version) + "; this build reads " + std::to_string(kVersion));
+  if (checksum_of(h, nullptr, 0) != h.checksum) refuse(layer, "corrupt copy header: checksum mismatch");
+  if (h.layer != layer) refuse(layer, "the header announces layer " + std::to_string(h.layer));
+  if (std::string_view(h.model_hash, sizeof h.model_hash) != model_hash)
+    refuse(layer, "the header is of model " + hash_text(h.model_hash) + ", this store's model is " + model_hash);
+  if (h.step < 0) refuse(layer, "negative step count " + std::to_string(h.step));
+  return h;
+}
+
 }  // namespace
 
 layer_store::layer_store(gpt_config model, torch::Device device)
@@ -70,11 +88,13 @@ layer_store::layer_store(gpt_config model, torch::Device device)
     throw std::logic_error("gpt_config::hash() is not 16 characters: " + model_hash_);
 }
 
-std::unique_ptr<layer_store::slot> layer_store::build(int layer) const {
+std::unique_ptr<layer_store::slot> layer_store::build(int layer, layer_init how) const {
   auto s = std::make_unique<slot>();
   // Initialised on the CPU from the layer's own generator (identical on every node), then moved
-  // into flat buffers on the device; the parameters become views of them.
-  s->module = build_layers(model_, layer, layer + 1).front();
+  // into flat buffers on the device; the parameters become views of them. An uninitialised
+  // layer (a copy will overwrite it) draws and copies nothing.
+  const bool seeded = how == layer_init::seeded;
+  s->module = build_layers(model_, layer, layer + 1, torch::kCPU, how).front();
   auto params = s->module->parameters();
   std::int64_t n = 0;
   for (const auto& p : params) {
@@ -84,14 +104,14 @@ std::unique_ptr<layer_store::slot> layer_store::build(int layer) const {
   }
   const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
   s->flat_parameters = torch::empty({n}, options);
-  s->flat_exp_avg = torch::zeros({n}, options);
-  s->flat_exp_avg_sq = torch::zeros({n}, options);
+  s->flat_exp_avg = seeded ? torch::zeros({n}, options) : torch::empty({n}, options);
+  s->flat_exp_avg_sq = seeded ? torch::zeros({n}, options) : torch::empty({n}, options);
   torch::NoGradGuard no_grad;
   std::int64_t offset = 0;
   for (auto& p : params) {
     auto view = [&](const torch::Tensor& flat) { return flat.slice(0, offset, offset + p.numel()).view(p.sizes()); };
     auto data = view(s->flat_parameters);
-    data.copy_(p);
+    if (seeded) data.copy_(p);
     p.set_data(data);
     s->optimizer.exp_avg.push_back(view(s->flat_exp_avg));
     s->optimizer.exp_avg_sq.push_back(view(s->flat_exp_avg_sq));
@@ -192,34 +212,43 @@ void layer_store::receive_layer(int layer, std::span<const std::byte> header,
   if (layer < 0 || layer >= model_.num_layers())
     throw std::invalid_argument("layer " + std::to_string(layer) + " is not one of the model's " +
                                 std::to_string(model_.num_layers()) + " layers");
-  layer_header h;
-  if (header.size() != sizeof h)
-    refuse(layer, "a copy header of " + std::to_string(header.size()) + " bytes, not " + std::to_string(sizeof h));
-  std::memcpy(&h, header.data(), sizeof h);
-  if (std::string_view(h.magic, sizeof h.magic) != kMagic) refuse(layer, "the header is not a layer's");
-  if (h.version != kVersion)
-    refuse(layer, "format version " + std::to_string(h.version) + "; this build reads " + std::to_string(kVersion));
-  if (checksum_of(h, nullptr, 0) != h.checksum) refuse(layer, "corrupt copy header: checksum mismatch");
-  if (h.layer != layer) refuse(layer, "the header announces layer " + std::to_string(h.layer));
-  if (std::string_view(h.model_hash, sizeof h.model_hash) != model_hash_)
-    refuse(layer, "the header is of model " + hash_text(h.model_hash) + ", this store's model is " + model_hash_);
-  if (h.step < 0) refuse(layer, "negative step count " + std::to_string(h.step));
-  // A fresh slot: the buffers are received into it and it replaces the held layer only when all
-  // of them arrived.
-  auto fresh = build(layer);
-  if (h.tensors != static_cast<std::int64_t>(fresh->parameters.size()) || h.elements != fresh->flat_parameters.numel() ||
-      h.payload_bytes != static_cast<std::uint64_t>(kBuffers * h.elements) * sizeof(float))
-    refuse(layer, "the header announces " + std::to_string(h.tensors) + " tensors of " + std::to_string(h.elements) +
-                      " elements, the layer has " + std::to_string(fresh->parameters.size()) + " of " +
-                      std::to_string(fresh->flat_parameters.numel()));
-  torch::NoGradGuard no_grad;
-  for (auto* flat : {&fresh->flat_parameters, &fresh->flat_exp_avg, &fresh->flat_exp_avg_sq}) {
-    fill(*flat);
-    if (flat->numel() != h.elements || flat->scalar_type() != torch::kFloat32)
+  checked_copy_header(layer, header, model_hash_);  // before anything is received
+  auto in = prepare_incoming(layer);
+  for (auto flat : in.buffers()) {
+    fill(flat);
+    if (flat.numel() != in.slot_->flat_parameters.numel() || flat.scalar_type() != torch::kFloat32)
       throw std::logic_error("receive_layer: a buffer of layer " + std::to_string(layer) + " changed its shape");
   }
-  fresh->optimizer.step = h.step;
-  slots_.insert_or_assign(layer, std::move(fresh));
+  adopt(std::move(in), header);
+}
+
+std::vector<torch::Tensor> layer_store::incoming::buffers() const {
+  if (!slot_) throw std::logic_error("an incoming layer that was adopted or never prepared has no buffers");
+  return {slot_->flat_parameters, slot_->flat_exp_avg, slot_->flat_exp_avg_sq};
+}
+
+layer_store::incoming layer_store::prepare_incoming(int layer) const {
+  if (layer < 0 || layer >= model_.num_layers())
+    throw std::invalid_argument("layer " + std::to_string(layer) + " is not one of the model's " +
+                                std::to_string(model_.num_layers()) + " layers");
+  incoming in;
+  in.layer_ = layer;
+  in.slot_ = build(layer, layer_init::uninitialised);
+  return in;
+}
+
+void layer_store::adopt(incoming in, std::span<const std::byte> header) {
+  if (!in.slot_) throw std::logic_error("adopt: an incoming layer that was adopted or never prepared");
+  const int layer = in.layer_;
+  const auto h = checked_copy_header(layer, header, model_hash_);
+  auto& fresh = *in.slot_;
+  if (h.tensors != static_cast<std::int64_t>(fresh.parameters.size()) || h.elements != fresh.flat_parameters.numel() ||
+      h.payload_bytes != static_cast<std::uint64_t>(kBuffers * h.elements) * sizeof(float))
+    refuse(layer, "the header announces " + std::to_string(h.tensors) + " tensors of " + std::to_string(h.elements) +
+                      " elements, the layer has " + std::to_string(fresh.parameters.size()) + " of " +
+                      std::to_string(fresh.flat_parameters.numel()));
+  fresh.optimizer.step = h.step;
+  slots_.insert_or_assign(layer, std::move(in.slot_));
 }
 
 void layer_store::install_layer(int layer, std::span<const std::byte> bytes) {

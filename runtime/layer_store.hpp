@@ -31,6 +31,13 @@ class layer_install_error : public std::runtime_error {
 /// Not synchronised: ensure, drop and install while no view runs. Views of one epoch may run on
 /// threads of their own, since no two of them share a layer.
 class layer_store {
+  struct slot {
+    std::shared_ptr<model_layer> module;
+    std::vector<torch::Tensor> parameters;
+    torch::Tensor flat_parameters, flat_gradients, flat_exp_avg, flat_exp_avg_sq;
+    layer_optimizer_state optimizer;
+  };
+
  public:
   explicit layer_store(gpt_config model, torch::Device device = torch::kCPU);
   layer_store(const layer_store&) = delete;
@@ -74,6 +81,26 @@ class layer_store {
   /// that throws, changes nothing.
   void receive_layer(int layer, std::span<const std::byte> header, const std::function<void(torch::Tensor&)>& fill);
 
+  /// receive_layer in two halves, so that several layers can be received at once from different
+  /// threads: prepare_incoming allocates layer l's buffers (left uninitialised: the copy
+  /// overwrites every value) without touching the store, so it may run on any thread, beside
+  /// other calls of it; the caller fills buffers() (parameters, first moments, second moments)
+  /// with the copy's buffers; adopt() then checks the header as receive_layer does and installs
+  /// the layer (replacing any held one), on the store's own thread. A wrong header throws
+  /// layer_install_error and changes nothing.
+  class incoming {
+   public:
+    int layer() const { return layer_; }
+    std::vector<torch::Tensor> buffers() const;
+
+   private:
+    friend class layer_store;
+    int layer_ = -1;
+    std::unique_ptr<slot> slot_;
+  };
+  incoming prepare_incoming(int layer) const;
+  void adopt(incoming in, std::span<const std::byte> header);
+
   model_layer& module(int layer);
   /// The module's parameters: views of flat_parameters(layer), in registration order.
   std::vector<torch::Tensor> parameters(int layer) const;
@@ -90,14 +117,7 @@ class layer_store {
   std::uint64_t parameter_digest(int layer) const;
 
  private:
-  struct slot {
-    std::shared_ptr<model_layer> module;
-    std::vector<torch::Tensor> parameters;
-    torch::Tensor flat_parameters, flat_gradients, flat_exp_avg, flat_exp_avg_sq;
-    layer_optimizer_state optimizer;
-  };
-
-  std::unique_ptr<slot> build(int layer) const;
+  std::unique_ptr<slot> build(int layer, layer_init how = layer_init::seeded) const;
   slot& at(int layer);
   const slot& at(int layer) const;
 

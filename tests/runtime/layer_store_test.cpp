@@ -189,6 +189,62 @@ TEST_CASE("a copy with a wrong header, or one whose transfer fails, is refused a
   CHECK(!b.holds(4));
 }
 
+TEST_CASE("layers received on several threads at once (prepare_incoming, then adopt) equal the originals") {
+  staged_pipeline trained(testing::small_setup(), {{0, 6}});
+  trained.train(0, 2);
+  auto& a = *trained.stores[0];
+  layer_store b(trained.setup.model);
+  b.ensure(3);  // held: the copy replaces it
+  const std::vector<int> layers{0, 3, 5};
+  std::vector<layer_store::incoming> incoming(layers.size());
+  {
+    std::vector<std::jthread> threads;
+    for (std::size_t i = 0; i < layers.size(); ++i)
+      threads.emplace_back([&, i] {
+        incoming[i] = b.prepare_incoming(layers[i]);
+        const auto source = a.copy_of(layers[i]);
+        auto buffers = incoming[i].buffers();
+        REQUIRE(buffers.size() == source.buffers.size());
+        for (std::size_t k = 0; k < buffers.size(); ++k) buffers[k].copy_(source.buffers[k]);
+      });
+  }
+  // Nothing is held or replaced before adopt().
+  CHECK(b.layers_held() == std::vector<int>{3});
+  const auto kept = b.serialize_layer(3);
+  CHECK((kept != a.serialize_layer(3)));
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const int l = layers[i];
+    CAPTURE(l);
+    CHECK(incoming[i].layer() == l);
+    b.adopt(std::move(incoming[i]), a.copy_of(l).header);
+    CHECK(b.parameter_digest(l) == a.parameter_digest(l));
+    CHECK(bitwise_equal(moments(b, l), moments(a, l)));
+    CHECK(b.optimizer_state(l).step == 2);
+    CHECK((b.serialize_layer(l) == a.serialize_layer(l)));
+    // The module computes with the received values: its parameters are views of the buffers.
+    CHECK(bitwise_equal(b.module(l).parameters(), a.module(l).parameters()));
+  }
+  CHECK_THROWS_AS(b.adopt(std::move(incoming[0]), a.copy_of(0).header), std::logic_error);  // adopted already
+  // A wrong header is refused and changes nothing.
+  auto in = b.prepare_incoming(4);
+  CHECK_THROWS_AS(b.adopt(std::move(in), a.copy_of(3).header), runtime::layer_install_error);
+  CHECK(!b.holds(4));
+}
+
+TEST_CASE("an uninitialised layer has the seeded layer's shapes and draws nothing") {
+  const auto s = testing::small_setup();
+  for (int l : {0, 2, s.model.num_layers() - 1}) {
+    CAPTURE(l);
+    const auto seeded = runtime::build_layers(s.model, l, l + 1).front()->parameters();
+    const auto empty =
+        runtime::build_layers(s.model, l, l + 1, torch::kCPU, runtime::layer_init::uninitialised).front()->parameters();
+    REQUIRE(seeded.size() == empty.size());
+    for (std::size_t k = 0; k < seeded.size(); ++k) CHECK(seeded[k].sizes() == empty[k].sizes());
+    // Building uninitialised layers in between changes no seeded layer (each has its own generator).
+    CHECK(bitwise_equal(runtime::build_layers(s.model, l, l + 1).front()->parameters(), seeded));
+  }
+}
+
 TEST_CASE("training continues identically after its layers move to another store") {
   const auto s = testing::small_setup();
   staged_pipeline straight(s, {{0, 6}});
