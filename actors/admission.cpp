@@ -144,6 +144,11 @@ caf::error check_registration(const messages::register_node& r, const admission_
   if (r.slots < 1 || r.slots > 64 || r.name.empty() || r.name.size() > 255 || r.data.port == 0)
     return make_error(protocol_error::bad_request,
                       "a registration needs a name (1-255 bytes), 1-64 slots and a data port");
+  if (r.slots != policy.slots_per_node)
+    return make_error(protocol_error::wrong_slots,
+                      "the worker has " + std::to_string(r.slots) + " slot(s), the job's nodes have " +
+                          std::to_string(policy.slots_per_node) + " (cluster.slots_per_node); start it with --slots " +
+                          std::to_string(policy.slots_per_node));
   return {};
 }
 

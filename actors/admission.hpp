@@ -3,7 +3,7 @@
 // coordinator actor calls: the job token never crosses the wire. The coordinator hands out a
 // single-use random nonce; the worker answers with HMAC-SHA256(token, nonce || name) in hex; the
 // coordinator recomputes it. A wrong version, another job's config or a bad proof is refused with
-// a protocol_error that says what differs, and nothing of the running job changes.
+// a protocol_error that says what differs (also a worker whose --slots is not the job's M), and nothing of the running job changes.
 
 #include <chrono>
 #include <cstdint>
@@ -65,6 +65,9 @@ struct admission_policy {
   std::string token;
   std::string job_hash;
   std::uint32_t protocol_version = 0;
+  /// The job's M (cluster.slots_per_node): the planner cuts every pipeline for nodes of exactly
+  /// M slots, so a worker with any other --slots could not run what it would be assigned.
+  std::int32_t slots_per_node = 1;
 };
 
 /// Checks `r` (its nonce is consumed whatever the outcome); an empty error admits it.

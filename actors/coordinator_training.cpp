@@ -31,7 +31,8 @@ messages::stage_assignment to_message(const planning::stage_assignment& s) {
           s.first_layer.value,
           s.end_layer.value,
           s.prev ? s.prev->value : -1,
-          s.next ? s.next->value : -1};
+          s.next ? s.next->value : -1,
+          s.gpus};
 }
 
 void run_step(coordinator_pointer self) {
@@ -87,7 +88,7 @@ void start_training(coordinator_pointer self) {
   }
   std::ostringstream shape;
   for (std::size_t i = 0; i < st.pipelines.size(); ++i)
-    shape << (i ? ", " : "") << st.pipelines[i].nodes.size() << " stage(s) x "
+    shape << (i ? ", " : "") << st.stage_nodes[i].size() << " stage(s) x "
           << st.pipelines[i].microbatches << " microbatch(es)";
   st.deps.log("epoch " + std::to_string(st.epoch) + " formed: " + std::to_string(st.pipelines.size()) +
               " pipeline(s): " + shape.str());

@@ -71,12 +71,16 @@ void retire_stage(monitor_pointer self, const std::string& why) {
   auto& st = self->state;
   if (!st.stage) return;
   st.stage->abort(std::numeric_limits<std::uint64_t>::max(), why);
-  caf::anon_send_exit(st.stage->actor, caf::exit_reason::user_shutdown);
-  // The stage's handle went to the coordinator in node_ready, which put the stage into this
-  // system's registry (so remote nodes can address it); CAF 0.17 does not always take it out
-  // when the actor ends, and the registry's reference keeps the detached stage's thread, hence
-  // the actor system's destructor, waiting forever (workers hung on exit).
-  self->system().registry().erase(st.stage->actor.id());
+  auto slots = st.stage->runners;
+  slots.insert(slots.begin(), st.stage->actor);
+  for (const auto& slot : slots) {
+    caf::anon_send_exit(slot, caf::exit_reason::user_shutdown);
+    // The stage's handle went to the coordinator in node_ready, which put the stage into this
+    // system's registry (so remote nodes can address it); CAF 0.17 does not always take it out
+    // when the actor ends, and the registry's reference keeps the detached stage's thread, hence
+    // the actor system's destructor, waiting forever (workers hung on exit).
+    self->system().registry().erase(slot.id());
+  }
   st.stage.reset();
 }
 
@@ -106,26 +110,36 @@ void on_assignment(monitor_pointer self, epoch_assignment& a) {
     }
     return;
   }
+  // Slot j runs the node's stage j: one stage actor per stage, each on a thread of its own.
+  const std::size_t slots = 1 + st.stage->runners.size();
+  if (a.stages.size() > slots) {
+    const std::string why = "the epoch gives this node " + std::to_string(a.stages.size()) + " stages; it has " +
+                            std::to_string(slots) + " slot(s)";
+    st.deps.log("epoch " + std::to_string(a.epoch) + ": " + why);
+    self->send(st.deps.coordinator, node_fault{a.epoch, st.node, why});
+    return;
+  }
   if (a.rank < 0) {
     st.deps.log("epoch " + std::to_string(a.epoch) + ": idle");
   } else if (a.stages.empty()) {
     st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank) + ", sends copies only");
   } else {
-    const auto& s = a.stages.front();
-    st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank) + ", pipeline " +
-                std::to_string(s.pipeline) + " stage " + std::to_string(s.stage) + " of " +
-                std::to_string(s.num_stages) + ", layers [" + std::to_string(s.first_layer) + ", " +
-                std::to_string(s.end_layer) + ")");
+    for (const auto& s : a.stages)
+      st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank) + ", pipeline " +
+                  std::to_string(s.pipeline) + " stage " + std::to_string(s.stage) + " of " +
+                  std::to_string(s.num_stages) + ", layers [" + std::to_string(s.first_layer) + ", " +
+                  std::to_string(s.end_layer) + ")" + (s.width > 1 ? ", width " + std::to_string(s.width) : ""));
   }
   const std::uint64_t e = a.epoch;
-  const bool runs_stage = a.rank >= 0 && !a.stages.empty();
+  const std::size_t runs_stages = a.rank >= 0 ? a.stages.size() : 0;
   self->request(st.stage->actor, caf::infinite, std::move(a))
       .then(
-          [self, e, runs_stage](form_timing& timing) {
+          [self, e, runs_stages](form_timing& timing) {
             auto& st = self->state;
             if (e != st.epoch || !st.stage) return;
             std::vector<caf::actor> stages;
-            if (runs_stage) stages.push_back(caf::actor_cast<caf::actor>(st.stage->actor));
+            for (std::size_t j = 0; j < runs_stages; ++j)
+              stages.push_back(caf::actor_cast<caf::actor>(j == 0 ? st.stage->actor : st.stage->runners.at(j - 1)));
             self->send(st.deps.coordinator, node_ready{e, st.node, std::move(stages), timing});
           },
           [self, e](caf::error& err) {

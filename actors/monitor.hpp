@@ -8,6 +8,7 @@
 //        |                          +------------------------------------------------+
 //        +--(refused)--> stopped (the reason is the actor's exit reason)
 //   commit_step{e,k}: the node's stages apply the step; step_committed{e,k} with their digests.
+//   node_ready lists one stage actor per stage the node runs (slot j runs its stage j).
 //   shutdown, or the coordinator down: stopped.
 //
 // The layer store, copies between epochs and abort_epoch's recovery join with fault tolerance.
@@ -36,9 +37,10 @@ struct monitor_deps {
 /// coordinator with exit_reason::remote_link_unreachable; a shutdown normally.
 /// Called once admitted, with the node id and the job's configuration.
   std::function<void(const messages::admission&)> admitted = [](const messages::admission&) {};
-  /// Spawns the node's stage actor (one slot, for the worker's life) for the admitted job (the
-  /// worker decodes the job file); unset: the node cannot run stages (assignments with stages
-  /// are answered with node_fault).
+  /// Spawns the node's stage actors (one per slot, for the worker's life) for the admitted job
+  /// (the worker decodes the job file); unset: the node cannot run stages (assignments with
+  /// stages are answered with node_fault). An epoch that gives the node more stages than it has
+  /// slot actors is answered with node_fault too.
   std::function<spawned_stage(const messages::admission&)> make_stage;
   /// Carries out an injected fault; the default signals this very process (SIGKILL, SIGSTOP).
   std::function<void(const messages::inject_fault&)> fault;
@@ -49,7 +51,7 @@ struct monitor_state {
   std::int64_t node = -1;
   messages::admission job;
   std::uint64_t epoch = 0;  ///< the newest epoch assigned
-  std::optional<spawned_stage> stage;  ///< the node's stage slot, once admitted
+  std::optional<spawned_stage> stage;  ///< the node's stage slots, once admitted
   std::uint64_t dropped = 0;           ///< messages of older epochs
   static inline const char* name = "oobleck.monitor";
 };

@@ -7,14 +7,17 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 
 #include <caf/stateful_actor.hpp>
 
 #include "actors/stage_checkpoint.hpp"
+#include "planning/profile.hpp"
 #include "runtime/dataset.hpp"
 #include "runtime/device.hpp"
 #include "runtime/host_communicator.hpp"
+#include "runtime/loopback_communicator.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/stage_executor.hpp"
 #include "runtime/transport/host_transport.hpp"
@@ -25,24 +28,36 @@ using namespace oobleck::messages;
 
 namespace {
 
-/// The stage's layers and, per epoch, its data plane and executor. The transport may be aborted
-/// from another thread (under `abort_mu`); everything else is touched by the stage's thread only.
+/// The node's layers and, per epoch, its data plane and one executor per stage it runs. The
+/// transport may be aborted from another thread (under `abort_mu`). The node's slot actors share
+/// it: slot 0 forms epochs, commits and writes checkpoints, slot j runs the epoch's stage j; the
+/// store's layer set and the executors change only under `views_mu` held exclusively (forming,
+/// commits), while steps and checkpoints hold it shared. A step never waits for the exclusive
+/// lock: two stages of the node run one step together (each waits for the other's messages), so
+/// the lock is taken exclusively only when no step runs (the coordinator commits after every
+/// stage reported, and starts the next step after every node committed) or after the old epoch's
+/// data plane was aborted (forming), which ends any step still under way.
 struct stage_runtime {
-  explicit stage_runtime(stage_job j)
+  stage_runtime(stage_job j, int slot_count)
       : job(std::move(j)),
+        slots(slot_count),
         data(runtime::default_corpus(static_cast<std::size_t>(job.corpus_bytes), job.corpus_seed), job.model.seq_len),
         samples(job.sample_seed, data.size(), job.global_batch),
         store(job.model) {}
 
   stage_job job;
+  int slots = 1;  ///< M: the node's slot actors, and the widths its stages may add up to
   runtime::token_dataset data;
   runtime::sampler samples;
-  /// The layers, across epochs. Those outside the current range stay until an epoch has formed
-  /// everywhere (its first step arrives): a reconfiguration that fails part-way must still find
-  /// every layer where the last formed epoch put it.
+  /// The layers, across epochs. Those outside the current stages stay until the epoch has formed
+  /// everywhere, which its first commit proves (and no stage of the node runs then): a
+  /// reconfiguration that fails part-way must still find every layer where the last formed epoch
+  /// put it.
   runtime::layer_store store;
   epoch_assignment assignment;
   bool formed_once = false;  ///< layers exist (built from their seed at the job's first epoch)
+  std::shared_mutex views_mu;
+  std::uint64_t pruned_epoch = 0;  ///< the epoch whose first commit dropped the layers outside it
 
   std::mutex abort_mu;
   std::unique_ptr<runtime::host_transport> transport;  // written under abort_mu
@@ -50,14 +65,23 @@ struct stage_runtime {
   std::string abort_reason;                            // guarded
 
   std::unique_ptr<runtime::host_communicator> comm;
-  std::unique_ptr<runtime::stage_executor> executor;  ///< this epoch's view of the store
+  /// What the executors talk through: `comm`, plus the hand-off between two stages of this node.
+  std::unique_ptr<runtime::loopback_communicator> local;  // written under abort_mu
+  /// This epoch's views of the store, one per stage of assignment.stages.
+  std::vector<std::unique_ptr<runtime::stage_executor>> executors;
   std::vector<std::vector<int>> layer_groups;
 
-  /// The epoch formed everywhere: layers outside its range are no longer anyone's source.
+  bool runs_layer(int l) const {
+    for (const auto& s : assignment.stages)
+      if (l >= s.first_layer && l < s.end_layer) return true;
+    return false;
+  }
+
+  /// The epoch formed everywhere (a step of it committed): layers outside its stages are no longer
+  /// anyone's source. Caller holds views_mu exclusively.
   void drop_layers_outside_range() {
-    const auto& s = assignment.stages.at(0);
     for (int l : store.layers_held())
-      if (l < s.first_layer || l >= s.end_layer) store.drop(l);
+      if (!runs_layer(l)) store.drop(l);
   }
 
   std::mutex fault_mu;
@@ -84,7 +108,10 @@ struct stage_runtime {
     if (epoch < aborted_through) return;
     aborted_through = epoch;
     abort_reason = reason;
-    if (transport && transport->epoch() <= epoch) transport->abort(reason);
+    if (transport && transport->epoch() <= epoch) {
+      transport->abort(reason);
+      if (local) local->abort();  // wakes a stage waiting for another stage of this node
+    }
   }
 };
 
@@ -114,6 +141,7 @@ class solo_communicator final : public runtime::communicator {
 
 struct stage_state {
   std::shared_ptr<stage_runtime> rt;
+  int slot = 0;  ///< runs the epoch's stage `slot` of this node; slot 0 also forms and commits
   static inline const char* name = "oobleck.stage";
 };
 
@@ -221,16 +249,37 @@ std::int64_t micros_since(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - since).count();
 }
 
+/// Checks that the node's slots can run the stages it is given: one slot actor per stage, and
+/// their widths (the planner's d, a power of two) add up to at most M.
+void check_fits_slots(const stage_runtime& rt, const epoch_assignment& a) {
+  std::int64_t width = 0;
+  for (const auto& s : a.stages) {
+    if (!planning::is_power_of_two(s.width))
+      throw std::invalid_argument("stage " + std::to_string(s.stage) + " has width " + std::to_string(s.width) +
+                                  "; a width is a power of two");
+    width += s.width;
+  }
+  if (static_cast<std::int64_t>(a.stages.size()) > rt.slots || width > rt.slots)
+    throw std::invalid_argument("the epoch gives this node " + std::to_string(a.stages.size()) + " stage(s) of " +
+                                std::to_string(width) + " slot(s) in all; it has " + std::to_string(rt.slots));
+}
+
 form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   form_timing t;
-  if (a.stages.size() > 1) throw std::invalid_argument("a stage slot runs at most one stage per epoch");
+  check_fits_slots(rt, a);
   if (a.rank >= static_cast<std::int32_t>(a.peers.size()))
     throw std::invalid_argument("rank " + std::to_string(a.rank) + " is not among the epoch's peers");
+  // The old epoch's data plane goes now (it would at its destruction below anyway): a stage of
+  // this node still in a step of it fails at once and gives up the views.
+  rt.abort(a.epoch - 1, "epoch " + std::to_string(a.epoch) + " is forming");
+  std::unique_lock views(rt.views_mu);
   // The old epoch ends here: its uncommitted gradients go, its mesh closes. Its layers stay in
   // the store until an epoch has formed everywhere.
-  if (rt.executor) {
-    rt.executor->discard();
-    rt.executor.reset();
+  for (auto& e : rt.executors) e->discard();
+  rt.executors.clear();
+  {
+    std::lock_guard lock(rt.abort_mu);
+    rt.local.reset();
   }
   rt.comm.reset();
   {
@@ -259,27 +308,31 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   }
   rt.transport->connect();
   rt.comm = std::make_unique<runtime::host_communicator>(*rt.transport);
+  {
+    std::lock_guard lock(rt.abort_mu);
+    rt.local = std::make_unique<runtime::loopback_communicator>(*rt.comm);
+    if (a.epoch <= rt.aborted_through) rt.local->abort();
+  }
   t.connect_us = micros_since(phase);
 
   // Layers are built from their seed only at the job's first epoch (or installed from the
   // checkpoint of a resumed job, which the coordinator names until an epoch has formed
   // everywhere); later a layer is kept (it stayed in the store) or copied.
-  if (!a.stages.empty() && !a.resume_dir.empty())
-    install_from_checkpoint(rt.store, a.resume_dir, a.stages[0].first_layer, a.stages[0].end_layer);
-  else if (!a.stages.empty() && !rt.formed_once)
-    rt.store.ensure(a.stages[0].first_layer, a.stages[0].end_layer);
+  for (const auto& s : a.stages) {
+    if (!a.resume_dir.empty()) install_from_checkpoint(rt.store, a.resume_dir, s.first_layer, s.end_layer);
+    else if (!rt.formed_once) rt.store.ensure(s.first_layer, s.end_layer);
+  }
   phase = std::chrono::steady_clock::now();
   run_copies(rt, a, t);
   t.copies_us = micros_since(phase);
   phase = std::chrono::steady_clock::now();
-  if (!a.stages.empty()) {
-    const auto& s = a.stages[0];
+  for (const auto& s : a.stages) {
     for (int l = s.first_layer; l < s.end_layer; ++l)
       if (!rt.store.holds(l))
         throw std::logic_error("epoch " + std::to_string(a.epoch) + ": layer " + std::to_string(l) +
                                " is neither kept nor copied to rank " + std::to_string(a.rank));
     runtime::stage_position pos{s.first_layer, s.end_layer, s.stage, s.num_stages, s.prev_rank, s.next_rank};
-    rt.executor = std::make_unique<runtime::stage_executor>(rt.store, pos, *rt.comm, options_of(rt.job));
+    rt.executors.push_back(std::make_unique<runtime::stage_executor>(rt.store, pos, *rt.local, options_of(rt.job)));
   }
   t.views_us = micros_since(phase);
   rt.formed_once = true;
@@ -291,9 +344,14 @@ double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
-stage_done run(stage_runtime& rt, const stage_step& order) {
+/// Runs the step on the node's stage `slot` (caller holds views_mu shared).
+stage_done run(stage_runtime& rt, const stage_step& order, int slot) {
   const auto started = std::chrono::steady_clock::now();
-  const auto& s = rt.assignment.stages.at(0);
+  const auto& s = rt.assignment.stages.at(static_cast<std::size_t>(slot));
+  auto& executor = *rt.executors.at(static_cast<std::size_t>(slot));
+  // A stage of width d computes with d intra-op threads: the setting belongs to this slot's own
+  // thread (OpenMP's thread count is per thread), so the node's stages keep their own widths.
+  torch::set_num_threads(s.width);
   stage_done done{order.epoch, order.step, s.pipeline, s.stage, 0, {}};
   try {
     const auto all = rt.samples.step_samples(static_cast<std::int64_t>(order.step));
@@ -301,23 +359,31 @@ stage_done run(stage_runtime& rt, const stage_step& order) {
     const std::vector<std::int64_t> ids(all.begin() + static_cast<std::ptrdiff_t>(order.first_microbatch * b),
                                         all.begin() + static_cast<std::ptrdiff_t>((order.first_microbatch + order.microbatches) * b));
     const auto [inputs, targets] = rt.data.batch(ids);
-    done.loss_sum = rt.executor->run_step(static_cast<std::int64_t>(order.step), order.first_microbatch,
-                                          order.microbatches, inputs, targets, rt.layer_groups);
+    done.loss_sum = executor.run_step(static_cast<std::int64_t>(order.step), order.first_microbatch,
+                                      order.microbatches, inputs, targets, rt.layer_groups);
     rt.fire_faults(order.step);
-    rt.executor->reduce_gradients(rt.layer_groups);
+    executor.reduce_gradients(rt.layer_groups);
   } catch (const std::exception& e) {
-    rt.executor->discard();
+    executor.discard();
     done.error = e.what();
   }
-  const auto& t = rt.executor->last_step_timing();
+  const auto& t = executor.last_step_timing();
   done.timing = {ms_since(started), t.compute_ms, t.p2p_wait_ms, t.allreduce_ms};
   return done;
 }
 
-stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<stage_runtime> rt) {
+/// Slot 0's: only it forms epochs, applies commits and writes checkpoints for the node.
+caf::error slot_zero_only(int slot, const char* what) {
+  return make_error(protocol_error::bad_request,
+                    std::string(what) + " goes to the node's first stage slot, not slot " + std::to_string(slot));
+}
+
+stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<stage_runtime> rt, int slot) {
   self->state.rt = std::move(rt);
+  self->state.slot = slot;
   return {
       [self](epoch_assignment& a) -> caf::result<form_timing> {
+        if (self->state.slot != 0) return slot_zero_only(self->state.slot, "an epoch assignment");
         try {
           return form(*self->state.rt, a);
         } catch (const std::exception& e) {
@@ -326,25 +392,42 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
       },
       [self](stage_step& order) -> stage_done {
         auto& rt = *self->state.rt;
-        if (!rt.executor || order.epoch != rt.assignment.epoch || rt.assignment.stages.empty())
-          return {order.epoch, order.step, -1, -1, 0, "the stage is not formed for epoch " + std::to_string(order.epoch)};
-        rt.drop_layers_outside_range();  // a step of this epoch: it formed everywhere
-        return run(rt, order);
+        const auto slot = static_cast<std::size_t>(self->state.slot);
+        auto not_formed = [&]() -> stage_done {
+          return {order.epoch, order.step, -1, -1, 0,
+                  "stage slot " + std::to_string(slot) + " is not formed for epoch " + std::to_string(order.epoch)};
+        };
+        std::shared_lock views(rt.views_mu);
+        if (slot >= rt.executors.size() || order.epoch != rt.assignment.epoch) return not_formed();
+        return run(rt, order, self->state.slot);
       },
-      [self](commit_step& c) -> step_committed {
+      [self](commit_step& c) -> caf::result<step_committed> {
+        if (self->state.slot != 0) return slot_zero_only(self->state.slot, "a commit");
         auto& rt = *self->state.rt;
+        std::unique_lock views(rt.views_mu);  // no stage of the node runs now (see views_mu)
         const auto started = std::chrono::steady_clock::now();
         step_committed out{c.epoch, c.step, -1, {}};
-        if (!rt.executor || c.epoch != rt.assignment.epoch) return out;
-        rt.executor->commit();
-        const auto& s = rt.assignment.stages.at(0);
-        for (int l = s.first_layer; l < s.end_layer; ++l)
-          out.digests.push_back({l, rt.executor->parameter_digest(l)});
-        out.optimizer_ms = rt.executor->last_step_timing().optimizer_ms;
+        if (rt.executors.empty() || c.epoch != rt.assignment.epoch) return out;
+        if (rt.pruned_epoch != c.epoch) {  // a step of this epoch committed: it formed everywhere
+          rt.drop_layers_outside_range();
+          rt.pruned_epoch = c.epoch;
+        }
+        // Every stage of the node has reported (the coordinator commits only then) and none runs
+        // until the next step: this thread applies the step to all of them.
+        for (auto& e : rt.executors) {
+          e->commit();
+          const auto& p = e->position();
+          for (int l = p.first_layer; l < p.end_layer; ++l) out.digests.push_back({l, e->parameter_digest(l)});
+          out.optimizer_ms += e->last_step_timing().optimizer_ms;
+        }
         out.commit_ms = ms_since(started);
         return out;
       },
-      [self](write_checkpoint& w) -> checkpoint_written { return write_checkpoint_layers(self->state.rt->store, w); },
+      [self](write_checkpoint& w) -> caf::result<checkpoint_written> {
+        if (self->state.slot != 0) return slot_zero_only(self->state.slot, "a checkpoint");
+        std::shared_lock views(self->state.rt->views_mu);
+        return write_checkpoint_layers(self->state.rt->store, w);
+      },
   };
 }
 
@@ -373,17 +456,24 @@ std::vector<double> train_single_process(const stage_job& job, std::uint64_t ste
   return losses;
 }
 
-spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job) {
-  // One LibTorch thread per stage: the node's cores belong to its stages (and other nodes' on a
-  // shared machine); intra-op threads only fight over them.
+spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job, int slots) {
+  if (!planning::is_power_of_two(slots) || slots > 64)
+    throw std::invalid_argument("a node has 1, 2, 4, ..., 64 slots, not " + std::to_string(slots));
+  // One LibTorch thread per slot: the node's cores belong to its stages (and other nodes' on a
+  // shared machine); intra-op threads only fight over them. A stage of width d sets d on its
+  // own thread (run()); the BLAS library's pool stays at one thread (it is the process's, not a
+  // thread's: runtime/device.hpp).
   runtime::use_one_compute_thread();
-  auto rt = std::make_shared<stage_runtime>(job);
-  auto actor = sys.spawn<caf::detached>(stage_behavior, rt);
-  return {actor, [rt](std::uint64_t epoch, const std::string& reason) { rt->abort(epoch, reason); },
-          [rt](const messages::inject_fault& f, std::function<void(const messages::inject_fault&)> act) {
-            std::lock_guard lock(rt->fault_mu);
-            rt->armed.emplace_back(f, std::move(act));
-          }};
+  auto rt = std::make_shared<stage_runtime>(job, slots);
+  spawned_stage out;
+  out.actor = sys.spawn<caf::detached>(stage_behavior, rt, 0);
+  for (int j = 1; j < slots; ++j) out.runners.push_back(sys.spawn<caf::detached>(stage_behavior, rt, j));
+  out.abort = [rt](std::uint64_t epoch, const std::string& reason) { rt->abort(epoch, reason); };
+  out.arm = [rt](const messages::inject_fault& f, std::function<void(const messages::inject_fault&)> act) {
+    std::lock_guard lock(rt->fault_mu);
+    rt->armed.emplace_back(f, std::move(act));
+  };
+  return out;
 }
 
 }  // namespace oobleck::actors

@@ -1,9 +1,19 @@
 #pragma once
-// The stage actor (DESIGN §5): one per slot of a worker, for the worker's whole life, detached (its
-// own thread), so that LibTorch compute and blocking collectives never run on CAF's cooperative
-// workers. It holds the node's layers across epochs in a layer store (parameters and AdamW state),
-// and per epoch the data plane (host transport and communicator) and a stage executor: a view
-// over its layer range of the store.
+// The stage actors (DESIGN §5): one per slot of a worker, for the worker's whole life, detached
+// (each on a thread of its own), so that LibTorch compute and blocking collectives never run on
+// CAF's cooperative workers. The node's slots share one runtime: its layers across epochs in a
+// layer store (parameters and AdamW state), and per epoch the data plane (host transport and
+// communicator) and one stage executor per stage the node runs: a view over the stage's layer
+// range of the store.
+//
+// Slots (the job's cluster.slots_per_node = M, the planner's M GPUs of a node, DESIGN §4): the
+// planner gives a node consecutive stages of one pipeline whose widths d (powers of two) add up
+// to M. On this CPU runtime a slot is one LibTorch intra-op thread: the stage actor of slot j
+// runs the epoch's stage j of the node with d intra-op threads (set on its own thread; the BLAS
+// library's threading is its own). Two adjacent stages of one node hand activations and
+// gradients over in memory (runtime::loopback_communicator); stages on other nodes go over the
+// transport. Slot 0 also forms the node's epochs, applies commits to every stage of the node
+// (one digest list per node) and writes checkpoints.
 //
 //   idle --epoch_assignment{e}--> forming: the old epoch's uncommitted gradients are dropped, the
 //        new mesh connects, the copy plan runs (full layer state as bytes, over the new mesh), kept
@@ -11,7 +21,7 @@
 //
 // Messages are handled in order, so a commit decided before a failure is applied before the next
 // epoch forms. abort() is callable from any thread (the monitor's): it fails every pending
-// data-plane operation of epochs <= e at once, so the stage never stays blocked on a dead peer.
+// data-plane operation of epochs <= e at once, so no stage stays blocked on a dead peer.
 // No LibTorch in this header.
 
 #include <cstddef>
@@ -42,10 +52,14 @@ struct stage_job {
   bool overlap_gradient_reduce = true;  ///< runtime::executor_options::overlap_gradient_reduce
 };
 
-/// A spawned stage and the handle that aborts its data plane (epochs <= the given one) from any
-/// thread.
+/// A node's spawned stage slots and the handle that aborts their data plane (epochs <= the given
+/// one) from any thread.
 struct spawned_stage {
+  /// Slot 0: forms the node's epochs (epoch_assignment), runs its first stage, applies commits
+  /// and writes checkpoints.
   messages::stage_actor actor;
+  /// Slots 1 .. M-1: slot j runs the node's stage j of the epoch (stage_step only).
+  std::vector<messages::stage_actor> runners;
   std::function<void(std::uint64_t epoch, const std::string& reason)> abort;
   /// Arms a fault for step `f.at_step`: `act(f)` runs on the stage's thread in the middle of that
   /// step, after its compute and before it waits for its gradient all-reduce (its peers wait in
@@ -53,8 +67,9 @@ struct spawned_stage {
   std::function<void(const messages::inject_fault& f, std::function<void(const messages::inject_fault&)> act)> arm;
 };
 
-/// Spawns a detached stage actor for `job`; it forms itself on its first epoch_assignment.
-spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job);
+/// Spawns the detached stage actors of a node of `slots` slots (a power of two, <= 64) for `job`;
+/// they form on their first epoch_assignment (sent to slot 0).
+spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job, int slots = 1);
 
 /// The same training in one process, one stage holding every layer and the whole global batch
 /// per step: what any cluster run of `job` must equal (DESIGN §5 "nothing lost" (3)). Returns the

@@ -86,7 +86,7 @@ class signal_shutdown {
 planning::profile job_profile(const job_file& job) {
   if (!job.profile.file.empty()) {
     auto p = messages::read_profile_file(job.profile.file);
-    planning::check_matches(p, {.microbatch_size = job.training.microbatch, .gpus_per_node = std::nullopt,
+    planning::check_matches(p, {.microbatch_size = job.training.microbatch, .gpus_per_node = job.cluster.slots_per_node,
                                 .config_hash = job.model.hash(), .device_kind = std::nullopt});
     return p;
   }
@@ -210,7 +210,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
     }
   }
   actors::coordinator_deps deps;
-  deps.policy = {token, actors::sha256_hex(job_text), messages::protocol_version};
+  deps.policy = {token, actors::sha256_hex(job_text), messages::protocol_version, job.cluster.slots_per_node};
   deps.job_toml = job_text;
   deps.expected_nodes = nodes;
   deps.log = log;

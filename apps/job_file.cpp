@@ -170,6 +170,12 @@ std::map<std::string, setter> schema(job_file& job) {
       {"optimizer.min_lr", number_in(lr.min_lr, {.lo = 0})},
 
       {"cluster.nodes", int_in(job.cluster.nodes, 1, 4096)},
+      {"cluster.slots_per_node",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         const auto m = d.integer(v, key, 1, 64);
+         if (!planning::is_power_of_two(m)) d.fail(v, key + " must be a power of two (1, 2, 4, ..., 64), got " + std::to_string(m));
+         job.cluster.slots_per_node = static_cast<int>(m);
+       }},
       {"cluster.fault_tolerance", int_in(job.cluster.fault_tolerance, 0, 4095)},
       {"cluster.device_memory_bytes", int64_in(job.cluster.device_memory_bytes, 1)},
       {"cluster.heartbeat_interval_ms", int_in(job.cluster.heartbeat_interval_ms, 1, 3'600'000)},
@@ -281,7 +287,7 @@ planning::synthetic_gpt synthetic_model(const job_file& job) {
           .sequence = narrow(job.model.seq_len, "model.seq_len"),
           .vocab = narrow(job.model.vocab, "model.vocab"),
           .microbatch = job.training.microbatch,
-          .gpus_per_node = 1,
+          .gpus_per_node = job.cluster.slots_per_node,
           .device_tflops = 0.02,
           .device_memory_bytes = job.cluster.device_memory_bytes};
 }

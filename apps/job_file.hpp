@@ -10,8 +10,8 @@
 //   [training]    steps, global_batch, microbatch, seed                    (runtime::sampler)
 //   [optimizer]   lr, beta1, beta2, eps, weight_decay, schedule, warmup_steps, min_lr
 //                                                                          (runtime::adamw_options)
-//   [cluster]     nodes, fault_tolerance, device_memory_bytes, heartbeat_interval_ms,
-//                 connection_timeout_ms
+//   [cluster]     nodes, slots_per_node, fault_tolerance, device_memory_bytes,
+//                 heartbeat_interval_ms, connection_timeout_ms
 //   [checkpoint]  dir, every
 //   [http]        port
 //   [profile]     warmup, repeats, file
@@ -52,6 +52,11 @@ struct training_section {
 /// [cluster]
 struct cluster_section {
   int nodes = 2;            ///< nodes the coordinator waits for before it starts (its --nodes overrides)
+  /// M, the slots of every node (DESIGN §4: a node's stages use exactly its M slots, in
+  /// power-of-two widths). On the CPU runtime a slot is one LibTorch intra-op thread with
+  /// device_memory_bytes of memory: a stage of width d runs on d threads, and a node runs one
+  /// stage actor (thread) per stage. Every worker must be started with --slots M; a power of two.
+  int slots_per_node = 1;
   int fault_tolerance = 1;  ///< f: at least f + 1 pipelines, so any f simultaneous losses are survived
   std::int64_t device_memory_bytes = 4LL << 30;  ///< memory of one slot (GPU or CPU slot)
   /// CAF's middleman heartbeat and the silence after which a peer is declared lost (a hung
@@ -112,7 +117,7 @@ job_file parse_job(std::string_view text, std::string_view origin = "job file");
 job_file read_job_file(const std::string& path);
 
 /// The synthetic profile's model for a job without a measured profile (profile.file empty): the
-/// job's GPT, microbatch and slot memory, one slot per node, 20 GFLOP/s per slot (a CPU core in
+/// job's GPT, microbatch and slot memory, cluster.slots_per_node slots per node, 20 GFLOP/s per slot (a CPU core in
 /// fp32). Modelled, not measured: planning::synthetic_gpt_profile turns it into a profile.
 /// Throws messages::input_error when a model dimension does not fit an int.
 planning::synthetic_gpt synthetic_model(const job_file& job);

@@ -395,6 +395,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     worker_pids.push_back(
         procs.start((bin / "oobleck-worker").string(),
                     {"--coordinator", address, "--token-file", token, "--name", "node" + std::to_string(i),
+                     "--slots", std::to_string(job.cluster.slots_per_node),
                      "--heartbeat-interval-ms", std::to_string(job.cluster.heartbeat_interval_ms),
                      "--connection-timeout-ms", std::to_string(job.cluster.connection_timeout_ms)}));
   };

@@ -16,11 +16,12 @@ namespace oobleck::apps {
 
 namespace {
 
-constexpr const char* kAbout = R"(Measures every layer of the job's model on this machine's CPU (one intra-op thread): forward and
+constexpr const char* kAbout = R"(Measures every layer of the job's model on this machine's CPU at every stage width d = 1, 2, ...,
+cluster.slots_per_node (d intra-op threads, as the runtime runs a stage of width d): forward and
 backward separately (median of N runs after warm-up), parameter bytes, and the activation bytes
 autograd retains per microbatch. Writes the planning profile, which records the model's config
 hash, the microbatch size and the device kind, so oobleck-plan refuses it for another job.
-The job file ([model], [training] microbatch, [cluster] device_memory_bytes, [profile]
+The job file ([model], [training] microbatch, [cluster] device_memory_bytes and slots_per_node, [profile]
 warmup/repeats/file) is checked before anything runs; without --config the default model is profiled.
 
 Exit status: 0 on success, 2 on bad input (one "error: ..." line), 1 on an internal failure
@@ -68,7 +69,8 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
     runtime::profiler_options options{.microbatch = job.training.microbatch,
                                       .warmup = job.profile.warmup,
                                       .repeats = o.repeats.value_or(job.profile.repeats),
-                                      .device_memory_bytes = job.cluster.device_memory_bytes};
+                                      .device_memory_bytes = job.cluster.device_memory_bytes,
+                                      .slots_per_node = job.cluster.slots_per_node};
     err << "profiling " << job.model.num_layers() << " layers (config " << job.model.hash() << ", microbatch "
         << options.microbatch << ", " << options.repeats << " repeats)...\n";
     const auto layers = runtime::measure_layers(job.model, options);
@@ -80,6 +82,11 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
       std::snprintf(line, sizeof line, "%-10s %12.4f %12.4f %14lld %16lld\n", m.name.c_str(), m.forward_ms,
                     m.backward_ms, static_cast<long long>(m.param_bytes), static_cast<long long>(m.activation_bytes));
       err << line;
+      for (std::size_t i = 1; i < m.forward_ms_by_width.size(); ++i) {  // wider stages (slots_per_node > 1)
+        std::snprintf(line, sizeof line, "  width %-3d %12.4f %12.4f\n", 1 << i, m.forward_ms_by_width[i],
+                      m.backward_ms_by_width[i]);
+        err << line;
+      }
     }
     const auto profile = runtime::make_profile(job.model, options, layers);
     if (!out_path.empty()) {

@@ -61,7 +61,9 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   add_text(app, "--coordinator", coordinator, "HOST:PORT of the coordinator")->required();
   add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")->required();
   add_text(app, "--name", name, "this node's name in status and logs (default: HOSTNAME-PID)");
-  add_integer(app, "--slots", slots, 1, 64, "accelerator slots of this node (default 1)");
+  add_integer(app, "--slots", slots, 1, 64,
+              "slots of this node (default 1): must equal the job's cluster.slots_per_node; on CPU a slot is "
+              "one LibTorch thread, and a node runs one stage actor per stage it is given");
   add_text(app, "--config", config,
            "the job file this worker was started for; refused if the coordinator runs another job");
   add_text(app, "--data-host", data_host,
@@ -107,8 +109,8 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   deps.data = {data_host, data_port ? static_cast<std::uint16_t>(data_port) : free_port()};
   deps.job_hash = job_hash;
   deps.log = log;
-  deps.make_stage = [&sys](const messages::admission& a) {
-    return actors::spawn_stage(sys, stage_job_for(parse_job(a.job_toml, "the coordinator's job file")));
+  deps.make_stage = [&sys, slots](const messages::admission& a) {
+    return actors::spawn_stage(sys, stage_job_for(parse_job(a.job_toml, "the coordinator's job file")), slots);
   };
   auto mon = sys.spawn(actors::monitor, deps);
 

@@ -29,6 +29,9 @@ struct stage_assignment {
   std::int32_t end_layer = 0;  ///< layers [first_layer, end_layer)
   std::int32_t prev_rank = -1;
   std::int32_t next_rank = -1;
+  /// d: the node's slots the stage runs on (a power of two; the widths of a node's stages add up
+  /// to its slots). On CPU, its LibTorch intra-op threads.
+  std::int32_t width = 1;
 
   bool operator==(const stage_assignment&) const = default;
 };
@@ -36,7 +39,7 @@ struct stage_assignment {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_assignment& x) {
   return f(caf::meta::type_name("stage_assignment"), x.pipeline, x.stage, x.num_stages, x.first_layer,
-           x.end_layer, x.prev_rank, x.next_rank);
+           x.end_layer, x.prev_rank, x.next_rank, x.width);
 }
 
 /// One entry of the copy plan: the full state of `layer` goes from rank `source` to rank `target`.
@@ -59,7 +62,7 @@ struct epoch_assignment {
   std::uint64_t next_step = 0;          ///< the step the epoch starts with (re-run if uncommitted)
   std::int32_t rank = -1;               ///< this node's rank; -1: idle in this epoch
   std::vector<endpoint> peers;          ///< data-plane endpoint of every rank
-  std::vector<stage_assignment> stages; ///< this node's stages (empty when idle)
+  std::vector<stage_assignment> stages; ///< this node's stages in pipeline order (empty when idle)
   std::vector<std::vector<std::int32_t>> layer_groups;  ///< per layer: ranks of all its holders
   std::vector<layer_copy> copies;       ///< the whole copy plan (each node runs its part)
   std::vector<std::int32_t> pipeline_microbatches;  ///< batch distribution, per pipeline

@@ -25,6 +25,7 @@ std::string to_string(protocol_error x) {
     case protocol_error::unknown_node: return "unknown_node";
     case protocol_error::stale_epoch: return "stale_epoch";
     case protocol_error::bad_request: return "bad_request";
+    case protocol_error::wrong_slots: return "wrong_slots";
   }
   return "protocol_error(" + std::to_string(static_cast<int>(x)) + ")";
 }

@@ -21,7 +21,7 @@
 namespace oobleck::messages {
 
 /// Bumped on every incompatible change of a message; nodes of another version are refused.
-constexpr std::uint32_t protocol_version = 4;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing)
+constexpr std::uint32_t protocol_version = 5;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots)
 
 /// Expected failures returned as values (caf::error with category "oobleck").
 enum class protocol_error : std::uint8_t {
@@ -32,6 +32,7 @@ enum class protocol_error : std::uint8_t {
   unknown_node,        ///< a node id the coordinator never admitted, or declared lost
   stale_epoch,         ///< a message of another epoch
   bad_request,         ///< a malformed request (out-of-range ids, inconsistent fields)
+  wrong_slots,         ///< the worker's --slots differs from the job's cluster.slots_per_node
 };
 
 caf::error make_error(protocol_error x);

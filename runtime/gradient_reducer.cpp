@@ -2,7 +2,7 @@
 
 namespace oobleck::runtime {
 
-gradient_reducer::gradient_reducer(communicator& comm, int tag) : comm_(comm), tag_(tag) {}
+gradient_reducer::gradient_reducer(communicator& comm) : comm_(comm) {}
 
 gradient_reducer::~gradient_reducer() {
   cancel();
@@ -14,10 +14,10 @@ gradient_reducer::~gradient_reducer() {
   if (thread_.joinable()) thread_.join();
 }
 
-void gradient_reducer::post(torch::Tensor buffer, std::vector<int> group) {
+void gradient_reducer::post(torch::Tensor buffer, std::vector<int> group, int tag) {
   std::lock_guard lock(mu_);
   if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-  queue_.push_back({std::move(buffer), std::move(group)});
+  queue_.push_back({std::move(buffer), std::move(group), tag});
   ++outstanding_;
   changed_.notify_all();
 }
@@ -35,7 +35,7 @@ void gradient_reducer::loop() {
       lock.unlock();
       std::exception_ptr failed;
       try {
-        comm_.all_reduce_sum(j.buffer, j.group, tag_);
+        comm_.all_reduce_sum(j.buffer, j.group, j.tag);
       } catch (...) {
         failed = std::current_exception();
       }

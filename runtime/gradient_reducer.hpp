@@ -4,10 +4,12 @@
 //
 // Reductions run one at a time in the order they are posted. Every holder of a layer posts the
 // same layers in the same order (the executor posts in decreasing layer index, the order in which
-// a backward pass makes them final), so the collectives of one (group, tag) are issued in the same
-// order on every member, as communicator.hpp requires, and the globally highest pending layer can
-// always complete: no cycle of waits. The sum itself is the communicator's (the host transport's
-// fixed ring order), so when it runs does not change a single bit of the result.
+// a backward pass makes them final), so the globally highest pending layer can always complete:
+// no cycle of waits. The executor gives each layer's all-reduce a tag of its own (the layer
+// index), so the reducers of two stages of one node (a node of several slots) never issue
+// collectives of the same (group, tag) in an order the other holders do not share. The sum
+// itself is the communicator's (the host transport's fixed ring order), so when it runs does not
+// change a single bit of the result.
 
 #include <torch/torch.h>
 
@@ -24,16 +26,16 @@ namespace oobleck::runtime {
 
 class gradient_reducer {
  public:
-  /// `comm` must outlive the reducer; all its all-reduces use `tag`.
-  gradient_reducer(communicator& comm, int tag);
+  /// `comm` must outlive the reducer.
+  explicit gradient_reducer(communicator& comm);
   /// Cancels what is pending (cancel()) and joins the thread.
   ~gradient_reducer();
   gradient_reducer(const gradient_reducer&) = delete;
   gradient_reducer& operator=(const gradient_reducer&) = delete;
 
-  /// Queues the in-place sum of `buffer` over `group`. The caller leaves `buffer` alone until
-  /// wait() or cancel() returns.
-  void post(torch::Tensor buffer, std::vector<int> group);
+  /// Queues the in-place sum of `buffer` over `group`, a collective of tag `tag`. The caller
+  /// leaves `buffer` alone until wait() or cancel() returns.
+  void post(torch::Tensor buffer, std::vector<int> group, int tag);
   /// Blocks until every posted reduction has finished; rethrows the first failure (the ones
   /// posted after a failure are skipped: the step is lost anyway). Afterwards the reducer is idle
   /// and empty again.
@@ -49,11 +51,11 @@ class gradient_reducer {
   struct job {
     torch::Tensor buffer;
     std::vector<int> group;
+    int tag = 0;
   };
   void loop();
 
   communicator& comm_;
-  const int tag_;
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::deque<job> queue_;

@@ -92,6 +92,8 @@ std::int64_t live_cpu_bytes() { return allocator().live(); }
 std::vector<layer_measurement> measure_layers(const gpt_config& model, const profiler_options& options) {
   if (options.microbatch < 1 || options.repeats < 1 || options.warmup < 0)
     throw std::invalid_argument("profiler: microbatch and repeats must be >= 1, warmup >= 0");
+  if (!planning::is_power_of_two(options.slots_per_node) || options.slots_per_node > 64)
+    throw std::invalid_argument("profiler: slots_per_node must be a power of two in [1, 64]");
   allocator();
   runtime::use_one_compute_thread();
   const auto now = options.clock ? options.clock : [] { return std::chrono::steady_clock::now(); };
@@ -102,6 +104,7 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
   const auto tokens = torch::randint(0, model.vocab, {b, s}, torch::kInt64);
   const auto targets = torch::randint(0, model.vocab, {b, s}, torch::kInt64);
   std::vector<layer_measurement> out;
+  const auto widths = planning::stage_widths(options.slots_per_node);
   for (int l = 0; l < L; ++l) {
     layer_measurement m;
     m.name = l == 0 ? "embedding" : (l == L - 1 ? "head" : "block" + std::to_string(l - 1));
@@ -109,30 +112,42 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
     const bool last = l == L - 1;
     torch::Tensor input = l == 0 ? tokens : torch::randn({b, s, d}).requires_grad_(true);
     const torch::Tensor upstream = last ? torch::Tensor() : torch::randn({b, s, d});
-    for (int it = 0; it < options.warmup + options.repeats; ++it) {
-      auto dropout = dropout_generator(model, it, 0, l);  // masks as in training, never the global generator
-      const auto live_before = live_cpu_bytes();
-      auto start = now();
-      auto y = layers[l]->forward(input, &dropout);
-      if (last) y = lm_loss(y, targets);
-      const double fwd = ms_between(start, now());
-      const auto retained = live_cpu_bytes() - live_before;
-      start = now();
-      if (last) y.backward();
-      else y.backward(upstream);
-      const double bwd = ms_between(start, now());
-      y = torch::Tensor();
-      for (auto& p : layers[l]->parameters()) p.mutable_grad() = torch::Tensor();
-      if (input.requires_grad()) input.mutable_grad() = torch::Tensor();
-      if (it < options.warmup) continue;
-      m.forward_samples.push_back(fwd);
-      m.backward_samples.push_back(bwd);
-      m.activation_bytes = std::max(m.activation_bytes, retained);
+    for (const int width : widths) {
+      // A stage of width d runs with d intra-op threads (actors/stage.cpp), so it is timed so.
+      torch::set_num_threads(width);
+      std::vector<double> forward_samples, backward_samples;
+      for (int it = 0; it < options.warmup + options.repeats; ++it) {
+        auto dropout = dropout_generator(model, it, 0, l);  // masks as in training, never the global generator
+        const auto live_before = live_cpu_bytes();
+        auto start = now();
+        auto y = layers[l]->forward(input, &dropout);
+        if (last) y = lm_loss(y, targets);
+        const double fwd = ms_between(start, now());
+        const auto retained = live_cpu_bytes() - live_before;
+        start = now();
+        if (last) y.backward();
+        else y.backward(upstream);
+        const double bwd = ms_between(start, now());
+        y = torch::Tensor();
+        for (auto& p : layers[l]->parameters()) p.mutable_grad() = torch::Tensor();
+        if (input.requires_grad()) input.mutable_grad() = torch::Tensor();
+        if (it < options.warmup) continue;
+        forward_samples.push_back(fwd);
+        backward_samples.push_back(bwd);
+        m.activation_bytes = std::max(m.activation_bytes, retained);
+      }
+      m.forward_ms_by_width.push_back(median(forward_samples));
+      m.backward_ms_by_width.push_back(median(backward_samples));
+      if (width == 1) {
+        m.forward_samples = std::move(forward_samples);
+        m.backward_samples = std::move(backward_samples);
+      }
     }
-    m.forward_ms = median(m.forward_samples);
-    m.backward_ms = median(m.backward_samples);
+    m.forward_ms = m.forward_ms_by_width.front();
+    m.backward_ms = m.backward_ms_by_width.front();
     out.push_back(std::move(m));
   }
+  torch::set_num_threads(1);
   return out;
 }
 
@@ -143,10 +158,10 @@ planning::profile make_profile(const gpt_config& model, const profiler_options& 
   p.config_hash = model.hash();
   p.device_kind = "cpu";
   p.microbatch_size = options.microbatch;
-  p.gpus_per_node = 1;
+  p.gpus_per_node = options.slots_per_node;
   p.device_memory_bytes = options.device_memory_bytes;
   for (const auto& m : layers)
-    p.layers.push_back({m.name, {m.forward_ms}, {m.backward_ms}, m.param_bytes, m.activation_bytes});
+    p.layers.push_back({m.name, m.forward_ms_by_width, m.backward_ms_by_width, m.param_bytes, m.activation_bytes});
   planning::validate(p);
   return p;
 }

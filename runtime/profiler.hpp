@@ -20,24 +20,30 @@ struct profiler_options {
   int warmup = 2;
   int repeats = 7;
   std::int64_t device_memory_bytes = 4LL << 30;  ///< memory of one CPU slot, recorded in the profile
+  /// M (the job's cluster.slots_per_node, a power of two): every stage width d = 1, 2, ..., M is
+  /// measured with d LibTorch intra-op threads, which is how the runtime runs a stage of width d.
+  int slots_per_node = 1;
   /// The clock the timings are read from (steady_clock::now when empty); tests give a virtual one.
   std::function<std::chrono::steady_clock::time_point()> clock;
 };
 
 struct layer_measurement {
   std::string name;
-  double forward_ms = 0;   ///< median
-  double backward_ms = 0;  ///< median
-  std::vector<double> forward_samples, backward_samples;
+  double forward_ms = 0;   ///< median at width 1
+  double backward_ms = 0;  ///< median at width 1
+  std::vector<double> forward_samples, backward_samples;  ///< at width 1
+  /// Medians per stage width: index i is width 2^i (d intra-op threads), up to slots_per_node.
+  std::vector<double> forward_ms_by_width, backward_ms_by_width;
   std::int64_t param_bytes = 0;
   std::int64_t activation_bytes = 0;  ///< live after forward minus live before (output included)
 };
 
-/// Measures every layer of the model on the CPU with one intra-op thread.
+/// Measures every layer of the model on the CPU, at every stage width d = 1, 2, ..., M of
+/// options.slots_per_node with d intra-op threads (one thread again afterwards).
 std::vector<layer_measurement> measure_layers(const gpt_config& model, const profiler_options& options);
 
-/// The planning profile of those measurements: width 1 only (stages run on one device each; the
-/// executor has no multi-device stages yet), tagged with the model's config hash, the microbatch
+/// The planning profile of those measurements: gpus_per_node = slots_per_node, times for every
+/// width, tagged with the model's config hash, the microbatch
 /// and the device kind so that a profile of another job is refused.
 planning::profile make_profile(const gpt_config& model, const profiler_options& options,
                                const std::vector<layer_measurement>& layers);

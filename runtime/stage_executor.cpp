@@ -8,18 +8,27 @@
 namespace oobleck::runtime {
 
 namespace {
-/// The tag of the gradient all-reduce (communicator.hpp: collectives of other tags are independent).
-constexpr int gradient_tag = 0;
-}  // namespace
 
-namespace {
+/// The tag of layer l's gradient all-reduce: one of its own per layer (communicator.hpp:
+/// collectives of other tags are independent), so that two stages of one node, each reducing on
+/// a thread of its own, can never interleave collectives of the same (group, tag) in an order
+/// the layer's other holders do not share.
+int gradient_tag(int layer) { return layer; }
 
 using planning::op_kind;
 
-/// One message stream per direction and microbatch; the transport keeps each (peer, tag) in order.
-int tag_of(op_kind kind, int microbatch) {
+/// Point-to-point tags stay below this (the copy plan's start there: actors/stage.cpp).
+constexpr std::int64_t p2p_tag_limit = std::int64_t{1} << 24;
+
+/// One message stream per link, direction and microbatch; the transport keeps each (peer, tag) in
+/// order. The link (stage s to s + 1 is link s) is part of the tag because a node of several slots
+/// runs consecutive stages of one pipeline: stages s and s + 1 then talk to the node's own rank,
+/// and so do s + 1 and s + 2, in the same direction.
+int tag_of(op_kind kind, int microbatch, int stage, int num_stages) {
   const bool gradient = kind == op_kind::send_gradient || kind == op_kind::recv_gradient;
-  return microbatch * 2 + (gradient ? 1 : 0);
+  const bool downstream = kind == op_kind::send_activation || kind == op_kind::recv_gradient;
+  const int link = downstream ? stage : stage - 1;
+  return (microbatch * num_stages + link) * 2 + (gradient ? 1 : 0);
 }
 
 struct in_flight {
@@ -48,7 +57,7 @@ class timed {
 
 stage_executor::stage_executor(layer_store& store, stage_position position, communicator& comm,
                                executor_options options)
-    : store_(store), position_(position), comm_(comm), options_(options), reducer_(comm, gradient_tag) {
+    : store_(store), position_(position), comm_(comm), options_(options), reducer_(comm) {
   const int L = store.model().num_layers();
   if (position.first_layer < 0 || position.end_layer > L || position.first_layer >= position.end_layer)
     throw std::invalid_argument("stage layers [" + std::to_string(position.first_layer) + ", " +
@@ -111,6 +120,9 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
   reduce_started_.assign(static_cast<std::size_t>(num_layers), false);
   // Backward accumulates straight into each layer's flat gradient buffer.
   for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.gradients(l);
+  if (static_cast<std::int64_t>(num_microbatches) * position_.num_stages * 2 >= p2p_tag_limit)
+    throw std::invalid_argument("a pipeline of " + std::to_string(position_.num_stages) + " stages cannot run " +
+                                std::to_string(num_microbatches) + " microbatches per step (message tags run out)");
   const auto ops = planning::one_f_one_b(position_.stage, position_.num_stages, num_microbatches);
   std::size_t last_backward = 0;
   for (std::size_t i = 0; i < ops.size(); ++i)
@@ -144,7 +156,7 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
       const int l = first_layer + i;
       const auto& group = overlap ? layer_groups.at(l) : std::vector<int>{};
       if (group.size() >= 2) {
-        reducer_.post(store_.gradients(l), group);
+        reducer_.post(store_.gradients(l), group, gradient_tag(l));
         reduce_started_[static_cast<std::size_t>(i)] = true;
       }
     }
@@ -156,7 +168,7 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const auto& op = ops[i];
       auto& mb = mbs[op.microbatch];
-      const int tag = tag_of(op.kind, op.microbatch);
+      const int tag = tag_of(op.kind, op.microbatch, position_.stage, position_.num_stages);
       switch (op.kind) {
         case op_kind::recv_activation: {
           timed t(timing_.p2p_wait_ms);
@@ -223,7 +235,7 @@ void stage_executor::reduce_gradients(const std::vector<std::vector<int>>& layer
     const int l = position_.first_layer + i;
     const auto& group = layer_groups.at(l);
     if (group.size() < 2 || reduce_started_[static_cast<std::size_t>(i)]) continue;
-    comm_.all_reduce_sum(store_.gradients(l), group, gradient_tag);
+    comm_.all_reduce_sum(store_.gradients(l), group, gradient_tag(l));
   }
   reduce_started_.assign(reduce_started_.size(), false);
 }

@@ -98,6 +98,18 @@ TEST_CASE("admission: registrations are refused with the reason, and only a corr
   auto no_port = c.good(c.policy.token);
   no_port.data.port = 0;
   CHECK(c.refusal(no_port).rfind("bad_request", 0) == 0);
+
+  // The planner cuts pipelines for nodes of exactly the job's M slots.
+  auto two_slots = c.good(c.policy.token);
+  two_slots.slots = 2;
+  CHECK(c.refusal(two_slots) ==
+        "wrong_slots: the worker has 2 slot(s), the job's nodes have 1 (cluster.slots_per_node); start it with --slots 1");
+  c.policy.slots_per_node = 2;
+  auto matching = c.good(c.policy.token);
+  matching.slots = 2;
+  CHECK(c.refusal(matching) == "admitted");
+  auto one_slot = c.good(c.policy.token);
+  CHECK(c.refusal(one_slot).rfind("wrong_slots: the worker has 1 slot(s), the job's nodes have 2", 0) == 0);
 }
 
 TEST_CASE("admission: operator requests need a proof made with a fresh nonce") {

@@ -101,6 +101,12 @@ TEST_CASE("cluster: workers are admitted with the token, others are refused and 
   auto other = worker(d, c, "other", "token", {"--config", d.path("other.toml")});
   CHECK(other->wait_exit() == 2);
   CHECK(other->output().find("wrong_job") != std::string::npos);
+  // A worker of 2 slots for a job of 1 slot per node (cluster.slots_per_node): refused.
+  auto wide = worker(d, c, "wide", "token", {"--slots", "2"});
+  CHECK(wide->wait_exit() == 2);
+  CHECK(wide->output().find("error: refused by the coordinator: wrong_slots: the worker has 2 slot(s), the job's "
+                            "nodes have 1 (cluster.slots_per_node); start it with --slots 1") != std::string::npos);
+  c.p->wait_for_line("refused worker 'wide': wrong_slots");
   // An operator without the token: refused.
   const auto refused = ctl(d, c, {"status"}, "bad-token");
   CHECK(refused.exit_status == 2);

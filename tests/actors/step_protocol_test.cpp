@@ -34,6 +34,9 @@ struct fake_stage_record {
   std::optional<std::uint64_t> fail_at;   ///< reply to this step with an error
   std::optional<std::uint64_t> hold_at;   ///< never reply to this step
   std::optional<std::uint64_t> hold_commit_at;  ///< never reply to this step's commit
+  int slot = 0;                            ///< runs stage `slot` of its node's assignment
+  fake_stage_record* node = nullptr;       ///< slot 0's record (which gets the assignment); null: this
+  const epoch_assignment& node_assignment() const { return node ? node->assignment : assignment; }
 };
 
 using stage_pointer = stage_actor::stateful_pointer<fake_stage_record*>;
@@ -47,7 +50,7 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
       },
       [self, rec](stage_step& s) -> caf::result<stage_done> {
         rec->steps.push_back(s);
-        const auto& st = rec->assignment.stages.at(0);
+        const auto& st = rec->node_assignment().stages.at(static_cast<std::size_t>(rec->slot));
         if (rec->hold_at && *rec->hold_at == s.step && rec->epochs.size() == 1)
           return self->make_response_promise<stage_done>();
         stage_done d{s.epoch, s.step, st.pipeline, st.stage, 0, {}};
@@ -59,9 +62,8 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         rec->commits.push_back(c);
         if (rec->hold_commit_at && *rec->hold_commit_at == c.step) return self->make_response_promise<step_committed>();
         step_committed out{c.epoch, c.step, -1, {}};
-        if (rec->assignment.stages.empty()) return out;
-        const auto& st = rec->assignment.stages.at(0);
-        for (int l = st.first_layer; l < st.end_layer; ++l) out.digests.push_back({l, 1000u + static_cast<unsigned>(c.step)});
+        for (const auto& st : rec->assignment.stages)  // slot 0 commits every stage of its node
+          for (int l = st.first_layer; l < st.end_layer; ++l) out.digests.push_back({l, 1000u + static_cast<unsigned>(c.step)});
         return out;
       },
       [](write_checkpoint& w) -> caf::result<checkpoint_written> {  // these jobs have no checkpoints
@@ -87,9 +89,11 @@ struct fixture {
   std::vector<std::unique_ptr<fake_stage_record>> stages;  // outlive the actors
   std::vector<monitor_actor> monitors;
 
-  fixture(int nodes, std::uint64_t steps) {
+  /// `slots`: the job's slots per node (M), with a tensor-parallel overhead so high that the
+  /// planner gives each node M stages of width 1 rather than one wider stage.
+  fixture(int nodes, std::uint64_t steps, int slots = 1) {
     coordinator_deps d;
-    d.policy = {token, "hash", protocol_version};
+    d.policy = {token, "hash", protocol_version, slots};
     d.expected_nodes = nodes;
     d.log = [this](const std::string& l) { log.push_back(l); };
     oobleck::planning::synthetic_gpt g;
@@ -99,7 +103,8 @@ struct fixture {
     g.sequence = 16;
     g.vocab = 256;
     g.microbatch = 2;
-    g.gpus_per_node = 1;
+    g.gpus_per_node = slots;
+    if (slots > 1) g.tensor_parallel_overhead = 4.0;
     g.device_memory_bytes = 1LL << 30;
     d.profile = oobleck::planning::synthetic_gpt_profile(g);
     d.job.fault_tolerance = 1;
@@ -116,19 +121,33 @@ struct fixture {
     sched.run();
   }
 
-  /// A worker whose stages are fakes; `setup` adjusts each fake before it runs.
-  monitor_actor add_worker(const std::string& name, std::function<void(fake_stage_record&)> setup = {}) {
+  /// A worker of `slots` slots whose stages are fakes (one per slot); `setup` adjusts each fake
+  /// before it runs.
+  monitor_actor add_worker(const std::string& name, std::function<void(fake_stage_record&)> setup = {},
+                           int slots = 1) {
     monitor_deps d;
     d.coordinator = coord;
     d.token = token;
     d.name = name;
+    d.slots = slots;
     d.data = {"127.0.0.1", 5000};
-    d.make_stage = [this, setup](const admission&) {
-      auto* rec = stages.emplace_back(std::make_unique<fake_stage_record>()).get();
-      if (setup) setup(*rec);
+    d.log = [this, name](const std::string& l) { log.push_back("[" + name + "] " + l); };
+    d.make_stage = [this, setup, slots](const admission&) {
       spawned_stage s;
-      s.actor = sys.spawn(fake_stage, rec);
-      s.abort = [rec](std::uint64_t epoch, const std::string&) { rec->aborted.push_back(epoch); };
+      fake_stage_record* first = nullptr;
+      for (int j = 0; j < slots; ++j) {
+        auto* rec = stages.emplace_back(std::make_unique<fake_stage_record>()).get();
+        rec->slot = j;
+        rec->node = first;
+        if (setup) setup(*rec);
+        if (j == 0) {
+          first = rec;
+          s.actor = sys.spawn(fake_stage, rec);
+        } else {
+          s.runners.push_back(sys.spawn(fake_stage, rec));
+        }
+      }
+      s.abort = [first](std::uint64_t epoch, const std::string&) { first->aborted.push_back(epoch); };
       return s;
     };
     monitors.push_back(sys.spawn(monitor, std::move(d)));
@@ -187,6 +206,72 @@ TEST_CASE("step protocol: an epoch forms, every step runs on every stage and com
   CHECK(f.records[0].loss == doctest::Approx(2.0));
   CHECK(f.records[1].layer_digests.size() == 6);
   for (const auto& [layer, digests] : f.records[1].layer_digests) CHECK(digests.size() == f.records[1].pipelines.size());
+}
+
+TEST_CASE("slots: a worker of two slots runs two stages of its pipeline, one stage actor each") {
+  fixture f(2, 2, 2);
+  f.add_worker("w0", {}, 2);
+  f.add_worker("w1", {}, 2);
+  f.sched.run();
+  CHECK(f.logged("training finished: 2 step(s) committed"));
+  REQUIRE(f.records.size() == 2);
+  REQUIRE(f.stages.size() == 4);  // [node 0 slot 0, slot 1, node 1 slot 0, slot 1]
+  for (std::size_t n = 0; n < 2; ++n) {
+    CAPTURE(n);
+    const auto& first = *f.stages[2 * n];
+    const auto& second = *f.stages[2 * n + 1];
+    // The planner put both stages of a one-node pipeline on the node, each of width 1 ...
+    REQUIRE(first.assignment.stages.size() == 2);
+    const auto& a = first.assignment.stages;
+    CHECK(a[0].stage == 0);
+    CHECK(a[1].stage == 1);
+    CHECK(a[0].width == 1);
+    CHECK(a[1].width == 1);
+    CHECK(a[0].end_layer == a[1].first_layer);
+    CHECK(a[0].next_rank == first.assignment.rank);  // its neighbour is on the node itself
+    CHECK(a[1].prev_rank == first.assignment.rank);
+    // ... and each stage's steps went to its own slot's actor; the node commits once.
+    CHECK(first.steps.size() == 2);
+    CHECK(second.steps.size() == 2);
+    CHECK(first.commits.size() == 2);
+    CHECK(second.commits.empty());
+    CHECK(second.epochs.empty());  // only slot 0 forms the node's epoch
+  }
+  // Both pipelines' last stages reported their loss; every layer has a digest from both holders.
+  CHECK(f.records[0].loss == doctest::Approx(2.0));
+  CHECK(f.records[1].layer_digests.size() == 6);
+  for (const auto& [layer, digests] : f.records[1].layer_digests) CHECK(digests.size() == 2);
+}
+
+TEST_CASE("slots: a worker whose slots differ from the job's is refused, and the job goes on") {
+  fixture f(2, 3, 2);
+  f.add_worker("w0", {}, 2);
+  auto odd = f.add_worker("one-slot", {}, 1);
+  f.self->monitor(odd);
+  f.sched.run();
+  CHECK(f.logged("refused worker 'one-slot': wrong_slots: the worker has 1 slot(s), the job's nodes have 2"));
+  // The refused worker's monitor ends with the coordinator's reason.
+  std::string reason;
+  f.self->receive([&](caf::down_msg& dm) { reason = describe(dm.reason); });
+  CHECK(reason.rfind("wrong_slots: ", 0) == 0);
+  CHECK(f.status().state == "registering");  // still waiting for its 2nd node
+  f.add_worker("w1", {}, 2);
+  f.sched.run();
+  CHECK(f.logged("training finished: 3 step(s) committed"));
+}
+
+TEST_CASE("slots: an epoch that gives a node more stages than it has slots is a node fault, not a crash") {
+  fixture f(2, 2, 2);  // one worker of the 2 comes: the job waits, the worker is admitted
+  auto m = f.add_worker("w0", {}, 2);
+  f.sched.run();
+  epoch_assignment a;
+  a.epoch = 99;
+  a.rank = 0;
+  a.peers = {{"127.0.0.1", 5000}};
+  a.stages.resize(3);
+  caf::anon_send(m, a);
+  f.sched.run();
+  CHECK(f.logged("[w0] epoch 99: the epoch gives this node 3 stages; it has 2 slot(s)"));
 }
 
 TEST_CASE("step protocol: messages of another epoch or step are dropped and counted") {

@@ -43,7 +43,7 @@ const std::vector<std::string> kKeys = {
     "training.steps", "training.global_batch", "training.microbatch", "training.seed",
     "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps", "optimizer.weight_decay",
     "optimizer.schedule", "optimizer.warmup_steps", "optimizer.min_lr",
-    "cluster.nodes", "cluster.fault_tolerance", "cluster.device_memory_bytes", "cluster.heartbeat_interval_ms",
+    "cluster.nodes", "cluster.slots_per_node", "cluster.fault_tolerance", "cluster.device_memory_bytes", "cluster.heartbeat_interval_ms",
     "cluster.connection_timeout_ms",
     "checkpoint.dir", "checkpoint.every",
     "http.port",
@@ -71,6 +71,7 @@ TEST_CASE("an empty job file is a valid job with the documented defaults") {
   CHECK(job.optimizer.lr.min_lr == 1e-4);
   CHECK(job.optimizer.lr.total_steps == job.training.steps);
   CHECK(job.cluster.nodes == 2);
+  CHECK(job.cluster.slots_per_node == 1);
   CHECK(job.cluster.fault_tolerance == 1);
   CHECK(job.cluster.device_memory_bytes == 4LL << 30);
   CHECK(job.cluster.heartbeat_interval_ms == 250);
@@ -228,6 +229,10 @@ TEST_CASE("a value out of its range is refused naming the key, the range and the
         "job.toml:2: optimizer.schedule must be \"constant\", \"linear\" or \"cosine\", got \"cosnie\"");
   CHECK(error_of("[cluster]\nnodes = 0\n") == "job.toml:2: cluster.nodes must be >= 1, got 0");
   CHECK(error_of("[cluster]\nfault_tolerance = -1\n") == "job.toml:2: cluster.fault_tolerance must be >= 0, got -1");
+  CHECK(error_of("[cluster]\nslots_per_node = 0\n") == "job.toml:2: cluster.slots_per_node must be >= 1, got 0");
+  CHECK(error_of("[cluster]\nslots_per_node = 128\n") == "job.toml:2: cluster.slots_per_node must be <= 64, got 128");
+  CHECK(error_of("[cluster]\n\nslots_per_node = 3\n") ==
+        "job.toml:3: cluster.slots_per_node must be a power of two (1, 2, 4, ..., 64), got 3");
   CHECK(error_of("[cluster]\ndevice_memory_bytes = 0\n") ==
         "job.toml:2: cluster.device_memory_bytes must be >= 1, got 0");
   CHECK(error_of("[cluster]\nheartbeat_interval_ms = 0\n") ==
@@ -322,6 +327,21 @@ TEST_CASE("the default local job needs two nodes per pipeline on its synthetic p
   huge.model.d_model = 1LL << 40;
   CHECK_THROWS_WITH_AS(apps::synthetic_model(huge), "model.d_model 1099511627776 is too large for a synthetic profile",
                        messages::input_error);
+}
+
+TEST_CASE("the synthetic profile has the job's slots per node, and plans nodes of that many slots") {
+  const auto job = apps::parse_job("[model]\nblocks = 4\n[cluster]\nslots_per_node = 2\n", "job.toml");
+  const auto profile = planning::synthetic_gpt_profile(apps::synthetic_model(job));
+  CHECK(profile.gpus_per_node == 2);
+  CHECK(profile.layers.front().forward_ms.size() == 2);  // widths 1 and 2
+  const auto plan = planning::plan_job(profile, {.nodes = 2, .fault_tolerance = 1, .global_batch = job.training.global_batch,
+                                                 .microbatch = job.training.microbatch,
+                                                 .device_memory_bytes = job.cluster.device_memory_bytes});
+  for (const auto& t : plan.templates.templates) {
+    std::vector<int> used(static_cast<std::size_t>(t.nodes), 0);
+    for (const auto& s : t.stages) used.at(static_cast<std::size_t>(s.node)) += s.gpus;
+    for (int u : used) CHECK(u == 2);  // every node's stages use exactly its M slots
+  }
 }
 
 TEST_CASE("README's job file example lists every key, at its default") {

@@ -71,7 +71,7 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: admission messages round-trip") {
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: epoch messages round-trip") {
-  const stage_assignment s{1, 2, 3, 4, 8, 0, 5};
+  const stage_assignment s{1, 2, 3, 4, 8, 0, 5, 2};
   check(s);
   check(layer_copy{3, 1, 4});
   epoch_assignment a;

@@ -144,6 +144,45 @@ TEST_CASE("within_factor is a bound: inside passes, beyond fails on either side"
   CHECK_FALSE(within_factor(10, 1, 1.16));
 }
 
+TEST_CASE("with M slots per node every width d <= M is measured with d intra-op threads") {
+  // The runtime runs a stage of width d with d LibTorch intra-op threads (actors/stage.cpp), so
+  // the profiler times width d with d threads: the virtual clock records the measuring thread's
+  // thread count at every reading, and scripts width 2 as 0.6 of width 1.
+  const auto c = model();
+  const int L = c.num_layers(), repeats = 2;
+  auto readings = std::make_shared<std::vector<int>>();
+  auto now = std::make_shared<std::int64_t>(0);
+  auto clock = [readings, now] {
+    const int threads = torch::get_num_threads();
+    const bool end = readings->size() % 2 == 1;  // start, end, start, end, ...
+    readings->push_back(threads);
+    if (end) *now += threads == 1 ? 1000 : 600;  // microseconds
+    return std::chrono::steady_clock::time_point(std::chrono::microseconds(*now));
+  };
+  const runtime::profiler_options options{.microbatch = 2, .warmup = 0, .repeats = repeats, .slots_per_node = 2, .clock = clock};
+  const auto layers = runtime::measure_layers(c, options);
+  CHECK(torch::get_num_threads() == 1);  // one thread again afterwards
+  // Per layer: width 1 (repeats x forward and backward, 2 readings each), then width 2.
+  REQUIRE(readings->size() == static_cast<std::size_t>(L * 2 * repeats * 4));
+  for (std::size_t i = 0; i < readings->size(); ++i) {
+    CAPTURE(i);
+    CHECK((*readings)[i] == ((i / (4 * repeats)) % 2 == 0 ? 1 : 2));
+  }
+  for (const auto& m : layers) {
+    REQUIRE(m.forward_ms_by_width.size() == 2);
+    CHECK(m.forward_ms_by_width[0] == doctest::Approx(1.0));
+    CHECK(m.forward_ms_by_width[1] == doctest::Approx(0.6));
+    CHECK(m.backward_ms_by_width[1] == doctest::Approx(0.6));
+    CHECK(m.forward_ms == m.forward_ms_by_width[0]);
+  }
+  const auto p = runtime::make_profile(c, options, layers);
+  CHECK(p.gpus_per_node == 2);
+  CHECK(p.layers.front().forward_ms == std::vector<double>{1.0, 0.6});
+  CHECK_NOTHROW(planning::check_matches(p, {.gpus_per_node = 2}));
+  CHECK_THROWS_AS(planning::check_matches(p, {.gpus_per_node = 1}), planning::planning_error);
+  CHECK_THROWS_AS(runtime::measure_layers(c, {.slots_per_node = 3}), std::invalid_argument);
+}
+
 TEST_CASE("a profile carries its job's identity and is refused for another job") {
   auto c = model();
   const runtime::profiler_options options{.microbatch = 4, .warmup = 0, .repeats = 1};

@@ -1,0 +1,171 @@
+// Nodes of several slots (DESIGN §4's M; the job's cluster.slots_per_node, every worker started
+// with --slots M) through oobleck-local: a node runs every stage the planner gives it, one stage
+// actor per stage, adjacent stages of a node handing activations and gradients over in memory,
+// and the training equals the single-process run of the same job within 1e-4 (DESIGN §5,
+// "nothing lost" (1)-(3)): every step B samples, every layer's holders bitwise equal.
+//
+// The jobs carry a profile (written here, for the job's config hash) in which a stage of width 2
+// is slower than two of width 1, so the planner cuts nodes into stages of width 1; the synthetic
+// profile would give each node one stage of width 2, the case of the third test.
+
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/stage_job.hpp"
+#include "support/local_run.hpp"
+
+using namespace oobleck;
+using namespace oobleck::testing;
+
+namespace {
+
+const std::string bin = OOBLECK_APPS_DIR;
+
+struct job_dir {
+  std::filesystem::path dir;
+  job_dir() {
+    dir = std::filesystem::temp_directory_path() / ("oobleck-slots-" + std::to_string(::getpid()) + "-" + std::to_string(++count));
+    std::filesystem::create_directories(dir);
+  }
+  ~job_dir() { std::filesystem::remove_all(dir); }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+  static inline int count = 0;
+};
+
+/// A tiny GPT (6 layers) on 2 nodes of 2 slots; `cluster` adds keys to [cluster]. Heartbeats are
+/// lenient: 2 workers of 2 threads each share 2 cores with other tests, and no node is lost here.
+std::string job_text(int fault_tolerance, const std::string& cluster, bool with_profile, int nodes = 2) {
+  return "[model]\nvocab = 256\nd_model = 32\nheads = 2\nblocks = 4\nseq_len = 16\nseed = 99\n"
+         "[data]\ncorpus_bytes = 32768\n"
+         "[training]\nsteps = 5\nglobal_batch = 8\nmicrobatch = 2\n"
+         "[cluster]\nnodes = " + std::to_string(nodes) + "\nslots_per_node = 2\nheartbeat_interval_ms = 500\nconnection_timeout_ms = 10000\n"
+         "fault_tolerance = " +
+         std::to_string(fault_tolerance) + "\n" + cluster + (with_profile ? "[profile]\nfile = \"profile.json\"\n" : "");
+}
+
+/// A profile of the job's model for M = 2 in which width 2 takes 3x the time of width 1 (so two
+/// stages of width 1 beat one of width 2), 1 MB of parameters and 0.1 MB of activations a layer.
+void write_profile(const job_dir& d, const apps::job_file& job) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (int l = 0; l < job.model.num_layers(); ++l)
+    layers.push_back({{"name", "layer" + std::to_string(l)},
+                      {"forward_ms", {{"1", 1.0}, {"2", 3.0}}},
+                      {"backward_ms", {{"1", 2.0}, {"2", 6.0}}},
+                      {"param_bytes", 1000000},
+                      {"activation_bytes", 100000}});
+  const nlohmann::json p{{"model", "tiny"},
+                         {"microbatch_size", job.training.microbatch},
+                         {"gpus_per_node", 2},
+                         {"device_memory_bytes", job.cluster.device_memory_bytes},
+                         {"config_hash", job.model.hash()},
+                         {"device_kind", "cpu"},
+                         {"layers", layers}};
+  std::ofstream(d.path("profile.json")) << p.dump();
+}
+
+/// Runs the job of `text` (on its cluster.nodes workers) for `steps` steps, with `extra` flags;
+/// checks it against the single-process run and returns oobleck-local's output and the
+/// reconfiguration records (none unless `extra` injects a failure).
+struct outcome {
+  std::string output;
+  std::vector<nlohmann::json> events;
+};
+outcome run_against_single_process(const std::string& text, bool with_profile, int steps = 5,
+                                   const std::vector<std::string>& extra = {}) {
+  job_dir d;
+  std::ofstream(d.path("job.toml")) << text;
+  const auto job = apps::read_job_file(d.path("job.toml"));
+  if (with_profile) write_profile(d, job);
+  const auto reference = actors::train_single_process(apps::stage_job_for(job), static_cast<std::uint64_t>(steps));
+  std::vector<std::string> args{"--config", d.path("job.toml"), "--steps", std::to_string(steps), "--metrics-out",
+                                d.path("metrics.jsonl"), "--timeout", "150"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const auto run = run_to_end(bin + "/oobleck-local", args, d.path("metrics.jsonl"), std::chrono::seconds(170));
+  INFO(run.output);
+  REQUIRE(run.status == 0);
+  if (extra.empty()) CHECK(run.events.empty());  // no reconfiguration
+  REQUIRE(run.steps.size() == static_cast<std::size_t>(steps));
+  for (int k = 0; k < steps; ++k) {
+    CAPTURE(k);
+    const auto& m = run.steps[static_cast<std::size_t>(k)];
+    CHECK(m["step"] == k);
+    CHECK(m["samples"] == job.training.global_batch);
+    const std::size_t pipelines = m["pipelines"].size();
+    REQUIRE(m["layer_digests"].size() == static_cast<std::size_t>(job.model.num_layers()));
+    for (const auto& [layer, digests] : m["layer_digests"].items()) {
+      CAPTURE(layer);
+      CHECK(digests.size() == pipelines);  // one holder per pipeline, bitwise equal
+      for (const auto& x : digests) CHECK(x == digests[0]);
+    }
+    const double loss = m["loss"].get<double>();
+    const double want = reference[static_cast<std::size_t>(k)];
+    CHECK(std::abs(loss - want) <= 1e-4 * std::abs(want));
+  }
+  CHECK(run.steps.back()["loss"].get<double>() < run.steps.front()["loss"].get<double>());
+  return {run.output, run.events};
+}
+
+std::string check_equals_single_process(const std::string& text, bool with_profile, int steps = 5) {
+  return run_against_single_process(text, with_profile, steps).output;
+}
+
+bool has(const std::string& output, const std::string& text) { return output.find(text) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("slots: 2 workers of 2 slots, each running both stages of a pipeline, train exactly like one process") {
+  // f = 1: 2 pipelines of one node each; a node's two stages hand over in memory, and each layer's
+  // gradient all-reduce joins the two nodes (two reducers per node, one per stage).
+  const auto out = check_equals_single_process(job_text(1, "", true), true);
+  CHECK(has(out, "pipeline 0 stage 0 of 2"));
+  CHECK(has(out, "pipeline 0 stage 1 of 2"));
+  CHECK(has(out, "pipeline 1 stage 0 of 2"));
+  CHECK(has(out, "pipeline 1 stage 1 of 2"));
+  CHECK(has(out, "epoch 1 formed: 2 pipeline(s): 2 stage(s) x 2 microbatch(es), 2 stage(s) x 2 microbatch(es)"));
+}
+
+TEST_CASE("slots: one pipeline of 4 stages on 2 workers of 2 slots trains exactly like one process") {
+  // f = 0 and slots of 10 MB: one node cannot hold the model (~24 MB of state), two can, so the
+  // pipeline spans both nodes: stages 0-1 on one, 2-3 on the other (in memory within a node,
+  // over the transport between them).
+  const auto out = check_equals_single_process(job_text(0, "device_memory_bytes = 10485760\n", true), true);
+  for (int s = 0; s < 4; ++s) CHECK(has(out, "pipeline 0 stage " + std::to_string(s) + " of 4"));
+  CHECK(has(out, "epoch 1 formed: 1 pipeline(s): 4 stage(s) x 4 microbatch(es)"));
+}
+
+TEST_CASE("slots: 2 workers of 2 slots, one stage of width 2 each (2 intra-op threads), train exactly like one process") {
+  const auto out = check_equals_single_process(job_text(1, "", false), false, 3);
+  CHECK(has(out, "pipeline 0 stage 0 of 1, layers [0, 6), width 2"));
+  CHECK(has(out, "pipeline 1 stage 0 of 1, layers [0, 6), width 2"));
+}
+
+TEST_CASE("slots: a worker of 2 slots killed in the middle of a step: recovery with layer copies, still exactly one process") {
+  // 5 workers of 2 slots, f = 1, slots of 10 MB (n0 = 2): pipelines of 3 and 2 nodes, two
+  // stages per node. Node 4 kills itself in step 2: the survivors abort (the stages of a node
+  // waiting on each other too), the policy re-forms the pipelines, nodes receive the layers of
+  // their new stages from surviving replicas, and step 2 runs again.
+  const auto r = run_against_single_process(job_text(1, "device_memory_bytes = 10485760\n", true, 5), true, 5,
+                                            {"--fail-at", "2:4"});
+  CHECK(has(r.output, "injected fault: kill (step 2)"));
+  CHECK(has(r.output, "node 4 lost"));
+  CHECK(has(r.output, "step 2 runs again"));
+  // Heterogeneous pipelines of two stages per node (a 3-node and a 2-node one), then node 4's
+  // pipeline borrows a node of the other: 2 pipelines of 2 nodes, 4 stages each.
+  CHECK(has(r.output, "epoch 1 formed: 2 pipeline(s): 6 stage(s) x 2 microbatch(es), 4 stage(s) x 2 microbatch(es)"));
+  CHECK(has(r.output, "reconfigured after losing node(s) 4 (borrow"));
+  CHECK(has(r.output, "epoch 2 formed: 2 pipeline(s): 4 stage(s) x 2 microbatch(es), 4 stage(s) x 2 microbatch(es)"));
+  REQUIRE(r.events.size() == 1);
+  CHECK(r.events[0]["event"] == "reconfigured");
+  CHECK(r.events[0]["lost"] == nlohmann::json::array({4}));
+  CHECK(r.events[0]["resumed_step"] == 2);
+  CHECK(r.events[0]["copy_bytes"].get<std::int64_t>() > 0);
+}
