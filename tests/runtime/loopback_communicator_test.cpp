@@ -14,7 +14,7 @@
 
 using namespace oobleck;
 
-TEST_CASE("loopback: messages to this rank arrive per tag in send order; others go to the wrapped communicator") {
+TEST_CASE("loopback: messages to this rank arrive per tag in send order, others go to the wrapped communicator") {
   testing::fake_hub hub(2);
   runtime::loopback_communicator node0(hub.at(0));
   CHECK(node0.rank() == 0);
