@@ -120,8 +120,6 @@ void stop_job(coordinator_pointer self, const std::string& reason, bool failed) 
 
 namespace {
 
-std::vector<std::int64_t> to_ids(const std::vector<int>& v) { return {v.begin(), v.end()}; }
-
 /// Sends every live node its part of `ep` and waits for them in state "forming".
 void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::vector<std::int64_t>& live) {
   auto& st = self->state;
