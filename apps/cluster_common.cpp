@@ -1,5 +1,9 @@
 #include "apps/cluster_common.hpp"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <charconv>
 #include <chrono>
 #include <iostream>
@@ -15,6 +19,30 @@
 namespace oobleck::apps {
 
 using messages::input_error;
+
+port_reservation::port_reservation() {
+  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int on = 1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof a;
+  if (fd_ < 0 || ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0 ||
+      ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd_ >= 0) ::close(fd_);
+    throw std::runtime_error("cannot reserve a free TCP port for the data plane");
+  }
+  port_ = ntohs(a.sin_port);
+}
+
+port_reservation::~port_reservation() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+port_reservation::port_reservation(port_reservation&& other) noexcept : fd_(other.fd_), port_(other.port_) {
+  other.fd_ = -1;
+}
 
 host_port parse_host_port(const std::string& flag, const std::string& text, bool allow_zero) {
   const auto colon = text.rfind(':');

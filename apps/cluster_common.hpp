@@ -19,6 +19,28 @@ struct host_port {
   std::uint16_t port = 0;
 };
 
+/// A TCP port this process holds for its data plane for as long as the object lives: a socket
+/// bound to it on every address with SO_REUSEADDR, never listening. The data plane's listener
+/// (SO_REUSEADDR too) binds the port at each epoch beside it, while no other process can take it:
+/// the kernel hands out neither this port to another bind(0) nor it as a connection's local port.
+/// (A port that was merely free when asked was free for the next worker too: two workers started
+/// together were given the same one, and one of them could never form an epoch.)
+class port_reservation {
+ public:
+  /// A free port, reserved; throws std::runtime_error if the kernel has none.
+  port_reservation();
+  ~port_reservation();
+  port_reservation(port_reservation&& other) noexcept;
+  port_reservation& operator=(port_reservation&&) = delete;
+  port_reservation(const port_reservation&) = delete;
+  port_reservation& operator=(const port_reservation&) = delete;
+  [[nodiscard]] std::uint16_t port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+};
+
 /// "HOST:PORT" (PORT may be 0 where `allow_zero`); throws messages::input_error naming `flag`.
 host_port parse_host_port(const std::string& flag, const std::string& text, bool allow_zero = false);
 

@@ -1,10 +1,9 @@
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <caf/scoped_actor.hpp>
@@ -22,22 +21,6 @@
 namespace oobleck::apps {
 
 namespace {
-
-/// A TCP port that is free now (the data plane binds it per epoch; SO_REUSEADDR lets it rebind).
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    throw std::runtime_error("cannot find a free TCP port for the data plane");
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 std::string default_name() {
   char host[256] = {};
@@ -106,7 +89,10 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   deps.token = token;
   deps.name = name;
   deps.slots = slots;
-  deps.data = {data_host, data_port ? static_cast<std::uint16_t>(data_port) : free_port()};
+  // Held until the process ends (it exits with std::_Exit below, and the kernel closes it).
+  std::optional<port_reservation> reserved;
+  if (data_port == 0) reserved.emplace();
+  deps.data = {data_host, data_port ? static_cast<std::uint16_t>(data_port) : reserved->port()};
   deps.job_hash = job_hash;
   deps.log = log;
   deps.make_stage = [&sys, slots](const messages::admission& a) {
