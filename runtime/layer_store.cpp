@@ -61,6 +61,22 @@ std::string hash_text(const char (&hash)[16]) {
   throw layer_install_error("cannot install layer " + std::to_string(layer) + ": " + why);
 }
 
+/// The header of layer `layer` held in `s` (every field but the checksum, which covers what
+/// travels with it): one for serialize_layer and copy_of.
+template <class slot>
+layer_header header_of(int layer, const slot& s, const std::string& model_hash) {
+  layer_header h{};
+  std::memcpy(h.magic, kMagic.data(), sizeof h.magic);
+  h.version = kVersion;
+  h.layer = layer;
+  std::memcpy(h.model_hash, model_hash.data(), sizeof h.model_hash);
+  h.step = s.optimizer.step;
+  h.tensors = static_cast<std::int64_t>(s.parameters.size());
+  h.elements = s.flat_parameters.numel();
+  h.payload_bytes = static_cast<std::uint64_t>(kBuffers * h.elements) * sizeof(float);
+  return h;
+}
+
 /// The header of a copy of `layer`, checked (magic, version, checksum, layer, model, step)
 /// before anything changes.
 layer_header checked_copy_header(int layer, std::span<const std::byte> header, const std::string& model_hash) {
@@ -164,15 +180,7 @@ std::vector<std::byte> layer_store::serialize_layer(int layer) const {
                              " is no longer a view of its flat buffer");
     offset += s.parameters[i].numel();
   }
-  layer_header h{};
-  std::memcpy(h.magic, kMagic.data(), sizeof h.magic);
-  h.version = kVersion;
-  h.layer = layer;
-  std::memcpy(h.model_hash, model_hash_.data(), sizeof h.model_hash);
-  h.step = s.optimizer.step;
-  h.tensors = static_cast<std::int64_t>(s.parameters.size());
-  h.elements = s.flat_parameters.numel();
-  h.payload_bytes = static_cast<std::uint64_t>(kBuffers * h.elements) * sizeof(float);
+  layer_header h = header_of(layer, s, model_hash_);
   std::vector<std::byte> bytes(sizeof h + h.payload_bytes);
   std::byte* payload = bytes.data() + sizeof h;
   std::size_t at = 0;
@@ -190,15 +198,7 @@ std::size_t layer_store::copy_header_bytes() { return sizeof(layer_header); }
 
 layer_store::copy_source layer_store::copy_of(int layer) const {
   const auto& s = at(layer);
-  layer_header h{};
-  std::memcpy(h.magic, kMagic.data(), sizeof h.magic);
-  h.version = kVersion;
-  h.layer = layer;
-  std::memcpy(h.model_hash, model_hash_.data(), sizeof h.model_hash);
-  h.step = s.optimizer.step;
-  h.tensors = static_cast<std::int64_t>(s.parameters.size());
-  h.elements = s.flat_parameters.numel();
-  h.payload_bytes = static_cast<std::uint64_t>(kBuffers * h.elements) * sizeof(float);
+  layer_header h = header_of(layer, s, model_hash_);
   h.checksum = checksum_of(h, nullptr, 0);  // the header alone: the buffers travel on their own
   copy_source out;
   out.header.resize(sizeof h);
