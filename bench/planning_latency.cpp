@@ -14,12 +14,15 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include "bench/bench_text.hpp"
 #include "planning/planner.hpp"
 #include "planning/reconfiguration.hpp"
 #include "planning/synthetic_profile.hpp"
 
 using namespace oobleck::planning;
 using json = nlohmann::ordered_json;
+
+using oobleck::bench::fmt;
 
 namespace {
 
@@ -56,12 +59,6 @@ double time_it(const std::function<void()>& fn) {
   }
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
-}
-
-std::string fmt(const char* f, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, x);
-  return buf;
 }
 
 }  // namespace

@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "apps/job_file.hpp"
+#include "bench/bench_text.hpp"
 #include "planning/planner.hpp"
 #include "planning/reconfiguration.hpp"
 #include "planning/synthetic_profile.hpp"
@@ -74,6 +75,9 @@ using json = nlohmann::ordered_json;
 namespace apps = oobleck::apps;
 namespace planning = oobleck::planning;
 
+using oobleck::bench::fmt;
+using oobleck::bench::load_average;
+
 namespace {
 
 double ms_between(clock_type::time_point a, clock_type::time_point b) {
@@ -85,19 +89,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const auto n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-std::string fmt(const char* f, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, x);
-  return buf;
-}
-
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
 }
 
 // ---------------------------------------------------------------------------------------------

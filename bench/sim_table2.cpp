@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_text.hpp"
 #include "sim/bamboo_policy.hpp"
 #include "sim/model_zoo.hpp"
 #include "sim/oobleck_policy.hpp"
@@ -28,6 +29,8 @@
 using namespace oobleck::sim;
 
 namespace {
+
+using oobleck::bench::fmt;  // beside the overload for strings below
 
 const char* kTraces[] = {"6h", "1h", "10m"};
 
@@ -57,12 +60,6 @@ int artifact_checkpoint_steps(const model_spec& m) {
   const std::map<std::string, double> samples = {{"bert-large", 8192},  {"gpt2", 1024},     {"gpt3-medium", 819},
                                                  {"gpt3-2.7b", 512},    {"gpt3-6.7b", 1024}};
   return std::max(1, static_cast<int>(std::lround(10 * samples.at(m.name) / m.global_batch)));
-}
-
-std::string fmt(const char* f, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, x);
-  return buf;
 }
 
 std::string fmt(const char* f, const char* s) {

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "apps/job_file.hpp"
+#include "bench/bench_text.hpp"
 #include "messages/profile_file.hpp"
 #include "planning/planner.hpp"
 #include "sim/oobleck_policy.hpp"
@@ -61,23 +62,13 @@ using json = nlohmann::ordered_json;
 namespace sim = oobleck::sim;
 namespace planning = oobleck::planning;
 
+using oobleck::bench::fmt;
+using oobleck::bench::load_average;
+
 namespace {
 
 double unix_ms_now() {
   return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string fmt(const char* f, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, x);
-  return buf;
-}
-
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
 }
 
 struct stamped_line {
