@@ -10,6 +10,7 @@
 #include "messages/input_error.hpp"
 #include "messages/profile_file.hpp"
 #include "messages/profile_json.hpp"
+#include "runtime/link_profiler.hpp"
 #include "runtime/profiler.hpp"
 
 namespace oobleck::apps {
@@ -19,7 +20,12 @@ namespace {
 constexpr const char* kAbout = R"(Measures every layer of the job's model on this machine's CPU at every stage width d = 1, 2, ...,
 cluster.slots_per_node (d intra-op threads, as the runtime runs a stage of width d): forward and
 backward separately (median of N runs after warm-up), parameter bytes, and the activation bytes
-autograd retains per microbatch. Writes the planning profile, which records the model's config
+autograd retains per microbatch, the bytes of its output and one AdamW step over its parameters;
+then the link between two nodes: by default the host data plane between two transports on
+127.0.0.1 (latency per message, bandwidth), which is what oobleck-local's nodes use. On a real
+cluster give its network's figures (--link-latency-ms, --link-gbytes-per-s); --no-link leaves
+communication free. The planner charges a stage for receiving its input from another node and
+each step for the gradient all-reduce and the optimizer. Writes the planning profile, which records the model's config
 hash, the microbatch size and the device kind, so oobleck-plan refuses it for another job.
 The job file ([model], [training] microbatch, [cluster] device_memory_bytes and slots_per_node, [profile]
 warmup/repeats/file) is checked before anything runs; without --config the default model is profiled.
@@ -31,6 +37,8 @@ struct profile_options {
   std::string config, out_path;
   bool json = false;
   std::optional<int> repeats;
+  bool no_link = false;
+  double link_latency_ms = -1, link_gbytes_per_s = -1;  // < 0: measure on loopback
 };
 
 /// The flags; false when --help was asked.
@@ -43,6 +51,14 @@ bool parse(const std::vector<std::string>& args, std::ostream& out, profile_opti
            "job's profile.file, else profile.capnp");
   app.add_flag("--json", o.json, "print the profile as JSON on stdout (the form oobleck-plan --profile reads)");
   add_integer(app, "--repeats", o.repeats, 1, 1000, "timed runs per layer (overrides the job file)")->type_name("N");
+  auto* no_link = app.add_flag("--no-link", o.no_link, "leave communication between nodes free (no link in the profile)");
+  auto* latency = add_number(app, "--link-latency-ms", o.link_latency_ms, 0,
+                             "latency of one message between two nodes, instead of measuring loopback");
+  auto* bandwidth = add_number(app, "--link-gbytes-per-s", o.link_gbytes_per_s, 0,
+                               "bandwidth between two nodes in GB/s (0: bytes are free), instead of measuring loopback");
+  latency->needs(bandwidth);
+  bandwidth->needs(latency);
+  no_link->excludes(latency)->excludes(bandwidth);
   return parse_flags(app, args, out);
 }
 
@@ -74,13 +90,14 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
     err << "profiling " << job.model.num_layers() << " layers (config " << job.model.hash() << ", microbatch "
         << options.microbatch << ", " << options.repeats << " repeats)...\n";
     const auto layers = runtime::measure_layers(job.model, options);
-    char line[160];
-    std::snprintf(line, sizeof line, "%-10s %12s %12s %14s %16s\n", "layer", "forward ms", "backward ms", "param bytes",
-                  "activation bytes");
+    char line[200];
+    std::snprintf(line, sizeof line, "%-10s %12s %12s %14s %16s %12s %12s\n", "layer", "forward ms", "backward ms",
+                  "param bytes", "activation bytes", "output bytes", "optimizer ms");
     err << line;
     for (const auto& m : layers) {
-      std::snprintf(line, sizeof line, "%-10s %12.4f %12.4f %14lld %16lld\n", m.name.c_str(), m.forward_ms,
-                    m.backward_ms, static_cast<long long>(m.param_bytes), static_cast<long long>(m.activation_bytes));
+      std::snprintf(line, sizeof line, "%-10s %12.4f %12.4f %14lld %16lld %12lld %12.4f\n", m.name.c_str(), m.forward_ms,
+                    m.backward_ms, static_cast<long long>(m.param_bytes), static_cast<long long>(m.activation_bytes),
+                    static_cast<long long>(m.output_bytes), m.optimizer_ms);
       err << line;
       for (std::size_t i = 1; i < m.forward_ms_by_width.size(); ++i) {  // wider stages (slots_per_node > 1)
         std::snprintf(line, sizeof line, "  width %-3d %12.4f %12.4f\n", 1 << i, m.forward_ms_by_width[i],
@@ -88,7 +105,17 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
         err << line;
       }
     }
-    const auto profile = runtime::make_profile(job.model, options, layers);
+    planning::link_profile link;
+    if (o.link_latency_ms >= 0) {
+      link = {o.link_latency_ms, o.link_gbytes_per_s * 1e6};
+    } else if (!o.no_link) {
+      const auto measured = runtime::measure_loopback_link(options.repeats * 3);
+      link = measured.link;
+      std::snprintf(line, sizeof line, "link (loopback, host data plane): latency %.4f ms, %.2f GB/s (%lld-byte messages)\n",
+                    link.latency_ms, link.bytes_per_ms / 1e6, static_cast<long long>(measured.bulk_bytes));
+      err << line;
+    }
+    const auto profile = runtime::make_profile(job.model, options, layers, link);
     if (!out_path.empty()) {
       if (out_path.size() > 5 && out_path.substr(out_path.size() - 5) == ".json") messages::write_profile_json(profile, out_path);
       else messages::write_profile_capnp(profile, out_path);

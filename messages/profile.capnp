@@ -12,6 +12,12 @@ struct Profile {
   gpusPerNode @4 :UInt32;     # M, a power of two
   deviceMemoryBytes @5 :UInt64;
   layers @6 :List(Layer);
+  link @7 :Link;              # between two nodes; absent (all zero) in profiles without it
+
+  struct Link {
+    latencyMs @0 :Float64;    # per message
+    bytesPerMs @1 :Float64;   # 0: the bytes themselves cost nothing
+  }
 
   struct Layer {
     name @0 :Text;
@@ -19,5 +25,7 @@ struct Profile {
     backwardMs @2 :List(Float64);
     paramBytes @3 :UInt64;
     activationBytes @4 :UInt64;    # retained by autograd per in-flight microbatch
+    outputBytes @5 :UInt64;        # the layer's output per microbatch (0 in older profiles)
+    optimizerMs @6 :Float64;       # one AdamW step over its parameters (0 in older profiles)
   }
 }

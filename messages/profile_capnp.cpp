@@ -71,7 +71,14 @@ planning::profile read_message(kj::ArrayPtr<const capnp::word> words) {
     l.backward_ms = times(layer.getBackwardMs(), path + ".backward_ms");
     l.param_bytes = checked_cast<std::int64_t>(layer.getParamBytes(), path + ".param_bytes");
     l.activation_bytes = checked_cast<std::int64_t>(layer.getActivationBytes(), path + ".activation_bytes");
+    l.output_bytes = checked_cast<std::int64_t>(layer.getOutputBytes(), path + ".output_bytes");
+    l.optimizer_ms = layer.getOptimizerMs();
     p.layers.push_back(std::move(l));
+  }
+  if (root.hasLink()) {
+    const auto link = root.getLink();
+    p.link.latency_ms = link.getLatencyMs();
+    p.link.bytes_per_ms = link.getBytesPerMs();
   }
   return p;
 }
@@ -119,6 +126,13 @@ std::vector<std::byte> profile_to_capnp(const planning::profile& p) {
     for (unsigned k = 0; k < l.backward_ms.size(); ++k) bwd.set(k, l.backward_ms[k]);
     out.setParamBytes(checked_cast<std::uint64_t>(l.param_bytes, path + ".param_bytes"));
     out.setActivationBytes(checked_cast<std::uint64_t>(l.activation_bytes, path + ".activation_bytes"));
+    out.setOutputBytes(checked_cast<std::uint64_t>(l.output_bytes, path + ".output_bytes"));
+    out.setOptimizerMs(l.optimizer_ms);
+  }
+  if (p.link != planning::link_profile{}) {
+    auto link = root.initLink();
+    link.setLatencyMs(p.link.latency_ms);
+    link.setBytesPerMs(p.link.bytes_per_ms);
   }
   const auto words = capnp::messageToFlatArray(message);
   const auto bytes = words.asBytes();

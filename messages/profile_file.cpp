@@ -73,6 +73,14 @@ void check_bytes(std::int64_t v, std::int64_t min, const std::string& path) {
     fail(path, std::to_string(v) + " is above the limit of " + std::to_string(profile_limits::max_bytes) + " bytes (256 TiB)");
 }
 
+void check_time(double t, const std::string& path) {
+  std::ostringstream value;
+  value.imbue(std::locale::classic());
+  value << t;
+  if (!std::isfinite(t) || t < 0) fail(path, value.str() + "; times must be finite and >= 0");
+  if (t > profile_limits::max_layer_ms) fail(path, value.str() + " ms, above the limit of 1e9 ms");
+}
+
 void check_times(const std::vector<double>& times, int gpus_per_node, const std::string& path) {
   const auto widths = planning::stage_widths(gpus_per_node);
   if (times.size() != widths.size())
@@ -145,7 +153,12 @@ void validate_profile(const planning::profile& p) {
     check_times(layer.backward_ms, p.gpus_per_node, path + ".backward_ms");
     check_bytes(layer.param_bytes, 0, path + ".param_bytes");
     check_bytes(layer.activation_bytes, 0, path + ".activation_bytes");
+    check_bytes(layer.output_bytes, 0, path + ".output_bytes");
+    check_time(layer.optimizer_ms, path + ".optimizer_ms");
   }
+  check_time(p.link.latency_ms, "profile.link.latency_ms");
+  if (!std::isfinite(p.link.bytes_per_ms) || p.link.bytes_per_ms < 0)
+    fail("profile.link.bytes_per_ms", std::to_string(p.link.bytes_per_ms) + "; it must be finite and >= 0 (0: bytes are free)");
   // The planner's own precondition; everything it checks was checked above, so this never throws
   // unless the two drift apart.
   try {

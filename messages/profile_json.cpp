@@ -52,7 +52,7 @@ planning::profile profile_from_json(std::string_view text) {
   const auto doc = json::parse_strict(text, "profile");
   const json::node root(doc, "profile");
   root.expect_keys({"model", "config_hash", "device_kind", "microbatch_size", "gpus_per_node", "device_memory_bytes",
-                    "layers"});
+                    "layers", "link"});
   planning::profile p;
   p.model = root.member("model").as_string();
   if (const auto h = root.optional_member("config_hash")) p.config_hash = h->as_string();
@@ -67,14 +67,22 @@ planning::profile profile_from_json(std::string_view text) {
   const auto elements = layers.elements();
   check_layer_count(elements.size(), layers.path());
   for (const auto& l : elements) {
-    l.expect_keys({"name", "forward_ms", "backward_ms", "param_bytes", "activation_bytes"});
+    l.expect_keys({"name", "forward_ms", "backward_ms", "param_bytes", "activation_bytes", "output_bytes", "optimizer_ms"});
     planning::layer_profile layer;
     layer.name = l.member("name").as_string();
     layer.forward_ms = width_times(l.member("forward_ms"), p.gpus_per_node);
     layer.backward_ms = width_times(l.member("backward_ms"), p.gpus_per_node);
     layer.param_bytes = l.member("param_bytes").as_integer();
     layer.activation_bytes = l.member("activation_bytes").as_integer();
+    // Profiles written before these were measured do not have them: 0, as the planner reads it.
+    if (const auto o = l.optional_member("output_bytes")) layer.output_bytes = o->as_integer();
+    if (const auto o = l.optional_member("optimizer_ms")) layer.optimizer_ms = o->as_number();
     p.layers.push_back(std::move(layer));
+  }
+  if (const auto link = root.optional_member("link")) {
+    link->expect_keys({"latency_ms", "bytes_per_ms"});
+    p.link.latency_ms = link->member("latency_ms").as_number();
+    p.link.bytes_per_ms = link->member("bytes_per_ms").as_number();
   }
   validate_profile(p);
   return p;
@@ -94,8 +102,12 @@ nlohmann::ordered_json profile_to_json(const planning::profile& p) {
                       {"forward_ms", times_to_json(l.forward_ms)},
                       {"backward_ms", times_to_json(l.backward_ms)},
                       {"param_bytes", l.param_bytes},
-                      {"activation_bytes", l.activation_bytes}});
+                      {"activation_bytes", l.activation_bytes},
+                      {"output_bytes", l.output_bytes},
+                      {"optimizer_ms", l.optimizer_ms}});
   root["layers"] = std::move(layers);
+  if (p.link != planning::link_profile{})
+    root["link"] = {{"latency_ms", p.link.latency_ms}, {"bytes_per_ms", p.link.bytes_per_ms}};
   return root;
 }
 

@@ -5,7 +5,7 @@
 namespace oobleck::planning {
 
 layer_costs::layer_costs(const profile& p, memory_model memory)
-    : num_layers_(p.num_layers()), gpus_per_node_(p.gpus_per_node), memory_(memory) {
+    : num_layers_(p.num_layers()), gpus_per_node_(p.gpus_per_node), memory_(memory), link_(p.link) {
   validate(p);
   const auto widths = stage_widths(p.gpus_per_node);
   time_prefix_.assign(widths.size(), std::vector<double>(num_layers_ + 1, 0.0));
@@ -13,6 +13,7 @@ layer_costs::layer_costs(const profile& p, memory_model memory)
   param_prefix_.assign(num_layers_ + 1, 0);
   state_prefix_.assign(num_layers_ + 1, 0.0);
   act_prefix_.assign(num_layers_ + 1, 0.0);
+  optimizer_prefix_.assign(num_layers_ + 1, 0.0);
   for (int l = 0; l < num_layers_; ++l) {
     const auto& layer = p.layers[l];
     for (std::size_t i = 0; i < widths.size(); ++i) {
@@ -23,7 +24,19 @@ layer_costs::layer_costs(const profile& p, memory_model memory)
     param_prefix_[l + 1] = param_prefix_[l] + layer.param_bytes;
     state_prefix_[l + 1] = state_prefix_[l] + static_cast<double>(layer.param_bytes) * memory_.state_factor;
     act_prefix_[l + 1] = act_prefix_[l] + static_cast<double>(layer.activation_bytes);
+    optimizer_prefix_[l + 1] = optimizer_prefix_[l] + layer.optimizer_ms;
+    output_bytes_.push_back(layer.output_bytes);
   }
+}
+
+double layer_costs::allreduce_ms(int u, int v, int holders) const {
+  if (holders <= 1 || link_ == link_profile{}) return 0;
+  double t = 0;
+  for (int l = u; l < v; ++l) {
+    const auto layer_bytes = param_prefix_[l + 1] - param_prefix_[l];
+    t += 2.0 * (holders - 1) * link_.message_ms((layer_bytes + holders - 1) / holders);
+  }
+  return t;
 }
 
 double layer_costs::stage_ms(int u, int v, int d) const {

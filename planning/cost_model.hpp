@@ -38,6 +38,16 @@ class layer_costs {
   bool stage_fits(int u, int v, int d, int in_flight) const;
 
   std::int64_t param_bytes(int u, int v) const { return param_prefix_[v] - param_prefix_[u]; }
+  /// AdamW over the parameters of layers [u, v) (the profile's optimizer_ms, summed).
+  double optimizer_ms(int u, int v) const { return optimizer_prefix_[v] - optimizer_prefix_[u]; }
+  /// Bytes of layer l's output per microbatch (and of its gradient).
+  std::int64_t output_bytes(int l) const { return output_bytes_[l]; }
+  /// The link between two nodes (all zero: communication is free).
+  const link_profile& link() const { return link_; }
+  /// Per layer of [u, v): a ring all-reduce of its gradient over `holders` ranks, one after
+  /// another: 2 (g - 1) messages of param_bytes / g each (reduce-scatter then all-gather).
+  /// 0 for g <= 1 or a free link.
+  double allreduce_ms(int u, int v, int holders) const;
 
   /// Prefix sums of forward + backward at width d: stage_ms(u, v, d) == pre[v] - pre[u].
   const std::vector<double>& time_prefix(int d) const { return time_prefix_[width_index(d)]; }
@@ -52,6 +62,9 @@ class layer_costs {
   std::vector<std::int64_t> param_prefix_;
   std::vector<double> state_prefix_;
   std::vector<double> act_prefix_;
+  std::vector<double> optimizer_prefix_;
+  std::vector<std::int64_t> output_bytes_;
+  link_profile link_;
 };
 
 /// The paper's closed form below ranks templates only (DESIGN §4): it underestimates the 1F1B

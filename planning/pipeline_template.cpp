@@ -21,6 +21,19 @@ std::vector<double> pipeline_template::stage_ms() const {
 }
 
 
+pipeline_time predicted_time(const layer_costs& costs, const std::vector<stage_spec>& stages) {
+  std::vector<double> forward, backward;
+  for (std::size_t k = 0; k < stages.size(); ++k) {
+    const auto& s = stages[k];
+    double f = s.forward_ms, b = s.backward_ms;
+    if (k > 0 && stages[k - 1].node != s.node) f += costs.link().message_ms(costs.output_bytes(s.first_layer - 1));
+    if (k + 1 < stages.size() && stages[k + 1].node != s.node) b += costs.link().message_ms(costs.output_bytes(s.end_layer - 1));
+    forward.push_back(f);
+    backward.push_back(b);
+  }
+  return pipeline_time::one_f_one_b(forward, backward);
+}
+
 std::pair<int, int> pipeline_template::node_layers(int node) const {
   int first = -1, end = -1;
   for (const auto& s : stages) {
@@ -179,15 +192,12 @@ std::vector<std::optional<pipeline_template>> template_generator::generate(int l
       pipeline_template t;
       t.nodes = lo + i;
       t.stages = dp.trace_full(lo + i, stages);
-      std::vector<double> forward, backward;
       for (auto& s : t.stages) {
         s.forward_ms = costs_.forward_ms(s.first_layer, s.end_layer, s.gpus);
         s.backward_ms = costs_.backward_ms(s.first_layer, s.end_layer, s.gpus);
-        forward.push_back(s.forward_ms);
-        backward.push_back(s.backward_ms);
       }
       t.iteration_ms = ranking_time(t.stage_ms());
-      t.time = pipeline_time::one_f_one_b(forward, backward);
+      t.time = predicted_time(costs_, t.stages);
       result[i] = std::move(t);
     }
   }

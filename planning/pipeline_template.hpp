@@ -26,13 +26,23 @@ struct pipeline_template {
   int nodes = 0;
   std::vector<stage_spec> stages;
   double iteration_ms = 0;  ///< the paper's T with Nb = 4S: what templates are ranked by, not a prediction
-  pipeline_time time;       ///< predicted time: the 1F1B makespan of the stages (set by the generator)
+  pipeline_time time;       ///< predicted time: predicted_time() of the stages (set by the generator)
 
   std::vector<double> stage_ms() const;
   double time_ms(int num_microbatches) const { return time.at(num_microbatches); }
   /// Layers [u, v) held by pipeline node i (union of its stages; empty range if none).
   std::pair<int, int> node_layers(int node) const;
 };
+
+/// The predicted time of a pipeline of these stages (their forward_ms and backward_ms set): the
+/// 1F1B makespan (DESIGN §4) with every op charged for receiving its input from another node,
+/// when the profile carries a link: a forward waits for the activation of the stage before it
+/// when that stage is on another node, a backward for the gradient of the stage after it, each
+/// a message of the boundary layer's output bytes (costs.link().message_ms). The receiving op is
+/// charged because on the host data plane receiving costs the receiver's core, and a stage that
+/// waits for its input waits at least that long. Stages on one node hand off in memory (free).
+/// With a free link (all profiles before link costs) this is the makespan of the compute.
+pipeline_time predicted_time(const layer_costs& costs, const std::vector<stage_spec>& stages);
 
 /// Counters of the last generate() call, for benchmarks and tests of the pruning.
 struct generator_stats {

@@ -1,5 +1,7 @@
 #include "planning/planner.hpp"
 
+#include <algorithm>
+#include <stdexcept>
 #include <string>
 
 #include "planning/batch_distribution.hpp"
@@ -29,6 +31,21 @@ memory_model job_memory(const profile& p, const job_config& job) {
   if (bytes <= 0) throw planning_error("device memory must be > 0 bytes, got " + std::to_string(bytes));
   if (!(job.state_factor > 0)) throw planning_error("state factor must be > 0");
   return {static_cast<double>(bytes), job.state_factor};
+}
+
+double synchronisation_ms(const layer_costs& costs, const template_set& templates,
+                          const std::vector<pipeline_instance>& pipelines) {
+  const int holders = static_cast<int>(pipelines.size());
+  double slowest = 0;
+  for (const auto& p : pipelines) {
+    const auto* t = templates.find(p.template_nodes);
+    if (!t) throw std::logic_error("no template of " + std::to_string(p.template_nodes) + " nodes");
+    for (int node = 0; node < t->nodes; ++node) {
+      const auto [u, v] = t->node_layers(node);
+      slowest = std::max(slowest, costs.allreduce_ms(u, v, holders) + costs.optimizer_ms(u, v));
+    }
+  }
+  return slowest;
 }
 
 std::vector<pipeline_instance> place_pipelines(const instantiation& inst, const std::vector<int>& node_ids) {
@@ -91,7 +108,7 @@ job_plan plan_job(const profile& p, const job_config& job) {
   for (int i = 0; i < job.nodes; ++i) ids[i] = i;
   plan.pipelines = place_pipelines(inst, ids);
   plan.idle_nodes.assign(ids.begin() + used, ids.end());
-  plan.step_ms = inst.batch.step_ms;
+  plan.step_ms = inst.batch.step_ms + synchronisation_ms(costs, plan.templates, plan.pipelines);
   return plan;
 }
 

@@ -44,6 +44,7 @@ struct job_plan {
   int num_microbatches = 0;
   std::vector<pipeline_instance> pipelines;
   std::vector<int> idle_nodes;  ///< alive but unused: the count has no exact cover
+  /// Predicted step: the slowest pipeline's time plus synchronisation_ms of the pipelines.
   double step_ms = 0;
 };
 
@@ -52,6 +53,15 @@ memory_model job_memory(const profile& p, const job_config& job);
 
 /// Plans a job end to end; throws planning_error with one line for the user on impossible input.
 job_plan plan_job(const profile& p, const job_config& job);
+
+/// The part of a step after the pipelines' schedules, predicted from the profile: every node
+/// all-reduces the gradient of each layer it holds over the layer's holders (one per pipeline:
+/// layer_costs::allreduce_ms) and applies AdamW to it (optimizer_ms), one layer after another;
+/// nodes do this at once, so the slowest node's sum counts. Not discounted for the overlap of the
+/// all-reduce with the last backward. The instantiation is chosen on the pipelines' times alone
+/// (DESIGN §4); predicted step times add this. 0 for a profile without link and optimizer costs.
+double synchronisation_ms(const layer_costs& costs, const template_set& templates,
+                          const std::vector<pipeline_instance>& pipelines);
 
 /// Places instantiated pipelines on node ids in order; ids left over become idle.
 std::vector<pipeline_instance> place_pipelines(const instantiation& inst, const std::vector<int>& node_ids);

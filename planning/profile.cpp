@@ -58,9 +58,15 @@ void validate(const profile& p) {
     const auto& layer = p.layers[l];
     check_times(layer, l, layer.forward_ms, "forward", widths);
     check_times(layer, l, layer.backward_ms, "backward", widths);
-    if (layer.param_bytes < 0 || layer.activation_bytes < 0)
+    if (layer.param_bytes < 0 || layer.activation_bytes < 0 || layer.output_bytes < 0)
       fail("layer " + std::to_string(l) + " (" + layer.name + ") has negative byte counts");
+    if (!std::isfinite(layer.optimizer_ms) || layer.optimizer_ms < 0)
+      fail("layer " + std::to_string(l) + " (" + layer.name + ") optimizer time is " +
+           std::to_string(layer.optimizer_ms) + "; times must be finite and >= 0");
   }
+  for (const auto& [name, value] : {std::pair{"latency_ms", p.link.latency_ms}, {"bytes_per_ms", p.link.bytes_per_ms}})
+    if (!std::isfinite(value) || value < 0)
+      fail(std::string("link ") + name + " is " + std::to_string(value) + "; it must be finite and >= 0");
 }
 
 void check_matches(const profile& p, const profile_expectation& job) {

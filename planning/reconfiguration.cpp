@@ -321,7 +321,7 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
     out.pipelines[i].microbatches = batch.microbatches[i];
     out.pipelines[i].time_ms = batch.time_ms[i];
   }
-  out.step_ms = batch.step_ms;
+  out.step_ms = batch.step_ms + synchronisation_ms(ctx.costs, ctx.templates, out.pipelines);
   for (const auto& g : groups)
     for (int n : g)
       if (!in_use.count(n)) out.idle_nodes.push_back(n);

@@ -32,7 +32,7 @@ struct reconfiguration {
   std::vector<pipeline_instance> pipelines;
   std::vector<int> idle_nodes;
   std::vector<layer_copy> copies;
-  double step_ms = 0;
+  double step_ms = 0;  ///< predicted, as job_plan::step_ms
 };
 
 /// What the policy needs to know about the job.

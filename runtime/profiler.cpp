@@ -11,6 +11,7 @@
 
 #include "runtime/device.hpp"
 #include "runtime/gpt_model.hpp"
+#include "runtime/optimizer.hpp"
 
 namespace oobleck::runtime {
 
@@ -85,6 +86,29 @@ double ms_between(std::chrono::steady_clock::time_point from, std::chrono::stead
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
+/// Median of AdamW steps over `params` on one thread, with gradients of their shape (the step's
+/// work does not depend on the values), as commit() runs it per layer. Read from the steady clock
+/// (options.clock scripts the layer timings only).
+double time_optimizer(const std::vector<torch::Tensor>& params, const profiler_options& options) {
+  const auto now = [] { return std::chrono::steady_clock::now(); };
+  torch::NoGradGuard no_grad;
+  torch::set_num_threads(1);
+  std::vector<torch::Tensor> copies;
+  for (const auto& p : params) {
+    auto c = p.detach().clone();
+    c.mutable_grad() = torch::full_like(c, 1e-3);
+    copies.push_back(std::move(c));
+  }
+  auto state = initial_state(copies);
+  std::vector<double> samples;
+  for (int it = 0; it < options.warmup + options.repeats; ++it) {
+    const auto start = now();
+    adamw_step(copies, state, adamw_options{});
+    if (it >= options.warmup) samples.push_back(ms_between(start, now()));
+  }
+  return median(samples);
+}
+
 }  // namespace
 
 std::int64_t live_cpu_bytes() { return allocator().live(); }
@@ -124,6 +148,7 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
         if (last) y = lm_loss(y, targets);
         const double fwd = ms_between(start, now());
         const auto retained = live_cpu_bytes() - live_before;
+        if (!last) m.output_bytes = static_cast<std::int64_t>(y.nbytes());
         start = now();
         if (last) y.backward();
         else y.backward(upstream);
@@ -145,6 +170,7 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
     }
     m.forward_ms = m.forward_ms_by_width.front();
     m.backward_ms = m.backward_ms_by_width.front();
+    m.optimizer_ms = time_optimizer(layers[l]->parameters(), options);
     out.push_back(std::move(m));
   }
   torch::set_num_threads(1);
@@ -152,7 +178,7 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
 }
 
 planning::profile make_profile(const gpt_config& model, const profiler_options& options,
-                               const std::vector<layer_measurement>& layers) {
+                               const std::vector<layer_measurement>& layers, planning::link_profile link) {
   planning::profile p;
   p.model = "gpt-" + std::to_string(model.blocks) + "x" + std::to_string(model.d_model);
   p.config_hash = model.hash();
@@ -161,7 +187,9 @@ planning::profile make_profile(const gpt_config& model, const profiler_options& 
   p.gpus_per_node = options.slots_per_node;
   p.device_memory_bytes = options.device_memory_bytes;
   for (const auto& m : layers)
-    p.layers.push_back({m.name, m.forward_ms_by_width, m.backward_ms_by_width, m.param_bytes, m.activation_bytes});
+    p.layers.push_back({m.name, m.forward_ms_by_width, m.backward_ms_by_width, m.param_bytes, m.activation_bytes,
+                        m.output_bytes, m.optimizer_ms});
+  p.link = link;
   planning::validate(p);
   return p;
 }

@@ -36,17 +36,19 @@ struct layer_measurement {
   std::vector<double> forward_ms_by_width, backward_ms_by_width;
   std::int64_t param_bytes = 0;
   std::int64_t activation_bytes = 0;  ///< live after forward minus live before (output included)
+  std::int64_t output_bytes = 0;      ///< the layer's output (0 for the head, whose output is the loss)
+  double optimizer_ms = 0;            ///< median of AdamW steps over its parameters (one thread)
 };
 
 /// Measures every layer of the model on the CPU, at every stage width d = 1, 2, ..., M of
 /// options.slots_per_node with d intra-op threads (one thread again afterwards).
 std::vector<layer_measurement> measure_layers(const gpt_config& model, const profiler_options& options);
 
-/// The planning profile of those measurements: gpus_per_node = slots_per_node, times for every
-/// width, tagged with the model's config hash, the microbatch
-/// and the device kind so that a profile of another job is refused.
+/// The planning profile of those measurements and of the link between two nodes (all zero: free):
+/// gpus_per_node = slots_per_node, times for every width, tagged with the model's config hash,
+/// the microbatch and the device kind so that a profile of another job is refused.
 planning::profile make_profile(const gpt_config& model, const profiler_options& options,
-                               const std::vector<layer_measurement>& layers);
+                               const std::vector<layer_measurement>& layers, planning::link_profile link = {});
 
 /// Bytes currently allocated through LibTorch's CPU allocator (counting starts at the first call).
 std::int64_t live_cpu_bytes();

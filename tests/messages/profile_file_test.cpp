@@ -10,7 +10,10 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <limits>
 #include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "messages/input_error.hpp"
 #include "messages/profile.capnp.h"
@@ -174,5 +177,62 @@ TEST_CASE("the one validation applies to a profile built in code") {
   p = planning::synthetic_gpt_profile({.layers = 3, .gpus_per_node = 2});
   p.device_memory_bytes = 0;
   CHECK_THROWS_WITH_AS(messages::validate_profile(p), "profile.device_memory_bytes: 0, must be >= 1",
+                       messages::input_error);
+}
+
+TEST_CASE("link costs, output bytes and optimizer times survive both file forms, and older files read them as zero") {
+  auto p = planning::synthetic_gpt_profile({.layers = 4, .gpus_per_node = 1});
+  p.link = {0.0375, 2.5e6};
+  for (int l = 0; l < p.num_layers(); ++l) {
+    p.layers[l].output_bytes = 8192 * (l + 1);
+    p.layers[l].optimizer_ms = 0.125 * (l + 1);
+  }
+  for (const bool json : {false, true}) {
+    CAPTURE(json);
+    const auto bytes = json ? [&] {
+      const auto text = messages::profile_json_text(p, 2);
+      std::vector<std::byte> b(text.size());
+      std::memcpy(b.data(), text.data(), text.size());
+      return b;
+    }()
+                            : messages::profile_to_capnp(p);
+    const auto q = messages::decode_profile(bytes);
+    CHECK(q.link == p.link);
+    for (int l = 0; l < p.num_layers(); ++l) {
+      CHECK(q.layers[l].output_bytes == p.layers[l].output_bytes);
+      CHECK(q.layers[l].optimizer_ms == p.layers[l].optimizer_ms);
+    }
+  }
+  // A profile written before these were measured: no "link", no per-layer fields.
+  auto old = nlohmann::json::parse(messages::profile_json_text(p, -1));
+  old.erase("link");
+  for (auto& layer : old["layers"]) {
+    layer.erase("output_bytes");
+    layer.erase("optimizer_ms");
+  }
+  const auto text = old.dump();
+  const auto q = messages::profile_from_json(text);
+  CHECK(q.link == planning::link_profile{});
+  CHECK(q.layers[2].output_bytes == 0);
+  CHECK(q.layers[2].optimizer_ms == 0);
+  const auto c = messages::profile_to_capnp(q);  // written without a link, read back without one
+  CHECK(messages::decode_profile(c).link == planning::link_profile{});
+}
+
+TEST_CASE("a negative or non-finite link or optimizer time is refused, naming the field") {
+  auto p = planning::synthetic_gpt_profile({.layers = 3, .gpus_per_node = 1});
+  p.link.latency_ms = -1;
+  CHECK_THROWS_WITH_AS(messages::validate_profile(p), "profile.link.latency_ms: -1; times must be finite and >= 0",
+                       messages::input_error);
+  p.link = {0.01, -5};
+  CHECK_THROWS_WITH_AS(messages::validate_profile(p),
+                       doctest::Contains("profile.link.bytes_per_ms"), messages::input_error);
+  p.link = {};
+  p.layers[2].optimizer_ms = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_WITH_AS(messages::validate_profile(p), "profile.layers[2].optimizer_ms: inf; times must be finite and >= 0",
+                       messages::input_error);
+  p.layers[2].optimizer_ms = 0;
+  p.layers[1].output_bytes = -8;
+  CHECK_THROWS_WITH_AS(messages::validate_profile(p), doctest::Contains("profile.layers[1].output_bytes: -8"),
                        messages::input_error);
 }

@@ -70,3 +70,21 @@ TEST_CASE("T(Nb) follows the DESIGN formula with the suffix after the bottleneck
   CHECK(iteration_time(w, 20) == 14 + (20 - 5 + 3 - 1) * 4 + 7);
   CHECK(ranking_time(w) == 14 + (3 * 5 + 3 - 1) * 4 + 7);
 }
+
+TEST_CASE("the step's synchronisation: a ring all-reduce per layer over its holders, then AdamW") {
+  auto p = two_width_profile();  // param bytes 10, 20, 5
+  p.layers[0].optimizer_ms = 0.5;
+  p.layers[1].optimizer_ms = 1.25;
+  p.layers[2].optimizer_ms = 0.25;
+  const layer_costs free_link(p, {1000, 4.0});
+  CHECK(free_link.allreduce_ms(0, 3, 4) == 0);  // no link in the profile: communication is free
+  CHECK(free_link.optimizer_ms(0, 3) == 2.0);
+  CHECK(free_link.optimizer_ms(1, 2) == 1.25);
+  p.link = {0.5, 2.0};  // 0.5 ms + 2 bytes per ms
+  const layer_costs costs(p, {1000, 4.0});
+  CHECK(costs.allreduce_ms(0, 3, 1) == 0);  // one holder: nothing to reduce
+  // 2 holders: 2 messages of half the layer: layer a 2 * (0.5 + 5/2), b 2 * (0.5 + 10/2), c 2 * (0.5 + 3/2) (ceil).
+  CHECK(costs.allreduce_ms(0, 3, 2) == doctest::Approx(6.0 + 11.0 + 4.0));
+  // 3 holders: 4 messages of a third (rounded up): 4 (0.5 + 4/2) + 4 (0.5 + 7/2) + 4 (0.5 + 2/2).
+  CHECK(costs.allreduce_ms(0, 3, 3) == doctest::Approx(10.0 + 16.0 + 6.0));
+}

@@ -91,3 +91,56 @@ TEST_CASE("generating a range of node counts equals generating each alone") {
     }
   }
 }
+
+TEST_CASE("with a link, a stage's ops are charged for receiving from another node, never from its own") {
+  // 2 slots per node, so a template of 2 nodes may put two stages on one node.
+  profile p;
+  p.model = "toy";
+  p.microbatch_size = 1;
+  p.gpus_per_node = 2;
+  p.device_memory_bytes = 1 << 30;
+  for (int l = 0; l < 6; ++l)
+    p.layers.push_back({"l" + std::to_string(l), {1.0 + l, 0.75 + l}, {2.0 + l, 1.5 + l}, 100, 10, 1000 * (l + 1), 0});
+  p.link = {0.5, 1000};  // a message of l's output: 0.5 + (l + 1) ms
+  const layer_costs costs(p, {static_cast<double>(p.device_memory_bytes), 4.0});
+  const std::vector<stage_spec> stages{{0, 1, 0, 2, 0, costs.forward_ms(0, 2, 1), costs.backward_ms(0, 2, 1)},
+                                       {0, 1, 2, 3, 0, costs.forward_ms(2, 3, 1), costs.backward_ms(2, 3, 1)},
+                                       {1, 2, 3, 6, 0, costs.forward_ms(3, 6, 2), costs.backward_ms(3, 6, 2)}};
+  // Stage 0 -> 1: same node, free. Stage 1 -> 2: layer 2's output, 0.5 + 3 ms, charged to the
+  // forward of stage 2 and to the backward of stage 1.
+  const std::vector<double> f{stages[0].forward_ms, stages[1].forward_ms, stages[2].forward_ms + 3.5};
+  const std::vector<double> b{stages[0].backward_ms, stages[1].backward_ms + 3.5, stages[2].backward_ms};
+  const auto t = predicted_time(costs, stages);
+  for (int nb : {1, 2, 3, 5, 8, 40})
+    CHECK(t.at(nb) == doctest::Approx(oobleck::testing::simulate_1f1b(f, b, nb)).epsilon(1e-12));
+  // Without a link the prediction is the compute's makespan, as before link costs existed.
+  p.link = {};
+  const layer_costs free_costs(p, {static_cast<double>(p.device_memory_bytes), 4.0});
+  const auto plain = predicted_time(free_costs, stages);
+  const std::vector<double> f0{stages[0].forward_ms, stages[1].forward_ms, stages[2].forward_ms};
+  const std::vector<double> b0{stages[0].backward_ms, stages[1].backward_ms, stages[2].backward_ms};
+  for (int nb : {1, 4, 12}) CHECK(plain.at(nb) == doctest::Approx(oobleck::testing::simulate_1f1b(f0, b0, nb)));
+  CHECK(t.at(8) > plain.at(8));
+}
+
+TEST_CASE("generated templates predict with the link, and rank on compute alone") {
+  std::mt19937 rng(7);
+  auto p = random_profile(rng, 8, 1);
+  for (auto& l : p.layers) l.output_bytes = 4096;
+  const layer_costs free_costs(p, {1e18, 4.0});
+  p.link = {0.25, 4096};  // 1.25 ms per message
+  const layer_costs costs(p, {1e18, 4.0});
+  template_generator with_link(costs), without(free_costs);
+  for (int n = 1; n <= 4; ++n) {
+    const auto a = with_link.generate(n), b = without.generate(n);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(a->iteration_ms == b->iteration_ms);  // the same layout: ranking ignores the link
+    std::vector<double> f, bw;
+    for (const auto& s : a->stages) {
+      f.push_back(s.forward_ms + (s.node > 0 ? 1.25 : 0));
+      bw.push_back(s.backward_ms + (s.node + 1 < a->nodes ? 1.25 : 0));
+    }
+    for (int nb : {1, 3, 16}) CHECK(a->time_ms(nb) == doctest::Approx(oobleck::testing::simulate_1f1b(f, bw, nb)));
+  }
+}

@@ -327,3 +327,38 @@ TEST_CASE("reconfiguration properties over random failure and join sequences") {
   MESSAGE("events " << events << ", stops " << stops << ", global re-plans " << replans
                     << ", events leaving nodes idle " << capped);
 }
+
+TEST_CASE("predicted steps add the synchronisation of the slowest node to the slowest pipeline") {
+  auto p = eight_layers();
+  for (int l = 0; l < 8; ++l) {
+    p.layers[l].optimizer_ms = 0.25 * (l + 1);
+    p.layers[l].output_bytes = 64;
+  }
+  p.link = {0.125, 100};  // a message of b bytes: 0.125 + b / 100 ms
+  fixture f(p, {.nodes = 7, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
+  double slowest_pipeline = 0, slowest_node = 0;
+  const int holders = static_cast<int>(f.plan.pipelines.size());
+  for (const auto& pl : f.plan.pipelines) {
+    slowest_pipeline = std::max(slowest_pipeline, pl.time_ms);
+    const auto* t = f.plan.templates.find(pl.template_nodes);
+    for (int i = 0; i < t->nodes; ++i) {
+      const auto [u, v] = t->node_layers(i);
+      double node = 0;
+      for (int l = u; l < v; ++l)  // ring: 2 (g - 1) messages of ceil(100 / g) bytes, then AdamW
+        node += 2.0 * (holders - 1) * (0.125 + ((100 + holders - 1) / holders) / 100.0) + p.layers[l].optimizer_ms;
+      slowest_node = std::max(slowest_node, node);
+    }
+  }
+  REQUIRE(holders >= 2);
+  CHECK(slowest_node > 0);
+  CHECK(f.plan.step_ms == doctest::Approx(slowest_pipeline + slowest_node));
+  CHECK(synchronisation_ms(f.costs, f.plan.templates, f.plan.pipelines) == doctest::Approx(slowest_node));
+
+  const cluster_state state{f.plan.pipelines, f.plan.idle_nodes};
+  const auto r = reconfigure(f.ctx(), state, std::vector<int>{f.plan.pipelines[0].nodes[0]}, {});
+  REQUIRE(r.action == reconfiguration_action::continue_training);
+  double rslowest = 0;
+  for (const auto& pl : r.pipelines) rslowest = std::max(rslowest, pl.time_ms);
+  CHECK(r.step_ms == doctest::Approx(rslowest + synchronisation_ms(f.costs, f.plan.templates, r.pipelines)));
+  CHECK(r.step_ms > rslowest);
+}

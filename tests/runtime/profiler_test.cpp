@@ -15,6 +15,7 @@
 #include "apps/profile_command.hpp"
 #include "apps/plan_command.hpp"
 #include "messages/profile_json.hpp"
+#include "runtime/link_profiler.hpp"
 #include "runtime/profiler.hpp"
 
 using namespace oobleck;
@@ -209,6 +210,9 @@ TEST_CASE("oobleck-profile --json feeds oobleck-plan directly") {
   CHECK(err.str().find("block1") != std::string::npos);  // the per-layer table
   const auto p = messages::profile_from_json(out.str());
   CHECK(p.num_layers() == 4);
+  CHECK(err.str().find("link (loopback, host data plane): latency") != std::string::npos);
+  CHECK(p.link.latency_ms > 0);  // measured by default
+  CHECK(p.link.bytes_per_ms > 0);
   std::ostringstream plan_out, plan_err;
   CHECK(apps::run_plan_command({"--profile", json, "--nodes", "3", "--fault-tolerance", "1", "--global-batch", "8",
                                 "--microbatch", "2", "--json"},
@@ -219,6 +223,58 @@ TEST_CASE("oobleck-profile --json feeds oobleck-plan directly") {
   }
   CHECK(apps::run_profile_command({"--config", job}, bad_out, bad_err) == 2);
   CHECK(bad_err.str().find(":2: unknown key model.blokcs") != std::string::npos);
+  // The link: given instead of measured, or none; half a link, or both ways at once, is refused.
+  std::ostringstream given_out, given_err;
+  std::ofstream(job) << "[model]\nblocks = 1\nd_model = 16\nseq_len = 8\n[profile]\nwarmup = 0\nrepeats = 1\n";
+  REQUIRE(apps::run_profile_command({"--config", job, "--json", "--link-latency-ms", "0.02", "--link-gbytes-per-s", "12.5"},
+                                    given_out, given_err) == 0);
+  CHECK(messages::profile_from_json(given_out.str()).link == planning::link_profile{0.02, 12.5e6});
+  CHECK(given_err.str().find("link (loopback") == std::string::npos);
+  std::ostringstream none_out, none_err;
+  REQUIRE(apps::run_profile_command({"--config", job, "--json", "--no-link"}, none_out, none_err) == 0);
+  CHECK(messages::profile_from_json(none_out.str()).link == planning::link_profile{});
+  for (const auto& args : {std::vector<std::string>{"--config", job, "--json", "--link-latency-ms", "0.02"},
+                           std::vector<std::string>{"--config", job, "--json", "--no-link", "--link-latency-ms", "1",
+                                                    "--link-gbytes-per-s", "1"},
+                           std::vector<std::string>{"--config", job, "--json", "--link-latency-ms", "-1",
+                                                    "--link-gbytes-per-s", "1"}}) {
+    std::ostringstream o2, e2;
+    CHECK(apps::run_profile_command(args, o2, e2) == 2);
+    CHECK(e2.str().find("error: ") == 0);
+  }
   std::remove(job.c_str());
   std::remove(json.c_str());
+}
+
+TEST_CASE("the profile carries each layer's output bytes and AdamW time, and the link it is given") {
+  runtime::gpt_config c;
+  c.vocab = 64;
+  c.d_model = 16;
+  c.heads = 2;
+  c.blocks = 2;
+  c.seq_len = 8;
+  runtime::profiler_options o{.microbatch = 3, .warmup = 1, .repeats = 3};
+  const auto layers = runtime::measure_layers(c, o);
+  REQUIRE(layers.size() == 4);
+  for (int l = 0; l < 3; ++l) CHECK(layers[l].output_bytes == 3 * 8 * 16 * 4);  // b x seq x d_model floats
+  CHECK(layers[3].output_bytes == 0);  // the head's output is the loss: never sent
+  for (const auto& m : layers) CHECK(m.optimizer_ms > 0);
+  const auto p = runtime::make_profile(c, o, layers, {0.05, 1e6});
+  CHECK(p.link == planning::link_profile{0.05, 1e6});
+  CHECK(p.layers[1].output_bytes == layers[1].output_bytes);
+  CHECK(p.layers[1].optimizer_ms == layers[1].optimizer_ms);
+  CHECK(runtime::make_profile(c, o, layers).link == planning::link_profile{});
+}
+
+TEST_CASE("the loopback link measurement: a round trip per repeat, latency and bandwidth from them") {
+  const auto m = runtime::measure_loopback_link(5, 64, 1 << 20);
+  CHECK(m.round_trip_ms.size() == 5);
+  CHECK(m.bulk_ms.size() == 5);
+  CHECK(m.link.latency_ms > 0);
+  CHECK(m.link.latency_ms < 1000);
+  CHECK(m.link.bytes_per_ms > 0);
+  std::vector<double> rt = m.round_trip_ms;
+  std::sort(rt.begin(), rt.end());
+  CHECK(m.link.latency_ms == doctest::Approx(rt[2] / 2));
+  CHECK_THROWS_AS(runtime::measure_loopback_link(0), std::invalid_argument);
 }

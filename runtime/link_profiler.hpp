@@ -1,0 +1,28 @@
+#pragma once
+// What a message between two nodes costs on the host data plane, measured for the planning
+// profile's link (planning::link_profile): latency per message and bandwidth.
+
+#include <cstdint>
+#include <vector>
+
+#include "planning/profile.hpp"
+
+namespace oobleck::runtime {
+
+struct link_measurement {
+  planning::link_profile link;
+  std::vector<double> round_trip_ms;  ///< small messages there and back, one per repeat
+  std::vector<double> bulk_ms;        ///< bulk_bytes one way and a small reply, one per repeat
+  std::int64_t small_bytes = 0;
+  std::int64_t bulk_bytes = 0;
+};
+
+/// Two host transports of this process on 127.0.0.1, connected as ranks 0 and 1, rank 1 echoing
+/// on its own thread (the I/O thread of each transport wakes the receiver, as between worker
+/// processes): latency = half the median round trip of a `small_bytes` message; bandwidth =
+/// bulk_bytes over (median time of bulk_bytes one way and a small reply back, less one round
+/// trip). Loopback is what oobleck-local's nodes use; a real cluster's network is slower, and its
+/// figures are given to oobleck-profile instead. Throws transport_error if the sockets fail.
+link_measurement measure_loopback_link(int repeats, std::int64_t small_bytes = 64, std::int64_t bulk_bytes = 4 << 20);
+
+}  // namespace oobleck::runtime
