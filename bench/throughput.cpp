@@ -138,7 +138,7 @@ struct run_result {
   bool overlap = true;
   int nodes_in_use = 0;
   std::string shape;  ///< pipelines x stages
-  double predicted_ms = NAN;          ///< the coordinator's plan: its 1F1B makespan
+  double predicted_ms = NAN;          ///< the coordinator's plan: its predicted step
   double predicted_compute_ms = NAN;  ///< the profile's compute of the busiest stage (Nb x its fwd + bwd)
   double logged_ms = NAN;             ///< what the coordinator logged as its prediction (a cross-check)
   double step_ms = 0;  ///< mean wall_ms of the measured steps
@@ -352,8 +352,9 @@ int main(int argc, char** argv) {
     const fs::path json_path(o.json_path);
     if (json_path.has_parent_path()) fs::create_directories(json_path.parent_path());
     std::ofstream(json_path) << out.dump(2) << "\n";
-    std::printf("(pipelines: nodes per pipeline; pred ms: the planner's 1F1B makespan from the profile; compute .. other:\n"
-                " breakdown means, slowest stage; pred comp: the profile's compute of the busiest stage)\n");
+    std::printf("(pipelines: nodes per pipeline; pred ms: the planner's predicted step from the profile (1F1B\n"
+                " makespan with link costs, plus all-reduce and AdamW); compute .. other: breakdown means,\n"
+                " slowest stage; pred comp: the profile's compute of the busiest stage)\n");
     std::printf("\nload average (1 min) %.2f before the cluster runs, %.2f after; JSON: %s\n", load_before, load_after,
                 o.json_path.c_str());
     fs::remove_all(dir);
