@@ -86,6 +86,7 @@ void host_transport::state::start_accept() {
       asio::async_read(h->socket, asio::buffer(h->hello),
                        [this, h](boost::system::error_code read_ec, std::size_t) {
                          if (io_only.closed || read_ec) return;  // the stranger went away
+                         h->hello_at = std::chrono::steady_clock::now();
                          on_hello(h);
                        });
     }
@@ -130,7 +131,7 @@ void host_transport::state::on_hello(const std::shared_ptr<handshake>& h) {
                         return;
                       }
                       l.io.socket = std::make_unique<tcp::socket>(std::move(h->socket));
-                      link_up(their_rank);
+                      link_up(their_rank, h->hello_at);
                     });
 }
 
@@ -142,6 +143,7 @@ void host_transport::state::start_connect(int peer) {
     if (io_only.closed) return;
     if (ec) return retry_connect(peer, ec.message());
     link_io& l = at(peer).io;
+    l.dial.hello_at = std::chrono::steady_clock::now();
     std::byte* out = l.dial.hello.data();
     put_u32(out, handshake_magic);
     put_u32(out + 4, handshake_version);
@@ -163,7 +165,7 @@ void host_transport::state::start_connect(int peer) {
           return retry_connect(peer, "the listener is not an Oobleck transport");
         switch (status) {
           case handshake_status::ok:
-            return link_up(peer);
+            return link_up(peer, at(peer).io.dial.hello_at);
           case handshake_status::wrong_epoch:
             return retry_connect(peer, "it is at epoch " + std::to_string(their_epoch) +
                                            ", not " + std::to_string(config.epoch));
@@ -200,7 +202,7 @@ void host_transport::state::retry_connect(int peer, std::string why) {
   });
 }
 
-void host_transport::state::link_up(int peer) {
+void host_transport::state::link_up(int peer, std::chrono::steady_clock::time_point since) {
   link& l = at(peer);
   boost::system::error_code ignored;
   // Latency matters for small control-sized messages of a pipeline schedule.
@@ -215,6 +217,7 @@ void host_transport::state::link_up(int peer) {
     auto lk = lock();
     link_shared& ls = l.shared(lk);
     ls.up = true;
+    ls.since = since;
     ls.user_fd = l.io.fd;
     transport_shared& sh = shared(lk);
     ++sh.links_up;
@@ -225,6 +228,17 @@ void host_transport::state::link_up(int peer) {
   }
   cv.notify_all();
   start_read(peer);
+}
+
+void host_transport::state::wait_connected(int peer) {
+  const std::string op = "wait for the link to peer " + std::to_string(peer);
+  check_peer(op, peer);
+  auto lk = lock();
+  const transport_shared& sh = shared(lk);
+  const link_shared& l = at(peer).shared(lk);
+  lk.wait(cv, [&] { return sh.is_aborted || l.up || l.broken; });
+  const int one[1] = {peer};
+  throw_if_failed(lk, op, one);
 }
 
 }  // namespace oobleck::runtime

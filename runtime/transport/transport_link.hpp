@@ -43,6 +43,8 @@ struct outgoing {
 /// The part of a link that user threads read and write too: only under the mutex.
 struct link_shared {
   bool up = false;
+  /// When the link's handshake began (set as it comes up): the peer sent nothing on it before.
+  std::chrono::steady_clock::time_point since;
   bool broken = false;
   transport_failure failure = transport_failure::peer_lost;
   std::string failure_reason;
@@ -89,6 +91,7 @@ struct connect_state {
   std::array<std::byte, hello_size> hello;
   std::array<std::byte, ack_size> ack;
   std::chrono::milliseconds retry_delay{10};
+  std::chrono::steady_clock::time_point hello_at;  ///< the latest attempt's hello
 };
 
 /// The I/O thread's part of a link (Asio objects are not thread-safe; no lock needed).
