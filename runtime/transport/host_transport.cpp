@@ -162,7 +162,12 @@ void host_transport::connect(std::vector<peer_endpoint> peers) {
   state_->connect(peers);
 }
 
-void host_transport::wait_connected(int peer) { state_->wait_connected(peer); }
+void host_transport::wait_connected(int peer) {
+  const int one[1] = {peer};
+  state_->wait_any_connected(one);
+}
+
+int host_transport::wait_any_connected(std::span<const int> peers) { return state_->wait_any_connected(peers); }
 
 std::chrono::steady_clock::time_point host_transport::link_since(int peer) const {
   state_->check_peer("link_since", peer);

@@ -230,15 +230,27 @@ void host_transport::state::link_up(int peer, std::chrono::steady_clock::time_po
   start_read(peer);
 }
 
-void host_transport::state::wait_connected(int peer) {
-  const std::string op = "wait for the link to peer " + std::to_string(peer);
-  check_peer(op, peer);
+int host_transport::state::wait_any_connected(std::span<const int> peers) {
+  std::string op = "wait for the link to peer";
+  for (std::size_t i = 0; i < peers.size(); ++i) op += (i ? " or " : " ") + std::to_string(peers[i]);
+  if (peers.empty()) throw std::invalid_argument(op + ": no peers");
+  for (int p : peers) check_peer(op, p);
   auto lk = lock();
   const transport_shared& sh = shared(lk);
-  const link_shared& l = at(peer).shared(lk);
-  lk.wait(cv, [&] { return sh.is_aborted || l.up || l.broken; });
-  const int one[1] = {peer};
-  throw_if_failed(lk, op, one);
+  int up = -1;
+  lk.wait(cv, [&] {
+    for (int p : peers) {
+      const link_shared& l = at(p).shared(lk);
+      if (l.up || l.broken) {
+        up = p;
+        return true;
+      }
+    }
+    return sh.is_aborted;
+  });
+  const int one[1] = {up};
+  throw_if_failed(lk, op, up < 0 ? std::span<const int>{} : std::span<const int>(one));
+  return up;
 }
 
 }  // namespace oobleck::runtime

@@ -101,8 +101,8 @@ struct host_transport::state {
   void retry_connect(int peer, std::string why);         // I/O thread
   /// `since`: when its handshake began, before the peer could send anything on it.
   void link_up(int peer, std::chrono::steady_clock::time_point since);  // I/O thread
-  /// host_transport::wait_connected.
-  void wait_connected(int peer);
+  /// host_transport::wait_any_connected.
+  int wait_any_connected(std::span<const int> peers);
 
   // --- reading (transport_link_read.cpp), I/O thread
   void start_read(int peer);
