@@ -171,28 +171,26 @@ std::vector<runtime::layer_store::incoming> prepare_incoming(const stage_runtime
   return out;
 }
 
+/// The message a receiving rank sends each of its sources once it can take their layers.
+constexpr int copy_ready_tag = (1 << 24) - 1;
+
 /// Runs this rank's part of the copy plan while the epoch's mesh connects (on another thread):
 /// each layer's full state (parameters, AdamW moments, step count): a checksummed header, then
 /// the store's three flat buffers as they are, received straight into the new layer's buffers
 /// (no serialisation, no intermediate copy, no initialisation drawn only to be overwritten).
-/// Links are used as they come up, not once the whole mesh is: a target's layers are sent as
-/// soon as its link is up (a send never waits for the receiver), and on a thread of their own
-/// every receive of every source is posted at once, as soon as the sources' links are up, into
-/// `incoming` (the received layers' buffers, prepared in plan order), so the links from
+/// Links are used as they come up, not once the whole mesh is. A receiving rank waits for the
+/// links to all its sources, posts every receive at once into `incoming` (the received layers'
+/// buffers, prepared in plan order) and tells each source it is ready; so the links from
 /// different sources run together and each message is read from its socket straight into its
-/// buffer whatever the order the messages arrive in; the layers are installed when all have
-/// arrived. The transport checks every message's length; the replicas' digests are compared
-/// after every commit. The copies' span starts at the handshake of the first of this rank's
-/// copy links (nothing of a copy can travel before), so it covers every byte of them however
-/// the mesh's forming and the copies overlap.
+/// buffer whatever the order the messages arrive in, and the layers are installed when all
+/// have arrived. A source sends a target's layers once the target is ready (one thread per
+/// target). The transport checks every message's length; the replicas' digests are compared
+/// after every commit. Copy time: a receiver's from its ready to its layers installed (no byte
+/// of its copies travels before: a source still joining the mesh by then is mesh time, not copy
+/// time), or a source's from a target's ready to its sends posted, whichever is longer.
 void run_copies(stage_runtime& rt, const epoch_assignment& a, std::vector<runtime::layer_store::incoming> incoming,
                 form_timing& t) {
   using time_point = std::chrono::steady_clock::time_point;
-  auto since = [&](int peer, std::optional<time_point>& first) {
-    const auto s = rt.transport->link_since(peer);
-    if (!first || s < *first) first = s;
-  };
-
   std::vector<torch::Tensor> headers;
   std::vector<runtime::host_communicator::tensor_recv> receives, rest;  // receives: each source's first header first
   std::vector<int> sources;
@@ -223,56 +221,73 @@ void run_copies(stage_runtime& rt, const epoch_assignment& a, std::vector<runtim
     to_target[c.target].push_back(c.layer);
   }
 
-  std::optional<time_point> sending, receiving;
-  std::exception_ptr receive_failed;
-  std::jthread receiver;
-  if (!receives.empty())
-    receiver = std::jthread([&] {
-      try {
-        for (int source : sources) {
-          rt.transport->wait_connected(source);
-          since(source, receiving);
-        }
-        // Each source's first header is waited for first: when the last of them has arrived,
-        // every source has started, and the wait until then is the senders' skew.
-        rt.comm->recv_all(receives, [&](std::size_t i) {
-          if (i + 1 == sources.size()) t.copy_wait_us = micros_since(*receiving);
-        });
-      } catch (...) {
-        receive_failed = std::current_exception();
+  // Every part runs on a thread of its own; the first failure ends the epoch's data plane, so
+  // that the others fail at once instead of waiting for a peer that will never send.
+  std::mutex mu;
+  std::exception_ptr failed;  // under mu
+  auto guarded = [&](auto body) {
+    try {
+      body();
+    } catch (...) {
+      {
+        std::lock_guard lock(mu);
+        if (!failed) failed = std::current_exception();
       }
-    });
-  try {
-    while (!to_target.empty()) {  // each target's layers as soon as its link is up
-      std::vector<int> pending;
-      for (const auto& [target, layers] : to_target) pending.push_back(target);
-      const int target = rt.transport->wait_any_connected(pending);
-      since(target, sending);
-      for (int layer : to_target.at(target)) {
-        auto source = rt.store.copy_of(layer);
-        const auto header = owning_tensor(std::move(source.header));
-        rt.comm->send(header, target, copy_tag(layer, 0));
-        t.bytes_sent += header.numel();
-        for (std::size_t k = 0; k < source.buffers.size(); ++k) {
-          rt.comm->send(source.buffers[k], target, copy_tag(layer, 1 + static_cast<int>(k)));
-          t.bytes_sent += static_cast<std::int64_t>(source.buffers[k].nbytes());
-        }
-      }
-      to_target.erase(target);
+      rt.transport->abort("a layer copy of rank " + std::to_string(a.rank) + " failed");
     }
-  } catch (...) {
-    rt.transport->abort("a layer copy from rank " + std::to_string(a.rank) + " failed");  // ends the receives
-    throw;
+  };
+  std::vector<std::int64_t> sent(to_target.size(), 0), send_us(to_target.size(), 0);
+  std::optional<time_point> ready_at;
+  {
+    std::vector<std::jthread> threads;
+    if (!receives.empty())
+      threads.emplace_back([&] {
+        guarded([&] {
+          for (int source : sources) rt.transport->wait_connected(source);
+          ready_at = std::chrono::steady_clock::now();
+          const auto ready = torch::zeros({1}, torch::kUInt8);
+          for (int source : sources) rt.comm->send(ready, source, copy_ready_tag);
+          // Each source's first header is waited for first: when the last of them has arrived,
+          // every source has started, and the wait until then is the senders' skew.
+          rt.comm->recv_all(receives, [&](std::size_t i) {
+            if (i + 1 == sources.size()) t.copy_wait_us = micros_since(*ready_at);
+          });
+        });
+      });
+    std::size_t i = 0;
+    for (const auto& [target_rank, target_layers] : to_target) {
+      threads.emplace_back([&, i, target = target_rank, &layers = target_layers] {
+        guarded([&] {
+          rt.transport->wait_connected(target);
+          auto ready = torch::empty({1}, torch::kUInt8);
+          rt.comm->recv(ready, target, copy_ready_tag);
+          const auto go = std::chrono::steady_clock::now();
+          for (int layer : layers) {
+            auto source = rt.store.copy_of(layer);
+            const auto header = owning_tensor(std::move(source.header));
+            rt.comm->send(header, target, copy_tag(layer, 0));
+            sent[i] += header.numel();
+            for (std::size_t k = 0; k < source.buffers.size(); ++k) {
+              rt.comm->send(source.buffers[k], target, copy_tag(layer, 1 + static_cast<int>(k)));
+              sent[i] += static_cast<std::int64_t>(source.buffers[k].nbytes());
+            }
+          }
+          send_us[i] = micros_since(go);
+        });
+      });
+      ++i;
+    }
   }
-  if (receiver.joinable()) receiver.join();
-  if (receive_failed) std::rethrow_exception(receive_failed);
+  if (failed) std::rethrow_exception(failed);
+  for (auto bytes : sent) t.bytes_sent += bytes;
   for (const auto& r : receives) t.bytes_received += static_cast<std::int64_t>(r.t.nbytes());
-  for (std::size_t i = 0; i < incoming.size(); ++i)
-    rt.store.adopt(std::move(incoming[i]), {static_cast<const std::byte*>(headers[i].data_ptr()),
-                                            static_cast<std::size_t>(headers[i].numel())});
-  auto started = sending;
-  if (receiving && (!started || *receiving < *started)) started = receiving;
-  if (started) t.copies_us = micros_since(*started);
+  for (std::size_t k = 0; k < incoming.size(); ++k)
+    rt.store.adopt(std::move(incoming[k]), {static_cast<const std::byte*>(headers[k].data_ptr()),
+                                            static_cast<std::size_t>(headers[k].numel())});
+  // Every byte of a copy travels within its receiver's span (its source waits for the ready),
+  // so the slowest node's span covers them all.
+  if (ready_at) t.copies_us = micros_since(*ready_at);
+  for (auto us : send_us) t.copies_us = std::max(t.copies_us, us);
 }
 
 /// Checks that the node's slots can run the stages it is given: one slot actor per stage, and

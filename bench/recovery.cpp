@@ -806,10 +806,10 @@ int main(int argc, char** argv) try {
                 down <= bound ? "met" : "MISSED");
   }
 
-  std::cout << "\nwhere the copies go (ms, the coordinator's record; each the slowest node's): copy = copy_ms (from the\n"
-               "handshake of a node's first copy link: copies start link by link while the mesh forms); wait = the part of it\n"
-               "before the first message of every source had arrived (senders' skew); rest = receive + install; connect = the\n"
-               "whole mesh; prepare = allocating and pre-faulting the incoming layers (before a node's mesh connects)\n";
+  std::cout << "\nwhere the copies go (ms, the coordinator's record; each the slowest node's): copy = copy_ms (a receiver's\n"
+               "span from telling its sources it is ready, once its links to them are up, to its layers installed); wait = the\n"
+               "part of it before the first message of every source had arrived (senders' skew); rest = receive + install;\n"
+               "connect = the whole mesh; prepare = allocating and pre-faulting the incoming layers (before the mesh connects)\n";
   std::printf("%-28s %-8s %4s %10s %10s %7s %7s %7s %8s %8s %8s\n", "scenario", "job", "node", "copy B", "busiest B",
               "copy", "wait", "rest", "GB/s", "connect", "prepare");
   for (const auto& r : results) {
