@@ -162,20 +162,7 @@ void host_transport::connect(std::vector<peer_endpoint> peers) {
   state_->connect(peers);
 }
 
-void host_transport::wait_connected(int peer) {
-  const int one[1] = {peer};
-  state_->wait_any_connected(one);
-}
-
-int host_transport::wait_any_connected(std::span<const int> peers) { return state_->wait_any_connected(peers); }
-
-std::chrono::steady_clock::time_point host_transport::link_since(int peer) const {
-  state_->check_peer("link_since", peer);
-  auto lk = state_->lock();
-  const link_shared& l = state_->at(peer).shared(lk);
-  if (!l.up) throw std::logic_error("link_since: the link to peer " + std::to_string(peer) + " is not up");
-  return l.since;
-}
+void host_transport::wait_connected(int peer) { state_->wait_connected(peer); }
 
 void host_transport::send(int peer, std::uint32_t tag, std::span<const std::byte> bytes) {
   const std::string op = with_tag("send to", peer, tag);

@@ -123,12 +123,6 @@ class host_transport {
   /// does once the transport is aborted (a failed connect() aborts it), and peer_lost if the
   /// link broke.
   void wait_connected(int peer);
-  /// wait_connected for whichever of `peers` (not empty) comes up first: returns it (the first
-  /// in `peers` that is up, when several are).
-  int wait_any_connected(std::span<const int> peers);
-  /// When the link to `peer` began its handshake, in this process's steady clock: the peer
-  /// cannot have sent anything on it before. Throws std::logic_error if the link is not up.
-  [[nodiscard]] std::chrono::steady_clock::time_point link_since(int peer) const;
 
   /// Sends a framed message (tag, length, bytes) to `peer`; returns once `bytes` may be reused,
   /// never waiting for the receiver to call recv(). On an idle link the bytes are written from

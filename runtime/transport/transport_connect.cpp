@@ -86,7 +86,6 @@ void host_transport::state::start_accept() {
       asio::async_read(h->socket, asio::buffer(h->hello),
                        [this, h](boost::system::error_code read_ec, std::size_t) {
                          if (io_only.closed || read_ec) return;  // the stranger went away
-                         h->hello_at = std::chrono::steady_clock::now();
                          on_hello(h);
                        });
     }
@@ -131,7 +130,7 @@ void host_transport::state::on_hello(const std::shared_ptr<handshake>& h) {
                         return;
                       }
                       l.io.socket = std::make_unique<tcp::socket>(std::move(h->socket));
-                      link_up(their_rank, h->hello_at);
+                      link_up(their_rank);
                     });
 }
 
@@ -143,7 +142,6 @@ void host_transport::state::start_connect(int peer) {
     if (io_only.closed) return;
     if (ec) return retry_connect(peer, ec.message());
     link_io& l = at(peer).io;
-    l.dial.hello_at = std::chrono::steady_clock::now();
     std::byte* out = l.dial.hello.data();
     put_u32(out, handshake_magic);
     put_u32(out + 4, handshake_version);
@@ -165,7 +163,7 @@ void host_transport::state::start_connect(int peer) {
           return retry_connect(peer, "the listener is not an Oobleck transport");
         switch (status) {
           case handshake_status::ok:
-            return link_up(peer, at(peer).io.dial.hello_at);
+            return link_up(peer);
           case handshake_status::wrong_epoch:
             return retry_connect(peer, "it is at epoch " + std::to_string(their_epoch) +
                                            ", not " + std::to_string(config.epoch));
@@ -202,7 +200,7 @@ void host_transport::state::retry_connect(int peer, std::string why) {
   });
 }
 
-void host_transport::state::link_up(int peer, std::chrono::steady_clock::time_point since) {
+void host_transport::state::link_up(int peer) {
   link& l = at(peer);
   boost::system::error_code ignored;
   // Latency matters for small control-sized messages of a pipeline schedule.
@@ -217,7 +215,6 @@ void host_transport::state::link_up(int peer, std::chrono::steady_clock::time_po
     auto lk = lock();
     link_shared& ls = l.shared(lk);
     ls.up = true;
-    ls.since = since;
     ls.user_fd = l.io.fd;
     transport_shared& sh = shared(lk);
     ++sh.links_up;
@@ -230,27 +227,15 @@ void host_transport::state::link_up(int peer, std::chrono::steady_clock::time_po
   start_read(peer);
 }
 
-int host_transport::state::wait_any_connected(std::span<const int> peers) {
-  std::string op = "wait for the link to peer";
-  for (std::size_t i = 0; i < peers.size(); ++i) op += (i ? " or " : " ") + std::to_string(peers[i]);
-  if (peers.empty()) throw std::invalid_argument(op + ": no peers");
-  for (int p : peers) check_peer(op, p);
+void host_transport::state::wait_connected(int peer) {
+  const std::string op = "wait for the link to peer " + std::to_string(peer);
+  check_peer(op, peer);
   auto lk = lock();
   const transport_shared& sh = shared(lk);
-  int up = -1;
-  lk.wait(cv, [&] {
-    for (int p : peers) {
-      const link_shared& l = at(p).shared(lk);
-      if (l.up || l.broken) {
-        up = p;
-        return true;
-      }
-    }
-    return sh.is_aborted;
-  });
-  const int one[1] = {up};
-  throw_if_failed(lk, op, up < 0 ? std::span<const int>{} : std::span<const int>(one));
-  return up;
+  const link_shared& l = at(peer).shared(lk);
+  lk.wait(cv, [&] { return sh.is_aborted || l.up || l.broken; });
+  const int one[1] = {peer};
+  throw_if_failed(lk, op, one);
 }
 
 }  // namespace oobleck::runtime

@@ -43,8 +43,6 @@ struct outgoing {
 /// The part of a link that user threads read and write too: only under the mutex.
 struct link_shared {
   bool up = false;
-  /// When the link's handshake began (set as it comes up): the peer sent nothing on it before.
-  std::chrono::steady_clock::time_point since;
   bool broken = false;
   transport_failure failure = transport_failure::peer_lost;
   std::string failure_reason;
@@ -94,7 +92,6 @@ struct connect_state {
   /// once, the lower ranks' listeners come up within milliseconds of each other, and a refused
   /// loopback or LAN connect costs microseconds; starting at 10 ms made every mesh wait ~10 ms.
   std::chrono::milliseconds retry_delay{1};
-  std::chrono::steady_clock::time_point hello_at;  ///< the latest attempt's hello
 };
 
 /// The I/O thread's part of a link (Asio objects are not thread-safe; no lock needed).

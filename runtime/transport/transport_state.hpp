@@ -44,7 +44,6 @@ struct handshake {
   tcp::socket socket;
   std::array<std::byte, hello_size> hello;
   std::array<std::byte, ack_size> ack;
-  std::chrono::steady_clock::time_point hello_at;  ///< when its hello was read
 };
 
 /// What every thread may read and write: only under the mutex.
@@ -99,10 +98,9 @@ struct host_transport::state {
   void on_hello(const std::shared_ptr<handshake>& h);    // I/O thread
   void start_connect(int peer);                          // I/O thread
   void retry_connect(int peer, std::string why);         // I/O thread
-  /// `since`: when its handshake began, before the peer could send anything on it.
-  void link_up(int peer, std::chrono::steady_clock::time_point since);  // I/O thread
-  /// host_transport::wait_any_connected.
-  int wait_any_connected(std::span<const int> peers);
+  void link_up(int peer);                                // I/O thread
+  /// host_transport::wait_connected.
+  void wait_connected(int peer);
 
   // --- reading (transport_link_read.cpp), I/O thread
   void start_read(int peer);
