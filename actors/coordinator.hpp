@@ -56,10 +56,16 @@ struct reconfiguration_record {
   double detect_ms = 0;   ///< from the start of the interrupted step to the loss notice (an upper bound)
   double plan_ms = 0;     ///< the policy's decision and the epoch mapping
   std::int64_t copy_bytes = 0;
-  /// The copy plan's slowest node: its sends (the layer's buffers handed to the transport) and receives
-  /// (wait, install), in its own clock. copy_bytes / copy_ms is the copies' effective bandwidth.
+  /// The copy plan's slowest node, in its own clock: as a receiver, from telling its sources it is
+  /// ready (they send nothing before) to its last layer installed; as a source, from a target's ready
+  /// to its sends posted (form_timing). Every copied byte travels within its receiver's span, so
+  /// copy_bytes / copy_ms is a lower bound of the copies' effective bandwidth.
   double copy_ms = 0;
+  /// The receiving nodes' longest wait, within their copy_ms, for the first message of each of their
+  /// sources (the senders' skew: a sender still connecting or sending to others first).
+  double copy_wait_ms = 0;
   double connect_ms = 0;  ///< the slowest node's data-plane mesh of the new epoch
+  double prepare_ms = 0;  ///< the slowest node's allocation of incoming layers (during its connect)
   double views_ms = 0;    ///< the slowest node's stage executor over its store
   double form_ms = 0;     ///< from the assignments to every node ready: all of the above and the messages
   std::uint64_t resumed_step = 0;

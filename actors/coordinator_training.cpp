@@ -66,9 +66,11 @@ void start_training(coordinator_pointer self) {
   if (st.recovering) {
     auto& rec = *st.recovering;
     rec.form_ms = std::chrono::duration<double, std::milli>(st.deps.now() - st.assignments_sent).count();
-    rec.copy_ms = rec.connect_ms = rec.views_ms = 0;
+    rec.copy_ms = rec.copy_wait_ms = rec.connect_ms = rec.prepare_ms = rec.views_ms = 0;
     for (const auto& [node, t] : st.ready_timing) {
       rec.copy_ms = std::max(rec.copy_ms, static_cast<double>(t.copies_us) / 1000);
+      rec.copy_wait_ms = std::max(rec.copy_wait_ms, static_cast<double>(t.copy_wait_us) / 1000);
+      rec.prepare_ms = std::max(rec.prepare_ms, static_cast<double>(t.prepare_us) / 1000);
       rec.connect_ms = std::max(rec.connect_ms, static_cast<double>(t.connect_us) / 1000);
       rec.views_ms = std::max(rec.views_ms, static_cast<double>(t.views_us) / 1000);
     }

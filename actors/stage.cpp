@@ -2,11 +2,12 @@
 
 #include <torch/torch.h>
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <thread>
 
@@ -157,96 +158,136 @@ torch::Tensor owning_tensor(std::vector<std::byte> bytes) {
       owned->data(), {static_cast<std::int64_t>(owned->size())}, [owned](void*) { delete owned; }, torch::kUInt8);
 }
 
-/// What one source sends this rank: the layers in plan order, received but not installed yet.
-struct received_from_source {
-  std::vector<std::pair<runtime::layer_store::incoming, torch::Tensor>> layers;  ///< with each header
-  std::int64_t bytes = 0;
-  std::exception_ptr error;
-};
-
-/// Receives `layers` from `source` in plan order: each layer's buffers are allocated before its
-/// header is asked for, so every receive is posted before its bytes arrive and the transport
-/// reads them straight into the new layer. Thread-safe against other sources' calls (the store
-/// is not touched until adopt()).
-void receive_from(stage_runtime& rt, int source, const std::vector<int>& layers, received_from_source& out) {
-  for (int layer : layers) {
-    auto in = rt.store.prepare_incoming(layer);
-    auto header = torch::empty({static_cast<std::int64_t>(runtime::layer_store::copy_header_bytes())}, torch::kUInt8);
-    rt.comm->recv(header, source, copy_tag(layer, 0));
-    out.bytes += header.numel();
-    int part = 1;
-    for (auto buffer : in.buffers()) {
-      rt.comm->recv(buffer, source, copy_tag(layer, part++));
-      out.bytes += static_cast<std::int64_t>(buffer.nbytes());
-    }
-    out.layers.emplace_back(std::move(in), std::move(header));
-  }
+std::int64_t micros_since(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - since).count();
 }
 
-/// Runs this rank's part of the copy plan: every send first (they never wait for the receiver),
-/// then every receive, each layer's full state (parameters, AdamW moments, step count): a
-/// checksummed header, then the store's three flat buffers as they are, received straight into
-/// the new layer's buffers (no serialisation, no intermediate copy, no initialisation drawn
-/// only to be overwritten). The links from different sources run at once: one thread per
-/// source (the first on this one); the layers are installed when all have arrived. The
-/// transport checks every message's length; the replicas' digests are compared after every
-/// commit.
-void run_copies(stage_runtime& rt, const epoch_assignment& a, form_timing& t) {
+/// The buffers of the layers this rank receives in `a`'s copy plan, allocated and pre-faulted
+/// (layer_store::prepare_incoming), in plan order.
+std::vector<runtime::layer_store::incoming> prepare_incoming(const stage_runtime& rt, const epoch_assignment& a) {
+  std::vector<runtime::layer_store::incoming> out;
+  for (const auto& c : a.copies)
+    if (c.target == a.rank) out.push_back(rt.store.prepare_incoming(c.layer));
+  return out;
+}
+
+/// The message a receiving rank sends each of its sources once it can take their layers.
+constexpr int copy_ready_tag = (1 << 24) - 1;
+
+/// Runs this rank's part of the copy plan while the epoch's mesh connects (on another thread):
+/// each layer's full state (parameters, AdamW moments, step count): a checksummed header, then
+/// the store's three flat buffers as they are, received straight into the new layer's buffers
+/// (no serialisation, no intermediate copy, no initialisation drawn only to be overwritten).
+/// Links are used as they come up, not once the whole mesh is. A receiving rank waits for the
+/// links to all its sources, posts every receive at once into `incoming` (the received layers'
+/// buffers, prepared in plan order) and tells each source it is ready; so the links from
+/// different sources run together and each message is read from its socket straight into its
+/// buffer whatever the order the messages arrive in, and the layers are installed when all
+/// have arrived. A source sends a target's layers once the target is ready (one thread per
+/// target). The transport checks every message's length; the replicas' digests are compared
+/// after every commit. Copy time: a receiver's from its ready to its layers installed (no byte
+/// of its copies travels before: a source still joining the mesh by then is mesh time, not copy
+/// time), or a source's from a target's ready to its sends posted, whichever is longer.
+void run_copies(stage_runtime& rt, const epoch_assignment& a, std::vector<runtime::layer_store::incoming> incoming,
+                form_timing& t) {
+  using time_point = std::chrono::steady_clock::time_point;
+  std::vector<torch::Tensor> headers;
+  std::vector<runtime::host_communicator::tensor_recv> receives, rest;  // receives: each source's first header first
+  std::vector<int> sources;
+  std::size_t next = 0;
+  for (const auto& c : a.copies) {
+    if (c.target != a.rank) continue;
+    if (a.stages.empty()) throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " to rank " +
+                                                 std::to_string(a.rank) + ", which runs no stage");
+    if (next >= incoming.size() || incoming[next].layer() != c.layer)
+      throw std::logic_error("run_copies: the incoming layers do not follow the copy plan");
+    headers.push_back(torch::empty({static_cast<std::int64_t>(runtime::layer_store::copy_header_bytes())}, torch::kUInt8));
+    const bool is_first = std::find(sources.begin(), sources.end(), c.source) == sources.end();
+    if (is_first) sources.push_back(c.source);
+    (is_first ? receives : rest).push_back({headers.back(), c.source, copy_tag(c.layer, 0)});
+    int part = 1;
+    for (const auto& buffer : incoming[next].buffers()) rest.push_back({buffer, c.source, copy_tag(c.layer, part++)});
+    ++next;
+  }
+  if (next != incoming.size()) throw std::logic_error("run_copies: more incoming layers than the copy plan sends");
+  receives.insert(receives.end(), rest.begin(), rest.end());
+
+  std::map<int, std::vector<int>> to_target;  // target rank -> the layers it gets from this rank, plan order
   for (const auto& c : a.copies) {
     if (c.source != a.rank) continue;
     if (!rt.store.holds(c.layer))
       throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " from rank " +
                              std::to_string(a.rank) + ", which does not hold it");
-    auto source = rt.store.copy_of(c.layer);
-    const auto header = owning_tensor(std::move(source.header));
-    rt.comm->send(header, c.target, copy_tag(c.layer, 0));
-    t.bytes_sent += header.numel();
-    for (std::size_t k = 0; k < source.buffers.size(); ++k) {
-      rt.comm->send(source.buffers[k], c.target, copy_tag(c.layer, 1 + static_cast<int>(k)));
-      t.bytes_sent += static_cast<std::int64_t>(source.buffers[k].nbytes());
-    }
+    to_target[c.target].push_back(c.layer);
   }
-  std::map<int, std::vector<int>> by_source;  // source rank -> its layers for this rank, plan order
-  for (const auto& c : a.copies) {
-    if (c.target != a.rank) continue;
-    if (a.stages.empty()) throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " to rank " +
-                                                 std::to_string(a.rank) + ", which runs no stage");
-    by_source[c.source].push_back(c.layer);
-  }
-  if (by_source.empty()) return;
-  std::vector<received_from_source> received(by_source.size());
-  std::atomic<int> first_failure{-1};
-  auto receive = [&](std::size_t i, int source, const std::vector<int>& layers) {
+
+  // Every part runs on a thread of its own; the first failure ends the epoch's data plane, so
+  // that the others fail at once instead of waiting for a peer that will never send.
+  std::mutex mu;
+  std::exception_ptr failed;  // under mu
+  auto guarded = [&](auto body) {
     try {
-      receive_from(rt, source, layers, received[i]);
+      body();
     } catch (...) {
-      received[i].error = std::current_exception();
-      int none = -1;
-      // The other sources' receives would wait for ever (there are no data timeouts): the
-      // epoch has failed, so its data plane ends here and they fail at once.
-      if (first_failure.compare_exchange_strong(none, static_cast<int>(i))) rt.comm->abort();
+      {
+        std::lock_guard lock(mu);
+        if (!failed) failed = std::current_exception();
+      }
+      rt.transport->abort("a layer copy of rank " + std::to_string(a.rank) + " failed");
     }
   };
+  std::vector<std::int64_t> sent(to_target.size(), 0), send_us(to_target.size(), 0);
+  std::optional<time_point> ready_at;
   {
     std::vector<std::jthread> threads;
+    if (!receives.empty())
+      threads.emplace_back([&] {
+        guarded([&] {
+          for (int source : sources) rt.transport->wait_connected(source);
+          ready_at = std::chrono::steady_clock::now();
+          const auto ready = torch::zeros({1}, torch::kUInt8);
+          for (int source : sources) rt.comm->send(ready, source, copy_ready_tag);
+          // Each source's first header is waited for first: when the last of them has arrived,
+          // every source has started, and the wait until then is the senders' skew.
+          rt.comm->recv_all(receives, [&](std::size_t i) {
+            if (i + 1 == sources.size()) t.copy_wait_us = micros_since(*ready_at);
+          });
+        });
+      });
     std::size_t i = 0;
-    for (const auto& [source, layers] : by_source) {
-      if (i > 0) threads.emplace_back(receive, i, source, std::cref(layers));
+    for (const auto& [target_rank, target_layers] : to_target) {
+      threads.emplace_back([&, i, target = target_rank, &layers = target_layers] {
+        guarded([&] {
+          rt.transport->wait_connected(target);
+          auto ready = torch::empty({1}, torch::kUInt8);
+          rt.comm->recv(ready, target, copy_ready_tag);
+          const auto go = std::chrono::steady_clock::now();
+          for (int layer : layers) {
+            auto source = rt.store.copy_of(layer);
+            const auto header = owning_tensor(std::move(source.header));
+            rt.comm->send(header, target, copy_tag(layer, 0));
+            sent[i] += header.numel();
+            for (std::size_t k = 0; k < source.buffers.size(); ++k) {
+              rt.comm->send(source.buffers[k], target, copy_tag(layer, 1 + static_cast<int>(k)));
+              sent[i] += static_cast<std::int64_t>(source.buffers[k].nbytes());
+            }
+          }
+          send_us[i] = micros_since(go);
+        });
+      });
       ++i;
     }
-    receive(0, by_source.begin()->first, by_source.begin()->second);
   }
-  if (first_failure.load() >= 0) std::rethrow_exception(received[static_cast<std::size_t>(first_failure.load())].error);
-  for (auto& r : received) {
-    t.bytes_received += r.bytes;
-    for (auto& [in, header] : r.layers)
-      rt.store.adopt(std::move(in), {static_cast<const std::byte*>(header.data_ptr()),
-                                     static_cast<std::size_t>(header.numel())});
-  }
-}
-
-std::int64_t micros_since(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - since).count();
+  if (failed) std::rethrow_exception(failed);
+  for (auto bytes : sent) t.bytes_sent += bytes;
+  for (const auto& r : receives) t.bytes_received += static_cast<std::int64_t>(r.t.nbytes());
+  for (std::size_t k = 0; k < incoming.size(); ++k)
+    rt.store.adopt(std::move(incoming[k]), {static_cast<const std::byte*>(headers[k].data_ptr()),
+                                            static_cast<std::size_t>(headers[k].numel())});
+  // Every byte of a copy travels within its receiver's span (its source waits for the ready),
+  // so the slowest node's span covers them all.
+  if (ready_at) t.copies_us = micros_since(*ready_at);
+  for (auto us : send_us) t.copies_us = std::max(t.copies_us, us);
 }
 
 /// Checks that the node's slots can run the stages it is given: one slot actor per stage, and
@@ -299,33 +340,55 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   cfg.rank = a.rank;
   cfg.epoch = a.epoch;
   cfg.connect_timeout = std::chrono::milliseconds(rt.job.connect_timeout_ms);
-  auto phase = std::chrono::steady_clock::now();
+  // The buffers of the layers this node receives are allocated and their pages faulted in
+  // before its links come up: a copy starts as soon as its link is up, and the pages would
+  // otherwise be faulted in during the transfer, on the transport's I/O thread.
+  const auto preparing = std::chrono::steady_clock::now();
+  auto incoming = prepare_incoming(rt, a);
+  t.prepare_us = micros_since(preparing);
+  const auto phase = std::chrono::steady_clock::now();
   for (const auto& p : a.peers) cfg.peers.push_back({p.host, p.port});
   {
     std::lock_guard lock(rt.abort_mu);
     rt.transport = std::make_unique<runtime::host_transport>(cfg);
     if (a.epoch <= rt.aborted_through) rt.transport->abort(rt.abort_reason);
   }
-  rt.transport->connect();
-  rt.comm = std::make_unique<runtime::host_communicator>(*rt.transport);
+  rt.comm = std::make_unique<runtime::host_communicator>(*rt.transport);  // used as its links come up
+  // The mesh connects on a thread of its own; each copy starts as soon as its link is up.
+  std::exception_ptr connect_failed;
+  std::jthread connecting([&] {
+    try {
+      rt.transport->connect();
+    } catch (...) {
+      connect_failed = std::current_exception();
+    }
+    t.connect_us = micros_since(phase);
+  });
+  try {
+    // Layers are built from their seed only at the job's first epoch (or installed from the
+    // checkpoint of a resumed job, which the coordinator names until an epoch has formed
+    // everywhere); later a layer is kept (it stayed in the store) or copied.
+    for (const auto& s : a.stages) {
+      if (!a.resume_dir.empty()) install_from_checkpoint(rt.store, a.resume_dir, s.first_layer, s.end_layer);
+      else if (!rt.formed_once) rt.store.ensure(s.first_layer, s.end_layer);
+    }
+    run_copies(rt, a, std::move(incoming), t);
+  } catch (...) {
+    // The epoch cannot form here: end a connect() that still waits for peers. A connect() that
+    // failed first has aborted the transport with its reason, which the copy's error names.
+    rt.transport->abort("forming epoch " + std::to_string(a.epoch) + " failed on rank " + std::to_string(a.rank));
+    connecting.join();
+    throw;
+  }
+  connecting.join();
+  if (connect_failed) std::rethrow_exception(connect_failed);
   {
     std::lock_guard lock(rt.abort_mu);
     rt.local = std::make_unique<runtime::loopback_communicator>(*rt.comm);
     if (a.epoch <= rt.aborted_through) rt.local->abort();
   }
-  t.connect_us = micros_since(phase);
 
-  // Layers are built from their seed only at the job's first epoch (or installed from the
-  // checkpoint of a resumed job, which the coordinator names until an epoch has formed
-  // everywhere); later a layer is kept (it stayed in the store) or copied.
-  for (const auto& s : a.stages) {
-    if (!a.resume_dir.empty()) install_from_checkpoint(rt.store, a.resume_dir, s.first_layer, s.end_layer);
-    else if (!rt.formed_once) rt.store.ensure(s.first_layer, s.end_layer);
-  }
-  phase = std::chrono::steady_clock::now();
-  run_copies(rt, a, t);
-  t.copies_us = micros_since(phase);
-  phase = std::chrono::steady_clock::now();
+  const auto views_started = std::chrono::steady_clock::now();
   for (const auto& s : a.stages) {
     for (int l = s.first_layer; l < s.end_layer; ++l)
       if (!rt.store.holds(l))
@@ -334,7 +397,7 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
     runtime::stage_position pos{s.first_layer, s.end_layer, s.stage, s.num_stages, s.prev_rank, s.next_rank};
     rt.executors.push_back(std::make_unique<runtime::stage_executor>(rt.store, pos, *rt.local, options_of(rt.job)));
   }
-  t.views_us = micros_since(phase);
+  t.views_us = micros_since(views_started);
   rt.formed_once = true;
   for (const auto& g : a.layer_groups) rt.layer_groups.emplace_back(g.begin(), g.end());
   return t;

@@ -254,7 +254,9 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
       j["plan_ms"] = r.plan_ms;
       j["copy_bytes"] = r.copy_bytes;
       j["copy_ms"] = r.copy_ms;
+      j["copy_wait_ms"] = r.copy_wait_ms;
       j["connect_ms"] = r.connect_ms;
+      j["prepare_ms"] = r.prepare_ms;
       j["views_ms"] = r.views_ms;
       j["form_ms"] = r.form_ms;
       j["resumed_step"] = r.resumed_step;

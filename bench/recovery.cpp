@@ -779,7 +779,7 @@ int main(int argc, char** argv) try {
 
   // --- the table
   auto record_ms = [](const fault_result& r, const char* key) {
-    return r.record.is_null() ? std::nan("") : r.record[key].get<double>();
+    return r.record.is_null() || !r.record.contains(key) ? std::nan("") : r.record[key].get<double>();
   };
   double mean_copy_bytes = 0;
   int with_copies = 0;
@@ -804,6 +804,21 @@ int main(int argc, char** argv) try {
                 r.scenario.c_str(), r.job.c_str(), r.kind.c_str(), r.node, r.step_ms, r.detect_ms, r.loss_notice_ms,
                 record_ms(r, "plan_ms"), bytes, copy_ms, gbps.c_str(), r.resume_ms, down, down / r.step_ms,
                 down <= bound ? "met" : "MISSED");
+  }
+
+  std::cout << "\nwhere the copies go (ms, the coordinator's record; each the slowest node's): copy = copy_ms (a receiver's\n"
+               "span from telling its sources it is ready, once its links to them are up, to its layers installed); wait = the\n"
+               "part of it before the first message of every source had arrived (senders' skew); rest = receive + install;\n"
+               "connect = the whole mesh; prepare = allocating and pre-faulting the incoming layers (before the mesh connects)\n";
+  std::printf("%-28s %-8s %4s %10s %10s %7s %7s %7s %8s %8s %8s\n", "scenario", "job", "node", "copy B", "busiest B",
+              "copy", "wait", "rest", "GB/s", "connect", "prepare");
+  for (const auto& r : results) {
+    if (r.record.is_null()) continue;
+    const double copy_ms = record_ms(r, "copy_ms"), wait_ms = record_ms(r, "copy_wait_ms");
+    const std::string gbps = r.busiest_bytes > 0 ? fmt("%.3f", static_cast<double>(r.busiest_bytes) / copy_ms / 1e6) : "-";
+    std::printf("%-28s %-8s %4d %10.0f %10lld %7.1f %7.1f %7.1f %8s %8.1f %8.1f\n", r.scenario.c_str(), r.job.c_str(),
+                r.node, r.record["copy_bytes"].get<double>(), static_cast<long long>(r.busiest_bytes), copy_ms, wait_ms,
+                copy_ms - wait_ms, gbps.c_str(), record_ms(r, "connect_ms"), record_ms(r, "prepare_ms"));
   }
 
   std::cout << "\nwhere the downtime goes (ms): the lost part of the interrupted step, detection, first notice ->\n"

@@ -80,14 +80,22 @@ typename Inspector::result_type inspect(Inspector& f, epoch_assignment& x) {
 }
 
 /// Where a node's forming time went (microseconds, in the node's clock), and the copy plan's bytes
-/// it moved: connect = the epoch's data-plane mesh; copies = its part of the copy plan (serialise
-/// and send, receive and install); views = the stage executor over the store.
+/// it moved: connect = the epoch's data-plane mesh; copies = its part of the copy plan, which
+/// starts on each link as soon as both ends are ready, while the rest of the mesh may still be
+/// forming: as a receiver, from telling its sources it is ready (once its links to them are up;
+/// they send nothing before) to its last layer installed, or as a source, from a target's ready
+/// to its sends posted, whichever is longer. prepare = allocating and pre-faulting the buffers of
+/// the layers it receives, before its links come up; copy_wait = the part of copies before the
+/// first message of each of its sources had arrived (the latest of them: the senders' skew), 0
+/// when it receives nothing.
 struct form_timing {
   std::int64_t connect_us = 0;
   std::int64_t copies_us = 0;
   std::int64_t views_us = 0;
   std::int64_t bytes_sent = 0;
   std::int64_t bytes_received = 0;
+  std::int64_t prepare_us = 0;
+  std::int64_t copy_wait_us = 0;
 
   bool operator==(const form_timing&) const = default;
 };
@@ -95,7 +103,7 @@ struct form_timing {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, form_timing& x) {
   return f(caf::meta::type_name("form_timing"), x.connect_us, x.copies_us, x.views_us, x.bytes_sent,
-           x.bytes_received);
+           x.bytes_received, x.prepare_us, x.copy_wait_us);
 }
 
 /// A node formed its part of the epoch: stage actor handles in the order of its assignment.

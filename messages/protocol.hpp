@@ -21,7 +21,7 @@
 namespace oobleck::messages {
 
 /// Bumped on every incompatible change of a message; nodes of another version are refused.
-constexpr std::uint32_t protocol_version = 5;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots)
+constexpr std::uint32_t protocol_version = 6;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing
 
 /// Expected failures returned as values (caf::error with category "oobleck").
 enum class protocol_error : std::uint8_t {

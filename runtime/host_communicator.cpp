@@ -44,6 +44,14 @@ void host_communicator::recv(torch::Tensor& t, int peer, int tag) {
   translated([&] { transport_.recv(peer, static_cast<std::uint32_t>(tag), bytes_of(t)); });
 }
 
+void host_communicator::recv_all(const std::vector<tensor_recv>& items,
+                                 const std::function<void(std::size_t)>& done) {
+  std::vector<host_transport::recv_item> raw;
+  raw.reserve(items.size());
+  for (const auto& it : items) raw.push_back({it.peer, static_cast<std::uint32_t>(it.tag), bytes_of(it.t)});
+  translated([&] { transport_.recv_all(raw, done); });
+}
+
 void host_communicator::all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) {
   if (t.scalar_type() != torch::kFloat32) throw std::invalid_argument("host transport: all-reduce is float32 only");
   const auto b = bytes_of(t);

@@ -17,6 +17,15 @@ class host_communicator final : public communicator {
   /// modified in place after the call (its storage may be freed by the caller, not changed).
   void send(const torch::Tensor& t, int peer, int tag) override;
   void recv(torch::Tensor& t, int peer, int tag) override;
+  /// One receive of recv_all: into `t` (contiguous, on the CPU; its storage must outlive the call).
+  struct tensor_recv {
+    torch::Tensor t;
+    int peer = 0;
+    int tag = 0;
+  };
+  /// Every receive posted at once, each message read straight into its tensor whatever the
+  /// order in which they arrive; `done(i)` runs as item i has arrived (host_transport::recv_all).
+  void recv_all(const std::vector<tensor_recv>& items, const std::function<void(std::size_t)>& done = {});
   void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) override;
   void broadcast(torch::Tensor& t, int root, const std::vector<int>& group, int tag) override;
   void abort() override { transport_.abort("aborted by the runtime"); }

@@ -1,5 +1,8 @@
 #include "runtime/layer_store.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <bit>
 #include <cstring>
 #include <string_view>
@@ -93,6 +96,30 @@ layer_header checked_copy_header(int layer, std::span<const std::byte> header, c
     refuse(layer, "the header is of model " + hash_text(h.model_hash) + ", this store's model is " + model_hash);
   if (h.step < 0) refuse(layer, "negative step count " + std::to_string(h.step));
   return h;
+}
+
+/// Makes every page of a fresh CPU buffer resident and writable now. A large buffer is fresh
+/// anonymous memory, which the kernel otherwise faults in one 4 KiB page at a time (~0.8 ms per
+/// 9.5 MB) when the copy's bytes are first written into it, i.e. on the transport's I/O thread
+/// during the transfer. MADV_POPULATE_WRITE (Linux 5.14) does it in one call; elsewhere a write
+/// per page. The values stay unspecified (the copy overwrites them).
+void prefault(const torch::Tensor& t) {
+  if (!t.device().is_cpu() || t.nbytes() == 0) return;
+  auto* begin = static_cast<std::byte*>(t.data_ptr());
+  auto* end = begin + t.nbytes();
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+#ifdef MADV_POPULATE_WRITE
+  const auto first = (reinterpret_cast<std::uintptr_t>(begin) + page - 1) / page * page;
+  const auto last = reinterpret_cast<std::uintptr_t>(end) / page * page;
+  if (last > first && ::madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_WRITE) == 0) {
+    // The partial pages at either end share their page with other allocations: touch them.
+    *static_cast<volatile std::byte*>(begin) = std::byte{0};
+    *static_cast<volatile std::byte*>(end - 1) = std::byte{0};
+    return;
+  }
+#endif
+  for (std::byte* p = begin; p < end; p += page) *static_cast<volatile std::byte*>(p) = std::byte{0};
+  *static_cast<volatile std::byte*>(end - 1) = std::byte{0};
 }
 
 }  // namespace
@@ -234,6 +261,7 @@ layer_store::incoming layer_store::prepare_incoming(int layer) const {
   incoming in;
   in.layer_ = layer;
   in.slot_ = build(layer, layer_init::uninitialised);
+  for (const auto& flat : in.buffers()) prefault(flat);
   return in;
 }
 

@@ -3,6 +3,7 @@
 
 #include "runtime/transport/host_transport.hpp"
 
+#include <deque>
 #include <sstream>
 
 #include "runtime/transport/transport_state.hpp"
@@ -161,6 +162,8 @@ void host_transport::connect(std::vector<peer_endpoint> peers) {
   state_->connect(peers);
 }
 
+void host_transport::wait_connected(int peer) { state_->wait_connected(peer); }
+
 void host_transport::send(int peer, std::uint32_t tag, std::span<const std::byte> bytes) {
   const std::string op = with_tag("send to", peer, tag);
   state_->check_peer(op, peer);
@@ -181,6 +184,42 @@ void host_transport::recv(int peer, std::uint32_t tag, std::span<std::byte> out)
   req.out = out;
   req.direct = true;
   state_->wait_recv(op, peer, frame_key(channel::p2p, tag), req, {});
+}
+
+void host_transport::recv_all(std::span<const recv_item> items,
+                              const std::function<void(std::size_t)>& done) {
+  state& s = *state_;
+  std::vector<std::string> ops;
+  ops.reserve(items.size());
+  for (const recv_item& it : items) {
+    ops.push_back(with_tag("recv from", it.peer, it.tag));
+    s.check_peer(ops.back(), it.peer);
+  }
+  std::deque<recv_request> reqs;  // stable addresses: the mailboxes point at them
+  std::size_t waited = 0;
+  // On the way out, normal or not, nothing may stay queued or be read into an item's bytes.
+  struct cancel_receives {
+    state& s;
+    std::span<const recv_item> items;
+    std::deque<recv_request>& reqs;
+    const std::size_t& waited;
+    ~cancel_receives() {
+      for (std::size_t i = waited; i < reqs.size(); ++i)
+        s.cancel_recv(items[i].peer, frame_key(channel::p2p, items[i].tag), reqs[i]);
+    }
+  };
+  const cancel_receives cancel{s, items, reqs, waited};
+  for (const recv_item& it : items) {
+    recv_request& req = reqs.emplace_back();
+    req.out = it.out;
+    req.direct = true;
+    s.post_recv(ops[reqs.size() - 1], it.peer, frame_key(channel::p2p, it.tag), req, {});
+  }
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    s.wait_posted(ops[i], items[i].peer, frame_key(channel::p2p, items[i].tag), reqs[i], {});
+    waited = i + 1;
+    if (done) done(i);
+  }
 }
 
 }  // namespace oobleck::runtime

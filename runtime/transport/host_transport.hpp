@@ -40,6 +40,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -117,6 +118,12 @@ class host_transport {
   /// Same, with the endpoints replaced (when ports were bound as 0 and exchanged afterwards).
   void connect(std::vector<peer_endpoint> peers);
 
+  /// Blocks until the link to `peer` is up, while connect() runs (or is about to) on another
+  /// thread: traffic on one link can start before the whole mesh is up. Throws as connect()
+  /// does once the transport is aborted (a failed connect() aborts it), and peer_lost if the
+  /// link broke.
+  void wait_connected(int peer);
+
   /// Sends a framed message (tag, length, bytes) to `peer`; returns once `bytes` may be reused,
   /// never waiting for the receiver to call recv(). On an idle link the bytes are written from
   /// this thread while the socket takes them (the peer's I/O thread reads eagerly); what it
@@ -140,6 +147,21 @@ class host_transport {
   /// out.size(), and peer_lost / aborted as described above. Messages that arrived completely
   /// before the peer died are still delivered.
   void recv(int peer, std::uint32_t tag, std::span<std::byte> out);
+
+  /// One receive of recv_all.
+  struct recv_item {
+    int peer = 0;
+    std::uint32_t tag = 0;
+    std::span<std::byte> out;
+  };
+  /// Receives every item at once: all are posted before the first is waited for, so each
+  /// message that has not arrived yet is read straight from its socket into its `out` (however
+  /// the messages of different peers and tags interleave), where one recv() after another would
+  /// leave a message that arrives before its recv() is called to a pooled buffer and a copy.
+  /// Then waits for the items in order, calling `done(i)` (if given) on this thread as item i
+  /// has arrived. Throws as recv() does, for the first item (in order) that fails, or what
+  /// `done` throws; it returns or throws only once no item is left posted or being read into.
+  void recv_all(std::span<const recv_item> items, const std::function<void(std::size_t)>& done = {});
 
   /// Sums `data` element-wise over the ranks of `group` (ring order as given; every member must
   /// pass the same group and size). Ring reduce-scatter then all-gather: chunk c of the data is

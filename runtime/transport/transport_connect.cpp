@@ -227,4 +227,15 @@ void host_transport::state::link_up(int peer) {
   start_read(peer);
 }
 
+void host_transport::state::wait_connected(int peer) {
+  const std::string op = "wait for the link to peer " + std::to_string(peer);
+  check_peer(op, peer);
+  auto lk = lock();
+  const transport_shared& sh = shared(lk);
+  const link_shared& l = at(peer).shared(lk);
+  lk.wait(cv, [&] { return sh.is_aborted || l.up || l.broken; });
+  const int one[1] = {peer};
+  throw_if_failed(lk, op, one);
+}
+
 }  // namespace oobleck::runtime

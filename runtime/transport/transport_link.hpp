@@ -88,7 +88,10 @@ struct connect_state {
   std::unique_ptr<asio::steady_timer> retry_timer;
   std::array<std::byte, hello_size> hello;
   std::array<std::byte, ack_size> ack;
-  std::chrono::milliseconds retry_delay{10};
+  /// Doubles per attempt up to 200 ms. It starts short: in a new epoch every rank connects at
+  /// once, the lower ranks' listeners come up within milliseconds of each other, and a refused
+  /// loopback or LAN connect costs microseconds; starting at 10 ms made every mesh wait ~10 ms.
+  std::chrono::milliseconds retry_delay{1};
 };
 
 /// The I/O thread's part of a link (Asio objects are not thread-safe; no lock needed).

@@ -99,6 +99,8 @@ struct host_transport::state {
   void start_connect(int peer);                          // I/O thread
   void retry_connect(int peer, std::string why);         // I/O thread
   void link_up(int peer);                                // I/O thread
+  /// host_transport::wait_connected.
+  void wait_connected(int peer);
 
   // --- reading (transport_link_read.cpp), I/O thread
   void start_read(int peer);

@@ -63,7 +63,8 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         rec->current_epoch = a.epoch;
         if (rec->hold_form.count(a.epoch)) return self->make_response_promise<form_timing>();
         // Copies that take longer on higher ranks: the record keeps the slowest node's.
-        return form_timing{1000, 100 + 1000 * std::max(0, a.rank), 500, 0, a.copies.empty() ? 0 : 1'000'000};
+        return form_timing{1000, 100 + 1000 * std::max(0, a.rank), 500, 0, a.copies.empty() ? 0 : 1'000'000,
+                           200 + std::max(0, a.rank), 50 + 10 * std::max(0, a.rank)};
       },
       [self, rec](stage_step& s) -> caf::result<stage_done> {
         rec->trace.push_back("step " + std::to_string(s.epoch) + " " + std::to_string(s.step));
@@ -408,7 +409,9 @@ TEST_CASE("reconfiguration protocol: a copy source lost while the new epoch form
   for (const auto& [id, rec] : f.stages)
     if (rec->assignments.count(3)) top_rank = std::max(top_rank, rec->assignments.at(3).rank);
   CHECK(f.recoveries[0].copy_ms == doctest::Approx((100 + 1000 * top_rank) / 1000.0));
+  CHECK(f.recoveries[0].copy_wait_ms == doctest::Approx((50 + 10 * top_rank) / 1000.0));
   CHECK(f.recoveries[0].connect_ms == doctest::Approx(1.0));
+  CHECK(f.recoveries[0].prepare_ms == doctest::Approx((200 + top_rank) / 1000.0));
   CHECK(f.recoveries[0].views_ms == doctest::Approx(0.5));
   CHECK(f.recoveries[0].form_ms >= 0);
 }

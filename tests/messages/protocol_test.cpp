@@ -89,7 +89,7 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: epoch messages round-trip") {
   check(abort_epoch{7, "node 3 lost"});
   check(epoch_aborted{7, 3});
   check(node_fault{7, 3, "all_reduce_sum over {0,1}: peer 1 closed the connection"});
-  check(form_timing{1200, 35000, 800, 9437184, 4718592});
+  check(form_timing{1200, 35000, 800, 9437184, 4718592, 950, 21000});
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: checkpoint messages round-trip") {
@@ -102,7 +102,7 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: checkpoint messages round-trip") 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: actor handles inside messages round-trip") {
   auto a = sys.spawn([]() -> caf::behavior { return {[](int) {}}; });
   auto b = sys.spawn([]() -> caf::behavior { return {[](int) {}}; });
-  const node_ready r{3, 9, {a, b}, form_timing{1, 2, 3, 4, 5}};
+  const node_ready r{3, 9, {a, b}, form_timing{1, 2, 3, 4, 5, 6, 7}};
   const node_ready back = round_trip(r);
   CHECK(back == r);
   CHECK(back.stages.at(0) == a);

@@ -4,6 +4,10 @@
 
 #include <doctest/doctest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -229,6 +233,37 @@ TEST_CASE("layers received on several threads at once (prepare_incoming, then ad
   auto in = b.prepare_incoming(4);
   CHECK_THROWS_AS(b.adopt(std::move(in), a.copy_of(3).header), runtime::layer_install_error);
   CHECK(!b.holds(4));
+}
+
+/// How many of the pages wholly inside `t`'s bytes are not resident (mincore).
+std::size_t missing_pages(const torch::Tensor& t) {
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+  const auto first = (begin + page - 1) / page * page;
+  const auto last = (begin + t.nbytes()) / page * page;
+  REQUIRE(last > first);
+  std::vector<unsigned char> in_core((last - first) / page);
+  REQUIRE(::mincore(reinterpret_cast<void*>(first), last - first, in_core.data()) == 0);
+  return static_cast<std::size_t>(std::count_if(in_core.begin(), in_core.end(), [](unsigned char c) { return (c & 1) == 0; }));
+}
+
+TEST_CASE("an incoming layer's buffers are resident before the copy writes them (no page faults in the transfer)") {
+  // A block of d_model 1024 has ~12.6 M parameters: 50 MB per buffer, above glibc's largest
+  // mmap threshold (32 MiB), so each buffer is fresh anonymous memory that nothing has touched.
+  runtime::gpt_config model;
+  model.d_model = 1024;
+  model.heads = 8;
+  model.blocks = 1;
+  model.seq_len = 8;
+  layer_store store(model);
+  auto in = store.prepare_incoming(1);
+  const auto buffers = in.buffers();
+  REQUIRE(buffers.size() == 3);
+  for (const auto& b : buffers) {
+    CAPTURE(b.nbytes());
+    CHECK(b.nbytes() > (std::size_t{32} << 20));
+    CHECK(missing_pages(b) == 0);
+  }
 }
 
 TEST_CASE("an uninitialised layer has the seeded layer's shapes and draws nothing") {
