@@ -145,6 +145,11 @@ void print_plan(std::ostream& out, const planning::profile& prof, const planning
   out << std::setprecision(6);
   out << "model " << prof.model << ": " << prof.num_layers() << " layers, " << prof.gpus_per_node
       << " GPUs per node, microbatch " << prof.microbatch_size << "\n";
+  if (prof.link == planning::link_profile{})
+    out << "link between nodes: free (the profile has no link costs)\n";
+  else
+    out << "link between nodes: " << prof.link.latency_ms << " ms per message, "
+        << prof.link.bytes_per_ms / 1e6 << " GB/s\n";
   out << "job: " << job.nodes << " nodes, f = " << job.fault_tolerance << ", global batch " << job.global_batch
       << " = " << plan.num_microbatches << " microbatches\n";
   out << "node specification: n0 = " << plan.spec.n0 << ", n_max = " << plan.spec.n_max

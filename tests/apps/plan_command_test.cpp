@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -134,6 +135,31 @@ TEST_CASE("the readable report shows templates, instantiation and events") {
   CHECK(r.out.find("n0 = 2, n_max = 6") != std::string::npos);
   CHECK(r.out.find("samples/s") != std::string::npos);
   CHECK(r.out.find("event 1: lost [2] -> continue") != std::string::npos);
+  CHECK(r.out.find("link between nodes: free (the profile has no link costs)") != std::string::npos);
+}
+
+TEST_CASE("with the profile's link, the report names it and predicts a longer step") {
+  auto p = oobleck::messages::read_profile_file(kProfile);
+  for (auto& l : p.layers) {
+    l.output_bytes = 1 << 20;
+    l.optimizer_ms = 1.0;
+  }
+  p.link = {0.5, 1e6};  // 0.5 ms + 1 ms per MB
+  const std::string path = "/tmp/oobleck-plan-link-" + std::to_string(::getpid()) + ".json";
+  oobleck::messages::write_profile_json(p, path);
+  std::vector<std::string> with = job({"--json"}), without = job({"--json"});
+  with[1] = path;
+  const auto a = plan(with), b = plan(without);
+  std::vector<std::string> text_args = job();
+  text_args[1] = path;
+  const auto linked_text = plan(text_args).out;
+  std::remove(path.c_str());
+  REQUIRE(a.code == 0);
+  REQUIRE(b.code == 0);
+  CHECK(linked_text.find("link between nodes: 0.5 ms per message, 1 GB/s") != std::string::npos);
+  const double step_with = json::parse(a.out).at("instantiation").at("step_ms").get<double>();
+  const double step_without = json::parse(b.out).at("instantiation").at("step_ms").get<double>();
+  CHECK(step_with > step_without);
 }
 
 TEST_CASE("events stop at checkpoint_and_stop") {
