@@ -73,12 +73,17 @@ void check_bytes(std::int64_t v, std::int64_t min, const std::string& path) {
     fail(path, std::to_string(v) + " is above the limit of " + std::to_string(profile_limits::max_bytes) + " bytes (256 TiB)");
 }
 
-void check_time(double t, const std::string& path) {
+/// `x` as the messages write it: the stream's shortest form, whatever the C locale.
+std::string number_text(double x) {
   std::ostringstream value;
   value.imbue(std::locale::classic());
-  value << t;
-  if (!std::isfinite(t) || t < 0) fail(path, value.str() + "; times must be finite and >= 0");
-  if (t > profile_limits::max_layer_ms) fail(path, value.str() + " ms, above the limit of 1e9 ms");
+  value << x;
+  return value.str();
+}
+
+void check_time(double t, const std::string& path) {
+  if (!std::isfinite(t) || t < 0) fail(path, number_text(t) + "; times must be finite and >= 0");
+  if (t > profile_limits::max_layer_ms) fail(path, number_text(t) + " ms, above the limit of 1e9 ms");
 }
 
 void check_times(const std::vector<double>& times, int gpus_per_node, const std::string& path) {
@@ -87,13 +92,9 @@ void check_times(const std::vector<double>& times, int gpus_per_node, const std:
     fail(path, std::to_string(times.size()) + " times, expected " + std::to_string(widths.size()) +
                    " (one per stage width 1.." + std::to_string(gpus_per_node) + ")");
   for (std::size_t i = 0; i < times.size(); ++i) {
-    const std::string at = "width " + std::to_string(widths[i]) + " is ";
-    std::ostringstream value;
-    value.imbue(std::locale::classic());
-    value << times[i];
-    if (!std::isfinite(times[i]) || times[i] < 0) fail(path, at + value.str() + "; times must be finite and >= 0");
-    if (times[i] > profile_limits::max_layer_ms)
-      fail(path, at + value.str() + " ms, above the limit of 1e9 ms for one layer");
+    const std::string at = "width " + std::to_string(widths[i]) + " is " + number_text(times[i]);
+    if (!std::isfinite(times[i]) || times[i] < 0) fail(path, at + "; times must be finite and >= 0");
+    if (times[i] > profile_limits::max_layer_ms) fail(path, at + " ms, above the limit of 1e9 ms for one layer");
   }
 }
 
@@ -158,7 +159,8 @@ void validate_profile(const planning::profile& p) {
   }
   check_time(p.link.latency_ms, "profile.link.latency_ms");
   if (!std::isfinite(p.link.bytes_per_ms) || p.link.bytes_per_ms < 0)
-    fail("profile.link.bytes_per_ms", std::to_string(p.link.bytes_per_ms) + "; it must be finite and >= 0 (0: bytes are free)");
+    fail("profile.link.bytes_per_ms",
+         number_text(p.link.bytes_per_ms) + "; it must be finite and >= 0 (0: bytes are free)");
   // The planner's own precondition; everything it checks was checked above, so this never throws
   // unless the two drift apart.
   try {

@@ -5,18 +5,10 @@
 #include <stdexcept>
 #include <thread>
 
+#include "runtime/median.hpp"
 #include "runtime/transport/host_transport.hpp"
 
 namespace oobleck::runtime {
-
-namespace {
-
-double median(std::vector<double> xs) {
-  std::sort(xs.begin(), xs.end());
-  return xs[xs.size() / 2];
-}
-
-}  // namespace
 
 link_measurement measure_loopback_link(int repeats, std::int64_t small_bytes, std::int64_t bulk_bytes) {
   if (repeats < 1 || small_bytes < 1 || bulk_bytes < small_bytes)

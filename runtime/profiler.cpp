@@ -11,6 +11,7 @@
 
 #include "runtime/device.hpp"
 #include "runtime/gpt_model.hpp"
+#include "runtime/median.hpp"
 #include "runtime/optimizer.hpp"
 
 namespace oobleck::runtime {
@@ -75,11 +76,6 @@ counting_allocator& allocator() {
     return installed;
   }();
   return *instance;
-}
-
-double median(std::vector<double> xs) {
-  std::sort(xs.begin(), xs.end());
-  return xs.empty() ? 0 : xs[xs.size() / 2];
 }
 
 double ms_between(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
