@@ -85,10 +85,11 @@ class layer_store {
   /// threads: prepare_incoming allocates layer l's buffers (values unspecified: the copy
   /// overwrites every one) and makes their pages resident, so that the copy is not slowed by
   /// page faults, without touching the store, so it may run on any thread, beside other calls
-  /// of it (and ahead of the copy, e.g. while the epoch's mesh connects); the caller fills buffers() (parameters, first moments, second moments)
-  /// with the copy's buffers; adopt() then checks the header as receive_layer does and installs
-  /// the layer (replacing any held one), on the store's own thread. A wrong header throws
-  /// layer_install_error and changes nothing.
+  /// of it (and ahead of the copy, e.g. while the epoch's mesh connects); the caller fills
+  /// buffers() (parameters, first moments, second moments) with the copy's buffers; adopt()
+  /// then checks the header as receive_layer does and installs the layer (replacing any held
+  /// one), on the store's own thread. A wrong header throws layer_install_error and changes
+  /// nothing.
   class incoming {
    public:
     int layer() const { return layer_; }

@@ -247,13 +247,8 @@ TEST_CASE("oobleck-profile --json feeds oobleck-plan directly") {
 }
 
 TEST_CASE("the profile carries each layer's output bytes and AdamW time, and the link it is given") {
-  runtime::gpt_config c;
-  c.vocab = 64;
-  c.d_model = 16;
-  c.heads = 2;
-  c.blocks = 2;
-  c.seq_len = 8;
-  runtime::profiler_options o{.microbatch = 3, .warmup = 1, .repeats = 3};
+  const runtime::gpt_config c{.vocab = 64, .d_model = 16, .heads = 2, .blocks = 2, .seq_len = 8};
+  const runtime::profiler_options o{.microbatch = 3, .warmup = 1, .repeats = 3};
   const auto layers = runtime::measure_layers(c, o);
   REQUIRE(layers.size() == 4);
   for (int l = 0; l < 3; ++l) CHECK(layers[l].output_bytes == 3 * 8 * 16 * 4);  // b x seq x d_model floats
