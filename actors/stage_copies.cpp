@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -15,11 +16,15 @@
 namespace oobleck::actors {
 
 using namespace oobleck::messages;
+using time_point = std::chrono::steady_clock::time_point;
 
 namespace {
 
 /// Tags of the copy plan's messages: far above the executor's (which count microbatches).
 int copy_tag(int layer, int part) { return (1 << 24) + layer * 4 + part; }
+
+/// The message a receiving rank sends each of its sources once it can take their layers.
+constexpr int copy_ready_tag = (1 << 24) - 1;
 
 /// Bytes as a tensor that owns them: the transport keeps it until they are written.
 torch::Tensor owning_tensor(std::vector<std::byte> bytes) {
@@ -28,13 +33,84 @@ torch::Tensor owning_tensor(std::vector<std::byte> bytes) {
       owned->data(), {static_cast<std::int64_t>(owned->size())}, [owned](void*) { delete owned; }, torch::kUInt8);
 }
 
-/// The message a receiving rank sends each of its sources once it can take their layers.
-constexpr int copy_ready_tag = (1 << 24) - 1;
+std::int64_t micros(time_point from, time_point to) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(to - from).count();
+}
+
+/// What a rank receives: every message of its incoming layers, per source in the order the
+/// source sends them (plan order; one link delivers them in that order).
+struct receive_plan {
+  std::vector<torch::Tensor> headers;  ///< one per incoming layer, in plan order
+  std::vector<int> sources;            ///< in the order of their first layer in the plan
+  std::vector<std::vector<runtime::host_communicator::tensor_recv>> from;  ///< per source
+};
+
+receive_plan plan_receives(const epoch_assignment& a, const std::vector<runtime::layer_store::incoming>& incoming) {
+  receive_plan p;
+  std::size_t next = 0;
+  for (const auto& c : a.copies) {
+    if (c.target != a.rank) continue;
+    if (a.stages.empty())
+      throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " to rank " +
+                             std::to_string(a.rank) + ", which runs no stage");
+    if (next >= incoming.size() || incoming[next].layer() != c.layer)
+      throw std::logic_error("run_copies: the incoming layers do not follow the copy plan");
+    p.headers.push_back(
+        torch::empty({static_cast<std::int64_t>(runtime::layer_store::copy_header_bytes())}, torch::kUInt8));
+    auto s = std::find(p.sources.begin(), p.sources.end(), c.source);
+    if (s == p.sources.end()) {
+      p.sources.push_back(c.source);
+      p.from.emplace_back();
+      s = p.sources.end() - 1;
+    }
+    auto& items = p.from[static_cast<std::size_t>(s - p.sources.begin())];
+    items.push_back({p.headers.back(), c.source, copy_tag(c.layer, 0)});
+    int part = 1;
+    for (const auto& buffer : incoming[next].buffers()) items.push_back({buffer, c.source, copy_tag(c.layer, part++)});
+    ++next;
+  }
+  if (next != incoming.size()) throw std::logic_error("run_copies: more incoming layers than the copy plan sends");
+  return p;
+}
+
+/// What a rank sends: target rank -> the layers it gets from this rank, in plan order.
+std::map<int, std::vector<int>> plan_sends(const runtime::layer_store& store, const epoch_assignment& a) {
+  std::map<int, std::vector<int>> to_target;
+  for (const auto& c : a.copies) {
+    if (c.source != a.rank) continue;
+    if (!store.holds(c.layer))
+      throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " from rank " +
+                             std::to_string(a.rank) + ", which does not hold it");
+    to_target[c.target].push_back(c.layer);
+  }
+  return to_target;
+}
+
+/// One link's part of the copies, in this rank's clock: from this rank's ready (or a target's)
+/// to the last message from the source (or the sends posted).
+struct link_span {
+  std::optional<time_point> ready, first, last;
+};
 
 }  // namespace
 
-std::int64_t micros_since(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - since).count();
+std::int64_t micros_since(time_point since) { return micros(since, std::chrono::steady_clock::now()); }
+
+std::int64_t covered_micros(std::vector<std::pair<time_point, time_point>> spans) {
+  std::sort(spans.begin(), spans.end());
+  std::int64_t total = 0;
+  std::optional<std::pair<time_point, time_point>> run;  // the union's current piece
+  for (const auto& [from, to] : spans) {
+    if (to <= from) continue;
+    if (run && from <= run->second) {
+      run->second = std::max(run->second, to);
+      continue;
+    }
+    if (run) total += micros(run->first, run->second);
+    run = {from, to};
+  }
+  if (run) total += micros(run->first, run->second);
+  return total;
 }
 
 std::vector<runtime::layer_store::incoming> prepare_incoming(const runtime::layer_store& store,
@@ -47,41 +123,22 @@ std::vector<runtime::layer_store::incoming> prepare_incoming(const runtime::laye
 
 void run_copies(runtime::layer_store& store, runtime::host_transport& transport, runtime::host_communicator& comm,
                 const epoch_assignment& a, std::vector<runtime::layer_store::incoming> incoming, form_timing& t) {
-  using time_point = std::chrono::steady_clock::time_point;
-  std::vector<torch::Tensor> headers;
-  std::vector<runtime::host_communicator::tensor_recv> receives, rest;  // receives: each source's first header first
-  std::vector<int> sources;
-  std::size_t next = 0;
-  for (const auto& c : a.copies) {
-    if (c.target != a.rank) continue;
-    if (a.stages.empty()) throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " to rank " +
-                                                 std::to_string(a.rank) + ", which runs no stage");
-    if (next >= incoming.size() || incoming[next].layer() != c.layer)
-      throw std::logic_error("run_copies: the incoming layers do not follow the copy plan");
-    headers.push_back(torch::empty({static_cast<std::int64_t>(runtime::layer_store::copy_header_bytes())}, torch::kUInt8));
-    const bool is_first = std::find(sources.begin(), sources.end(), c.source) == sources.end();
-    if (is_first) sources.push_back(c.source);
-    (is_first ? receives : rest).push_back({headers.back(), c.source, copy_tag(c.layer, 0)});
-    int part = 1;
-    for (const auto& buffer : incoming[next].buffers()) rest.push_back({buffer, c.source, copy_tag(c.layer, part++)});
-    ++next;
-  }
-  if (next != incoming.size()) throw std::logic_error("run_copies: more incoming layers than the copy plan sends");
-  receives.insert(receives.end(), rest.begin(), rest.end());
+  const receive_plan in = plan_receives(a, incoming);
+  const std::map<int, std::vector<int>> to_target = plan_sends(store, a);
 
-  std::map<int, std::vector<int>> to_target;  // target rank -> the layers it gets from this rank, plan order
-  for (const auto& c : a.copies) {
-    if (c.source != a.rank) continue;
-    if (!store.holds(c.layer))
-      throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " from rank " +
-                             std::to_string(a.rank) + ", which does not hold it");
-    to_target[c.target].push_back(c.layer);
-  }
-
-  // Every part runs on a thread of its own; the first failure ends the epoch's data plane, so
-  // that the others fail at once instead of waiting for a peer that will never send.
+  // A thread per source and one per target, so that each link runs as soon as it is up,
+  // whatever the rest of the mesh does. A source's thread posts every receive of its layers,
+  // then tells it this rank is ready; a target's thread sends the target its layers once the
+  // target is ready, and, when the target is also a source of this rank, only after this rank's
+  // own ready went out on that link: two ranks copying both ways never find their ready queued
+  // behind each other's layers.
   std::mutex mu;
-  std::exception_ptr failed;  // under mu
+  std::condition_variable cv;
+  std::exception_ptr failed;
+  std::vector<link_span> from_source(in.sources.size()), to_peer(to_target.size());
+  std::vector<bool> ready_sent(in.sources.size(), false);  // or the source's thread has ended
+  // The first failure ends the epoch's data plane, so that the other threads fail at once
+  // instead of waiting for a peer that will never send.
   auto guarded = [&](auto body) {
     try {
       body();
@@ -93,31 +150,52 @@ void run_copies(runtime::layer_store& store, runtime::host_transport& transport,
       transport.abort("a layer copy of rank " + std::to_string(a.rank) + " failed");
     }
   };
-  std::vector<std::int64_t> sent(to_target.size(), 0), send_us(to_target.size(), 0);
-  std::optional<time_point> ready_at;
+  auto mark_ready_sent = [&](std::size_t s) {
+    {
+      std::lock_guard lock(mu);
+      ready_sent[s] = true;
+    }
+    cv.notify_all();
+  };
+  std::vector<std::int64_t> sent(to_target.size(), 0);
   {
-    std::vector<std::jthread> threads;
-    if (!receives.empty())
-      threads.emplace_back([&] {
+    const auto ready = torch::zeros({1}, torch::kUInt8);
+    std::vector<std::jthread> threads;  // joined before `ready` goes
+    for (std::size_t s = 0; s < in.sources.size(); ++s)
+      threads.emplace_back([&, s] {
+        const int source = in.sources[s];
         guarded([&] {
-          for (int source : sources) transport.wait_connected(source);
-          ready_at = std::chrono::steady_clock::now();
-          const auto ready = torch::zeros({1}, torch::kUInt8);
-          for (int source : sources) comm.send(ready, source, copy_ready_tag);
-          // Each source's first header is waited for first: when the last of them has arrived,
-          // every source has started, and the wait until then is the senders' skew.
-          comm.recv_all(receives, [&](std::size_t i) {
-            if (i + 1 == sources.size()) t.copy_wait_us = micros_since(*ready_at);
-          });
+          comm.recv_all(
+              in.from[s],
+              [&](std::size_t i) {
+                const auto now = std::chrono::steady_clock::now();
+                std::lock_guard lock(mu);
+                if (i == 0) from_source[s].first = now;
+                if (i + 1 == in.from[s].size()) from_source[s].last = now;
+              },
+              [&] {  // every receive of this source is posted
+                transport.wait_connected(source);
+                {
+                  std::lock_guard lock(mu);  // taken before the ready: no byte of the link travels earlier
+                  from_source[s].ready = std::chrono::steady_clock::now();
+                }
+                comm.send(ready, source, copy_ready_tag);
+                mark_ready_sent(s);
+              });
         });
+        mark_ready_sent(s);  // also when it failed: the targets' threads then fail on the aborted transport
       });
     std::size_t i = 0;
     for (const auto& [target_rank, target_layers] : to_target) {
       threads.emplace_back([&, i, target = target_rank, &layers = target_layers] {
         guarded([&] {
           transport.wait_connected(target);
-          auto ready = torch::empty({1}, torch::kUInt8);
-          comm.recv(ready, target, copy_ready_tag);
+          if (const auto s = std::find(in.sources.begin(), in.sources.end(), target); s != in.sources.end()) {
+            std::unique_lock lock(mu);
+            cv.wait(lock, [&] { return ready_sent[static_cast<std::size_t>(s - in.sources.begin())]; });
+          }
+          auto go_ahead = torch::empty({1}, torch::kUInt8);
+          comm.recv(go_ahead, target, copy_ready_tag);
           const auto go = std::chrono::steady_clock::now();
           for (int layer : layers) {
             auto source = store.copy_of(layer);
@@ -129,7 +207,8 @@ void run_copies(runtime::layer_store& store, runtime::host_transport& transport,
               sent[i] += static_cast<std::int64_t>(source.buffers[k].nbytes());
             }
           }
-          send_us[i] = micros_since(go);
+          std::lock_guard lock(mu);
+          to_peer[i] = {go, go, std::chrono::steady_clock::now()};
         });
       });
       ++i;
@@ -137,14 +216,26 @@ void run_copies(runtime::layer_store& store, runtime::host_transport& transport,
   }
   if (failed) std::rethrow_exception(failed);
   for (auto bytes : sent) t.bytes_sent += bytes;
-  for (const auto& r : receives) t.bytes_received += static_cast<std::int64_t>(r.t.nbytes());
+  for (const auto& items : in.from)
+    for (const auto& r : items) t.bytes_received += static_cast<std::int64_t>(r.t.nbytes());
   for (std::size_t k = 0; k < incoming.size(); ++k)
-    store.adopt(std::move(incoming[k]), {static_cast<const std::byte*>(headers[k].data_ptr()),
-                                            static_cast<std::size_t>(headers[k].numel())});
-  // Every byte of a copy travels within its receiver's span (its source waits for the ready),
-  // so the slowest node's span covers them all.
-  if (ready_at) t.copies_us = micros_since(*ready_at);
-  for (auto us : send_us) t.copies_us = std::max(t.copies_us, us);
+    store.adopt(std::move(incoming[k]), {static_cast<const std::byte*>(in.headers[k].data_ptr()),
+                                            static_cast<std::size_t>(in.headers[k].numel())});
+  const auto installed = std::chrono::steady_clock::now();
+
+  // Every byte of a copy travels within its link's span (a source waits for its target's
+  // ready), so the time during which some link of this rank was copying covers them all; the
+  // layers are installed after the last byte has arrived. Time before a link came up is the
+  // mesh's, not the copies'.
+  std::vector<std::pair<time_point, time_point>> spans;
+  std::optional<time_point> last_arrival;
+  for (const auto& l : from_source) {
+    spans.emplace_back(*l.ready, *l.last);
+    last_arrival = std::max(last_arrival.value_or(*l.last), *l.last);
+    t.copy_wait_us = std::max(t.copy_wait_us, micros(*l.ready, *l.first));
+  }
+  for (const auto& l : to_peer) spans.emplace_back(*l.ready, *l.last);
+  t.copies_us = covered_micros(std::move(spans)) + (last_arrival ? micros(*last_arrival, installed) : 0);
 }
 
 }  // namespace oobleck::actors

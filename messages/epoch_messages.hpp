@@ -81,12 +81,12 @@ typename Inspector::result_type inspect(Inspector& f, epoch_assignment& x) {
 
 /// Where a node's forming time went (microseconds, in the node's clock), and the copy plan's bytes
 /// it moved: connect = the epoch's data-plane mesh; copies = its part of the copy plan, which
-/// starts on each link as soon as both ends are ready, while the rest of the mesh may still be
-/// forming: as a receiver, from telling its sources it is ready (once its links to them are up;
-/// they send nothing before) to its last layer installed, or as a source, from a target's ready
-/// to its sends posted, whichever is longer. prepare = allocating and pre-faulting the buffers of
-/// the layers it receives, before its links come up; copy_wait = the part of copies before the
-/// first message of each of its sources had arrived (the latest of them: the senders' skew), 0
+/// runs on each link as soon as the link is up, while the rest of the mesh may still be forming:
+/// the time during which some link of the node was copying (from the receiver's ready, before
+/// which its source sends nothing, to the source's last message arrived, or to the source's
+/// sends posted), plus installing the received layers; prepare = allocating and pre-faulting
+/// the buffers of the layers it receives, before its links come up; copy_wait = the longest
+/// wait, over its sources, from its ready to the source's first message (the senders' skew), 0
 /// when it receives nothing.
 struct form_timing {
   std::int64_t connect_us = 0;

@@ -44,12 +44,12 @@ void host_communicator::recv(torch::Tensor& t, int peer, int tag) {
   translated([&] { transport_.recv(peer, static_cast<std::uint32_t>(tag), bytes_of(t)); });
 }
 
-void host_communicator::recv_all(const std::vector<tensor_recv>& items,
-                                 const std::function<void(std::size_t)>& done) {
+void host_communicator::recv_all(const std::vector<tensor_recv>& items, const std::function<void(std::size_t)>& done,
+                                 const std::function<void()>& posted) {
   std::vector<host_transport::recv_item> raw;
   raw.reserve(items.size());
   for (const auto& it : items) raw.push_back({it.peer, static_cast<std::uint32_t>(it.tag), bytes_of(it.t)});
-  translated([&] { transport_.recv_all(raw, done); });
+  translated([&] { transport_.recv_all(raw, done, posted); });
 }
 
 void host_communicator::all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) {

@@ -24,8 +24,10 @@ class host_communicator final : public communicator {
     int tag = 0;
   };
   /// Every receive posted at once, each message read straight into its tensor whatever the
-  /// order in which they arrive; `done(i)` runs as item i has arrived (host_transport::recv_all).
-  void recv_all(const std::vector<tensor_recv>& items, const std::function<void(std::size_t)>& done = {});
+  /// order in which they arrive; `done(i)` runs as item i has arrived, `posted` once every item
+  /// is posted (host_transport::recv_all).
+  void recv_all(const std::vector<tensor_recv>& items, const std::function<void(std::size_t)>& done = {},
+                const std::function<void()>& posted = {});
   void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) override;
   void broadcast(torch::Tensor& t, int root, const std::vector<int>& group, int tag) override;
   void abort() override { transport_.abort("aborted by the runtime"); }

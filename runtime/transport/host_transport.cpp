@@ -118,7 +118,7 @@ void host_transport::state::check_peer(const std::string& op, int peer) const {
 }
 
 void host_transport::state::throw_if_failed(const locked& lock, const std::string& op,
-                                            std::span<const int> peers) const {
+                                            std::span<const int> peers, bool require_up) const {
   const transport_shared& sh = shared(lock);
   if (sh.is_aborted)
     throw transport_error(transport_failure::aborted, -1, op + ": " + sh.abort_reason);
@@ -126,7 +126,7 @@ void host_transport::state::throw_if_failed(const locked& lock, const std::strin
     if (p == config.rank) continue;
     const link_shared& l = at(p).shared(lock);
     if (l.broken) throw transport_error(l.failure, p, op + ": " + l.failure_reason);
-    if (!l.up) throw std::logic_error(op + ": the transport is not connected (call connect())");
+    if (!l.up && require_up) throw std::logic_error(op + ": the transport is not connected (call connect())");
   }
 }
 
@@ -186,8 +186,8 @@ void host_transport::recv(int peer, std::uint32_t tag, std::span<std::byte> out)
   state_->wait_recv(op, peer, frame_key(channel::p2p, tag), req, {});
 }
 
-void host_transport::recv_all(std::span<const recv_item> items,
-                              const std::function<void(std::size_t)>& done) {
+void host_transport::recv_all(std::span<const recv_item> items, const std::function<void(std::size_t)>& done,
+                              const std::function<void()>& posted) {
   state& s = *state_;
   std::vector<std::string> ops;
   ops.reserve(items.size());
@@ -213,8 +213,10 @@ void host_transport::recv_all(std::span<const recv_item> items,
     recv_request& req = reqs.emplace_back();
     req.out = it.out;
     req.direct = true;
+    req.early = true;
     s.post_recv(ops[reqs.size() - 1], it.peer, frame_key(channel::p2p, it.tag), req, {});
   }
+  if (posted) posted();
   for (std::size_t i = 0; i < items.size(); ++i) {
     s.wait_posted(ops[i], items[i].peer, frame_key(channel::p2p, items[i].tag), reqs[i], {});
     waited = i + 1;

@@ -159,9 +159,13 @@ class host_transport {
   /// the messages of different peers and tags interleave), where one recv() after another would
   /// leave a message that arrives before its recv() is called to a pooled buffer and a copy.
   /// Then waits for the items in order, calling `done(i)` (if given) on this thread as item i
-  /// has arrived. Throws as recv() does, for the first item (in order) that fails, or what
-  /// `done` throws; it returns or throws only once no item is left posted or being read into.
-  void recv_all(std::span<const recv_item> items, const std::function<void(std::size_t)>& done = {});
+  /// has arrived. `posted` (if given) runs on this thread once every item is posted, before the
+  /// first is waited for: the moment to tell the senders to go. Throws as recv() does, for the
+  /// first item (in order) that fails, or what `done` or `posted` throws; it returns or throws
+  /// only once no item is left posted or being read into. Items may be posted on links that are
+  /// not up yet (while connect() runs on another thread).
+  void recv_all(std::span<const recv_item> items, const std::function<void(std::size_t)>& done = {},
+                const std::function<void()>& posted = {});
 
   /// Sums `data` element-wise over the ranks of `group` (ring order as given; every member must
   /// pass the same group and size). Ring reduce-scatter then all-gather: chunk c of the data is

@@ -98,7 +98,7 @@ bool host_transport::state::post_recv(const std::string& op, int peer, std::uint
     // A message that arrived whole is delivered even if its sender has died since.
     p = sh.boxes.take_arrived(k);
     if (!p) {
-      throw_if_failed(lk, op, one);
+      throw_if_failed(lk, op, one, !req.early);
       throw_if_failed(lk, op, watch);
       sh.boxes.enqueue(k, req);
       return false;

@@ -31,6 +31,7 @@ struct recv_request {
   std::span<std::byte> out;  ///< destination when copying
   bool direct = false;       ///< the I/O thread may read the body straight into `out`
   bool take = false;         ///< hand the body over in `taken` instead of copying it
+  bool early = false;        ///< may be posted before its link is up (recv_all)
   recv_stage stage = recv_stage::open;
   payload taken;
   std::optional<transport_failure> error;

@@ -159,9 +159,10 @@ struct host_transport::state {
   void cancel_recv(int peer, std::uint64_t key, recv_request& req);
 
   // --- errors (host_transport.cpp)
-  /// Throws the error for `op` if the transport is aborted or a link in `peers` is broken.
+  /// Throws the error for `op` if the transport is aborted or a link in `peers` is broken, and
+  /// std::logic_error if one is not up yet, unless `require_up` is false.
   void throw_if_failed(const locked& lock, const std::string& op,
-                       std::span<const int> peers) const;
+                       std::span<const int> peers, bool require_up = true) const;
   void check_peer(const std::string& op, int peer) const;
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -310,6 +311,42 @@ TEST_CASE("p2p: recv_all takes the messages of several peers and tags at once, w
   CHECK(same(got[3], mid2));
   CHECK(same(got[4], late1));  // the second message of (1, tag 1), after the first
   CHECK(done_order == std::vector<std::size_t>{0, 1, 2, 3, 4});
+}
+
+TEST_CASE("p2p: recv_all may be posted before its link is up, and says when every item is posted") {
+  // The layer copies post their receives at once, then tell the senders to go, while the mesh
+  // may still be connecting.
+  auto ts = make_transports(2, 1);
+  const auto eps = endpoints_of(ts);
+  const std::vector<std::byte> sent = pattern(4 * mib, 9);
+  std::vector<std::byte> got(4 * mib);
+  std::vector<std::string> events;  // on rank 0's receiving thread
+  std::promise<void> posted;
+  auto receiving = std::async(std::launch::async, [&] {
+    const std::vector<host_transport::recv_item> items{{1, 3, got}};
+    ts[0]->recv_all(
+        items, [&](std::size_t) { events.emplace_back("done"); },
+        [&] {
+          events.emplace_back("posted");
+          posted.set_value();
+        });
+  });
+  std::future<void> connecting;
+  struct abort_on_exit {  // a failed check must not leave the threads above waiting
+    std::vector<std::unique_ptr<host_transport>>& ts;
+    ~abort_on_exit() {
+      for (auto& t : ts) t->abort("the test ended");
+    }
+  } const guard{ts};
+  REQUIRE(posted.get_future().wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  connecting = std::async(std::launch::async, [&] { ts[0]->connect(eps); });  // only now
+  ts[1]->connect(eps);
+  ts[1]->send(0, 3, sent);
+  REQUIRE(receiving.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  receiving.get();
+  connecting.get();
+  CHECK(same(got, sent));
+  CHECK(events == std::vector<std::string>{"posted", "done"});
 }
 
 TEST_CASE("p2p: recv_all fails with a lost peer and leaves none of its receives posted") {

@@ -1,0 +1,141 @@
+// A node's part of a new epoch's layer copies (actors/stage_copies), with ranks on threads of one
+// process over loopback: what the copies deliver, and that each link runs as soon as it is up.
+
+// LibTorch first: its logging's CHECK must not replace doctest's.
+#include <torch/torch.h>
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "actors/stage_copies.hpp"
+#include "runtime/host_communicator.hpp"
+#include "runtime/transport_test_support.hpp"
+
+using namespace oobleck;
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+runtime::gpt_config tiny_model() {
+  return {.vocab = 64, .d_model = 16, .heads = 2, .blocks = 3, .seq_len = 8};
+}
+
+/// Rank `rank`'s assignment: one stage over its layers, and the whole copy plan.
+messages::epoch_assignment assignment(int rank, std::pair<int, int> layers, std::vector<messages::layer_copy> copies) {
+  messages::epoch_assignment a;
+  a.epoch = 1;
+  a.rank = rank;
+  a.stages.push_back({.first_layer = layers.first, .end_layer = layers.second});
+  a.copies = std::move(copies);
+  return a;
+}
+
+/// A layer whose whole state (parameters and both moments) differs from its seeded values.
+void perturb(runtime::layer_store& store, int layer) {
+  auto source = store.copy_of(layer);
+  for (std::size_t k = 0; k < source.buffers.size(); ++k) source.buffers[k].add_(0.25 * static_cast<double>(k + 1));
+}
+
+bool same_state(const runtime::layer_store& a, const runtime::layer_store& b, int layer) {
+  const auto x = a.copy_of(layer), y = b.copy_of(layer);
+  if (x.header != y.header || x.buffers.size() != y.buffers.size()) return false;
+  for (std::size_t k = 0; k < x.buffers.size(); ++k)
+    if (!torch::equal(x.buffers[k], y.buffers[k])) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("covered_micros counts the union of spans once") {
+  const auto t0 = clock_type::now();
+  auto at = [&](int us) { return t0 + std::chrono::microseconds(us); };
+  CHECK(actors::covered_micros({}) == 0);
+  CHECK(actors::covered_micros({{at(0), at(10)}}) == 10);
+  CHECK(actors::covered_micros({{at(0), at(10)}, {at(5), at(20)}}) == 20);   // overlapping
+  CHECK(actors::covered_micros({{at(30), at(40)}, {at(0), at(10)}}) == 20);  // a gap is not counted
+  CHECK(actors::covered_micros({{at(0), at(50)}, {at(10), at(20)}}) == 50);  // nested
+  CHECK(actors::covered_micros({{at(10), at(10)}, {at(20), at(5)}}) == 0);   // empty, reversed
+}
+
+TEST_CASE("layer copies run link by link: two ranks copying both ways do not wait for a third rank") {
+  // Ranks 0 and 1 swap a layer each; rank 2 sends rank 0 a layer but joins the mesh only once
+  // rank 1 is done. A rank that waited for all its links before telling its sources it is
+  // ready (rank 0 here) would hold up rank 1 for good.
+  const auto model = tiny_model();
+  std::vector<std::unique_ptr<runtime::layer_store>> stores;
+  const std::vector<std::pair<int, int>> held{{0, 2}, {2, 4}, {4, 5}};
+  for (const auto& [first, end] : held) {
+    stores.push_back(std::make_unique<runtime::layer_store>(model));
+    stores.back()->ensure(first, end);
+    for (int l = first; l < end; ++l) perturb(*stores.back(), l);
+  }
+  const std::vector<messages::layer_copy> plan{{.layer = 0, .source = 0, .target = 1},
+                                               {.layer = 2, .source = 1, .target = 0},
+                                               {.layer = 4, .source = 2, .target = 0}};
+  const std::vector<std::pair<int, int>> stages{{0, 5}, {0, 4}, {4, 5}};
+
+  auto ts = runtime::testing::make_transports(3, 1);
+  const auto eps = runtime::testing::endpoints_of(ts);
+  std::vector<std::unique_ptr<runtime::host_communicator>> comms;
+  for (auto& t : ts) comms.push_back(std::make_unique<runtime::host_communicator>(*t));
+  std::vector<messages::form_timing> timing(3);
+  std::promise<void> rank1_done;
+  constexpr auto late = 300ms;  // how long after rank 1 is done rank 2 joins
+  auto rank = [&](int r) {
+    auto& store = *stores[static_cast<std::size_t>(r)];
+    const auto a = assignment(r, stages[static_cast<std::size_t>(r)], plan);
+    actors::run_copies(store, *ts[static_cast<std::size_t>(r)], *comms[static_cast<std::size_t>(r)], a,
+                       actors::prepare_incoming(store, a), timing[static_cast<std::size_t>(r)]);
+  };
+  // As in a forming stage, the mesh connects on threads of its own while the copies run; ranks 0
+  // and 1's connect() returns only once rank 2 is there.
+  auto connect = [&](int r) { ts[static_cast<std::size_t>(r)]->connect(eps); };
+  std::vector<std::future<void>> connecting;
+  connecting.push_back(std::async(std::launch::async, connect, 0));
+  connecting.push_back(std::async(std::launch::async, connect, 1));
+  auto r0 = std::async(std::launch::async, rank, 0);
+  auto r1 = std::async(std::launch::async, [&] {
+    rank(1);
+    rank1_done.set_value();
+  });
+  std::future<void> r2;
+  struct abort_on_exit {  // a failed check must not leave the ranks waiting for each other
+    std::vector<std::unique_ptr<runtime::host_transport>>& ts;
+    ~abort_on_exit() {
+      for (auto& t : ts) t->abort("the test ended");
+    }
+  } const guard{ts};
+  REQUIRE_MESSAGE(rank1_done.get_future().wait_for(20s) == std::future_status::ready,
+                  "rank 1's copies waited for rank 2, which joins only after them");
+  r1.get();
+  std::this_thread::sleep_for(late);
+  connecting.push_back(std::async(std::launch::async, connect, 2));
+  r2 = std::async(std::launch::async, rank, 2);
+  REQUIRE(r0.wait_for(20s) == std::future_status::ready);
+  REQUIRE(r2.wait_for(20s) == std::future_status::ready);
+  r0.get();
+  r2.get();
+  for (auto& c : connecting) c.get();
+
+  for (const auto& c : plan) {
+    CAPTURE(c.layer);
+    CHECK(stores[static_cast<std::size_t>(c.target)]->holds(c.layer));
+    CHECK(same_state(*stores[static_cast<std::size_t>(c.source)], *stores[static_cast<std::size_t>(c.target)], c.layer));
+  }
+  std::int64_t sent = 0, received = 0;
+  for (const auto& t : timing) {
+    sent += t.bytes_sent;
+    received += t.bytes_received;
+    CHECK(t.copy_wait_us <= t.copies_us);
+  }
+  CHECK(sent > 0);
+  CHECK(sent == received);
+  // Rank 0 copied with rank 1 at once and with rank 2 after the pause: the pause, spent waiting
+  // for rank 2's link, is not copy time.
+  CHECK(timing[0].copies_us < std::chrono::duration_cast<std::chrono::microseconds>(late).count());
+  CHECK(timing[0].copies_us > 0);
+}
