@@ -1,0 +1,122 @@
+// Checkpoints in the reconfiguration protocol (fixture: reconfiguration_fixture.hpp): when the
+// policy says checkpoint and stop, the survivors write each layer once (or the stop says why no
+// checkpoint could be written); periodic checkpoints between steps, and one abandoned by a loss.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "actors/reconfiguration_fixture.hpp"
+
+using namespace oobleck::testing;
+using oobleck::messages::checkpoint_layer_file;
+namespace planning = oobleck::planning;
+
+namespace {
+
+/// Every layer of the fixture's model exactly once among `files`.
+void check_every_layer_once(const std::vector<checkpoint_layer_file>& files, int layers) {
+  std::vector<int> seen;
+  for (const auto& f : files) seen.push_back(f.layer);
+  std::sort(seen.begin(), seen.end());
+  std::vector<int> all(static_cast<std::size_t>(layers));
+  for (int l = 0; l < layers; ++l) all[static_cast<std::size_t>(l)] = l;
+  CHECK(seen == all);
+}
+
+}  // namespace
+
+TEST_CASE("reconfiguration protocol: a whole pipeline lost: the survivors write each layer once, then the job stops") {
+  fixture f(6, 0, true);
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 2u}; }}});
+  REQUIRE(f.records.size() == 2);
+  const auto stop = f.lose(f.initial(), {0, 1, 2});
+  REQUIRE(stop.action == planning::reconfiguration_action::checkpoint_and_stop);
+  f.kill(0);
+  f.kill(1);
+  f.kill(2);
+  f.sched.run();
+  CHECK(f.logged("the reconfiguration policy says checkpoint and stop: "));
+  REQUIRE(f.finished.size() == 1);
+  CHECK(f.finished[0].first == 2);  // steps 0 and 1 committed: the next is 2
+  const int layers = static_cast<int>(f.profile.layers.size());
+  check_every_layer_once(f.finished[0].second, layers);
+  // Asked of the survivors only, each layer of one of them, spread over all three.
+  std::size_t asked = 0;
+  for (std::int64_t n : {3, 4, 5}) {
+    const auto& rec = *f.stages.at(n);
+    REQUIRE(rec.writes.size() <= 1);
+    if (rec.writes.empty()) continue;
+    CHECK(rec.writes[0].step == 2);
+    CHECK(rec.writes[0].dir == "/ckpt/.tmp-2");
+    asked += rec.writes[0].layers.size();
+    // Only layers of its own stage in the configuration that formed.
+    const auto& s = rec.assignments.at(1).stages.at(0);
+    for (auto l : rec.writes[0].layers) CHECK((l >= s.first_layer && l < s.end_layer));
+  }
+  CHECK(asked == static_cast<std::size_t>(layers));
+  REQUIRE(f.stops.size() == 1);
+  CHECK(f.stops[0].dir == std::optional<std::string>("/ckpt/step-2"));
+  CHECK(f.stops[0].step == 2);
+  CHECK(f.stops[0].reason.find("cannot continue after losing node(s)") != std::string::npos);
+  CHECK(f.logged("resume with: --resume /ckpt/step-2"));
+  CHECK(f.records.size() == 2);  // nothing more committed
+}
+
+TEST_CASE("reconfiguration protocol: a holder without its layer and no other survivor: no checkpoint, the stop says so") {
+  fixture f(6, 0, true);
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 2u}; }},
+           {3, [](fake_stage_record& r) { r.not_held = {0, 1, 2, 3, 4, 5, 6, 7}; }}});
+  REQUIRE(f.records.size() == 2);
+  f.kill(0);
+  f.kill(1);
+  f.kill(2);
+  f.sched.run();
+  CHECK(f.finished.empty());
+  CHECK(f.discarded == std::vector<std::string>{"/ckpt/.tmp-2"});
+  REQUIRE(f.stops.size() == 1);
+  CHECK(!f.stops[0].dir);
+  CHECK(f.logged("no checkpoint could be written: layer "));
+  CHECK(f.logged("there is no earlier checkpoint either"));
+}
+
+TEST_CASE("reconfiguration protocol: periodic checkpoints between steps, each layer once, training waits for them") {
+  constexpr std::uint64_t steps = 4;
+  fixture f(steps, 2);
+  f.start();
+  f.check_steps(steps);
+  REQUIRE(f.finished.size() == 2);
+  CHECK(f.finished[0].first == 2);
+  CHECK(f.finished[1].first == 4);
+  const int layers = static_cast<int>(f.profile.layers.size());
+  for (const auto& [step, files] : f.finished) check_every_layer_once(files, layers);
+  // Each writer wrote after the commit of step 1 and before step 2 ran.
+  for (const auto& [id, rec] : f.stages)
+    if (rec->traced("write 2")) {
+      CHECK(rec->position("commit 1 1") < rec->position("write 2"));
+      if (rec->traced("step 1 2")) CHECK(rec->position("write 2") < rec->position("step 1 2"));
+    }
+  CHECK(f.stops.empty());
+  CHECK(f.logged("checkpoint of step 4 written to /ckpt/step-4"));
+}
+
+TEST_CASE("reconfiguration protocol: a node lost while a periodic checkpoint is written: abandoned, training recovers") {
+  constexpr std::uint64_t steps = 4;
+  fixture f(steps, 2);
+  f.start({{0, [](fake_stage_record& r) { r.hold_write = true; }}});
+  REQUIRE(f.records.size() == 2);
+  REQUIRE(f.stages.at(0)->traced("write 2"));
+  f.kill(0);
+  f.sched.run();
+  CHECK(f.logged("checkpoint of step 2 abandoned: node 0 was lost"));
+  CHECK(f.discarded == std::vector<std::string>{"/ckpt/.tmp-2"});
+  CHECK(f.logged("training finished: 4 step(s) committed"));
+  f.check_steps(steps);
+  REQUIRE(f.finished.size() == 1);  // step 4's
+  CHECK(f.finished[0].first == 4);
+}

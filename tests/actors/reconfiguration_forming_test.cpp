@@ -1,0 +1,143 @@
+// A loss while a reconfiguration forms (fixture: reconfiguration_fixture.hpp): the half-formed
+// epoch is abandoned and the next plan starts from the last configuration that formed, whether the
+// second victim is a copy source or another node while a slow one still forms; and a node that
+// registers meanwhile enters at the next step boundary.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "actors/reconfiguration_fixture.hpp"
+
+using namespace oobleck::testing;
+namespace planning = oobleck::planning;
+
+TEST_CASE("reconfiguration protocol: a copy source lost while the new epoch forms: planned again from the last formed epoch") {
+  // Node 0 dies in the middle of step 1. Node C, a copy source of that reconfiguration, never
+  // finishes forming epoch 2 (its copies hang), and then dies too. Epoch 2 must never start; the
+  // coordinator plans epoch 3 from epoch 1's configuration (where the layers still are: nothing
+  // of epoch 2 formed) without nodes 0 and C, and step 1 runs once, in epoch 3.
+  constexpr std::uint64_t steps = 4;
+  fixture f(steps);
+  const int a = 0;
+  const int c = copy_source_to_lose(f, a);
+  CAPTURE(c);
+  f.start({{a, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 1u}; }},
+           {c, [](fake_stage_record& r) { r.hold_form = {2}; }}});
+  REQUIRE(f.records.size() == 1);
+  f.kill(a);
+  f.sched.run();
+  const auto first = f.lose(f.initial(), {a});
+  CHECK(f.logged("reconfigured after losing node(s) " + std::to_string(a) + " (" + rules_of(first) + ", "));
+  REQUIRE(f.status().state == "forming");
+  CHECK(f.status().epoch == 2);
+  CHECK(f.copies_of(2) == fixture::copies_of(first));
+  for (const auto& [id, rec] : f.stages)
+    if (id != a) CHECK(rec->traced("assign 2"));
+
+  f.kill(c);
+  f.sched.run();
+  const auto both = f.lose(f.initial(), {a, c});
+  REQUIRE(both.action == planning::reconfiguration_action::continue_training);
+  CHECK(f.logged("reconfigured after losing node(s) " + std::to_string(a) + " " + std::to_string(c) + " (" +
+                 rules_of(both) + ", "));
+  CHECK(!f.logged("epoch 2 formed"));
+  CHECK(f.logged("epoch 3 formed"));
+  CHECK(f.logged("training finished: 4 step(s) committed"));
+  f.check_steps(steps);
+  CHECK(f.records[0].epoch == 1);
+  for (std::size_t k = 1; k < steps; ++k) CHECK(f.records[k].epoch == 3);
+  f.check_pipelines(1, fixture::after(both));
+  // The copies of epoch 3 come from the holders of epoch 1, not from anything epoch 2 moved.
+  CHECK(f.copies_of(3) == fixture::copies_of(both));
+  for (const auto& [id, rec] : f.stages) {
+    if (id == a || id == c) continue;
+    CAPTURE(id);
+    // Each survivor aborted epoch 1's data plane and then epoch 2's, before forming epoch 3,
+    // and ran nothing in epoch 2.
+    REQUIRE(rec->traced("abort 1"));
+    REQUIRE(rec->traced("abort 2"));
+    REQUIRE(rec->traced("assign 3"));
+    CHECK(rec->position("abort 1") < rec->position("assign 2"));
+    CHECK(rec->position("abort 2") < rec->position("assign 3"));
+    for (const auto& s : rec->steps) CHECK(s.epoch != 2);
+    int runs_of_1 = 0;
+    for (const auto& s : rec->steps) runs_of_1 += s.step == 1 && s.epoch == 3;
+    CHECK(runs_of_1 == (rec->assignments.at(3).stages.empty() ? 0 : 1));
+  }
+  // One recovery: from the last commit before the failure to the first commit after it.
+  REQUIRE(f.recoveries.size() == 1);
+  CHECK(f.recoveries[0].epoch == 3);
+  CHECK(f.recoveries[0].lost == std::vector<std::int64_t>{a, c});
+  CHECK(f.recoveries[0].action == rules_of(first) + "," + rules_of(both));  // both decisions, in order
+  CHECK(f.recoveries[0].resumed_step == 1);
+  // Where forming went, from the nodes' own reports: the slowest node of epoch 3 per phase.
+  int top_rank = 0;
+  for (const auto& [id, rec] : f.stages)
+    if (rec->assignments.count(3)) top_rank = std::max(top_rank, rec->assignments.at(3).rank);
+  CHECK(f.recoveries[0].copy_ms == doctest::Approx((100 + 1000 * top_rank) / 1000.0));
+  CHECK(f.recoveries[0].copy_wait_ms == doctest::Approx((50 + 10 * top_rank) / 1000.0));
+  CHECK(f.recoveries[0].connect_ms == doctest::Approx(1.0));
+  CHECK(f.recoveries[0].prepare_ms == doctest::Approx((200 + top_rank) / 1000.0));
+  CHECK(f.recoveries[0].views_ms == doctest::Approx(0.5));
+  CHECK(f.recoveries[0].form_ms >= 0);
+}
+
+TEST_CASE("reconfiguration protocol: another node lost while a slow node still forms the new epoch") {
+  // Node 0 dies in step 1; node 1 never finishes forming epoch 2; node 4 (the other pipeline)
+  // dies while epoch 2 forms. Epoch 3 is planned from epoch 1 without 0 and 4; node 1, which
+  // never answered epoch 2, forms epoch 3 and trains.
+  constexpr std::uint64_t steps = 3;
+  fixture f(steps);
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 1u}; }},
+           {1, [](fake_stage_record& r) { r.hold_form = {2}; }}});
+  f.kill(0);
+  f.sched.run();
+  REQUIRE(f.status().state == "forming");
+  f.kill(4);
+  f.sched.run();
+  const auto both = f.lose(f.initial(), {0, 4});
+  REQUIRE(both.action == planning::reconfiguration_action::continue_training);
+  CHECK(f.logged("reconfigured after losing node(s) 0 4 (" + rules_of(both) + ", "));
+  CHECK(!f.logged("epoch 2 formed"));
+  CHECK(f.logged("training finished: 3 step(s) committed"));
+  f.check_steps(steps);
+  f.check_pipelines(1, fixture::after(both));
+  CHECK(f.copies_of(3) == fixture::copies_of(both));
+  CHECK(!f.stages.at(1)->steps.empty());  // the slow node trains in epoch 3
+  REQUIRE(f.recoveries.size() == 1);
+  CHECK(f.recoveries[0].lost == std::vector<std::int64_t>{0, 4});
+}
+
+TEST_CASE("reconfiguration protocol: a node that registers while a reconfiguration forms enters at the next step boundary") {
+  // Node 0 dies in step 1; while epoch 2 (planned without it) forms, a seventh worker registers:
+  // it enters at the next step boundary. Epoch 2 forms and step 1 commits: at that boundary the
+  // new node must be admitted. (Was a bug: forming an epoch cleared every joining node, so a node
+  // that registered while an epoch formed was never admitted and idled to the end.)
+  constexpr std::uint64_t steps = 4;
+  fixture f(steps);
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 1u}; }}});
+  f.kill(0);
+  // Run until the coordinator has sent epoch 2's assignments, then start the new worker: its
+  // registration arrives before every node of epoch 2 is ready.
+  while (!f.logged("reconfigured after losing node(s) 0 (")) REQUIRE(f.sched.try_run_once());
+  f.add_worker(fixture::nodes);
+  f.sched.run();
+  const auto joined = f.log_position("node 6 joined: w6");
+  REQUIRE(joined < f.log.size());
+  CHECK(f.log[joined].find("it enters at the next step boundary") != std::string::npos);
+  CHECK(f.log_position("reconfigured after losing node(s) 0 (") < joined);
+  CHECK(joined < f.log_position("epoch 2 formed"));  // registered while epoch 2 formed
+  const auto first = f.lose(f.initial(), {0});
+  const auto admit = f.lose(fixture::after(first), {}, {6});
+  REQUIRE(admit.action == planning::reconfiguration_action::continue_training);
+  CHECK(f.logged("reconfigured to admit node(s) 6 (" + rules_of(admit) + ", "));
+  CHECK(f.log_position("step 1: ") < f.log_position("reconfigured to admit node(s) 6"));
+  CHECK(f.logged("training finished: 4 step(s) committed"));
+  f.check_steps(steps);
+  f.check_pipelines(2, fixture::after(admit));
+}

@@ -1,0 +1,85 @@
+#pragma once
+// Recovery end to end (issue 8): oobleck-local with worker processes that kill (or freeze)
+// themselves in the middle of a step, workers that join during training, or workers that the test
+// kills while a reconfiguration is forming. Every run checks DESIGN §5's "nothing lost" invariants:
+//   (1) every committed step consumed exactly B samples (the pipelines' microbatches tile B/b),
+//   (2) every holder of a layer reports the same parameter digest after every commit,
+//   (3) the loss curve equals the failure-free single-process run (actors::train_single_process)
+//       within 1e-4 relative,
+// and, beyond them, that the coordinator did what the reconfiguration policy says: each
+// "reconfigured after losing node(s) ..." (or "... to admit node(s) ...") line of its log is
+// replayed through planning::reconfigure on the coordinator's own profile (the synthetic profile
+// of the job's model), from the last configuration that formed, and must name the same rules
+// (simple / borrow / merge / join ...); every committed step ran on exactly the pipelines (nodes
+// in stage order, microbatches) the policy predicted for its epoch; lost nodes never appear
+// again; a node that registers during training enters at the next step boundary. Victims are
+// chosen by asking the planner, so each test takes the policy path it names; the seeded chaos
+// schedules (support/recovery_model) mix kills, hangs and joins. Every wait has a deadline.
+//
+// This header holds what the recovery_e2e_*_test.cpp files share: the job and its failure-free
+// reference, one oobleck-local run, and the checks above.
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "support/background_process.hpp"
+#include "support/local_run.hpp"
+#include "support/recovery_model.hpp"
+
+namespace oobleck::testing {
+
+/// The folder of oobleck-local, oobleck-coordinator and oobleck-worker.
+extern const std::string bin;
+
+/// A job of the default model (see recovery_model.hpp) on `nodes` nodes.
+job_case make_job(int nodes, int f, std::int64_t memory, const job_keys& more = {});
+
+/// Heartbeats for tests that freeze a process on purpose for seconds (not about detection).
+extern const job_keys slow_heartbeats;
+
+/// The failure-free run: every job here has the default model, data, batch and optimizer. At least
+/// `steps` steps (a trace replay runs as many as its time allows).
+const std::vector<double>& reference_losses(int steps = 12);
+
+using run_result = local_run;
+
+/// Runs oobleck-local on the job; `during` runs while it does (a test's own failure injection).
+run_result run_local(const job_case& c, int steps, const std::vector<std::string>& extra,
+                     const std::function<void(background_process&)>& during = {});
+
+/// One reconfiguration the coordinator logged.
+struct logged_reconfiguration {
+  std::vector<int> lost;
+  std::vector<int> joined;
+  std::string rules;
+  std::uint64_t epoch = 0;
+};
+
+/// What a run did, as the checks saw it.
+struct run_summary {
+  std::vector<logged_reconfiguration> reconfigurations;  ///< also re-formations without a loss
+  std::vector<logged_reconfiguration> losses;            ///< those after lost nodes
+  std::set<int> lost;
+};
+
+/// The lines of the coordinator in an output, without their "[coordinator] " prefix.
+std::vector<std::string> coordinator_lines(const std::string& output);
+
+/// Every invariant of one run (see this header's comment). `victims`: the nodes the run killed.
+/// `stopped`: the run was stopped (at a trace's end) rather than finishing its steps.
+run_summary check_run(const job_case& c, const run_result& r, int steps, const std::set<int>& victims,
+                      bool stopped = false);
+
+/// A run with faults, checked in full. oobleck-local arms every fault before its step (the
+/// coordinator delivers a node's faults on its admission), so every scheduled fault fires.
+struct checked_run {
+  run_result result;
+  run_summary summary;
+};
+checked_run run_faults(const job_case& c, int steps, const std::vector<std::string>& args, const std::set<int>& scheduled,
+                       const std::function<void(background_process&)>& during = {});
+
+}  // namespace oobleck::testing
