@@ -52,18 +52,7 @@ using json = nlohmann::ordered_json;
 namespace sim = oobleck::sim;
 namespace planning = oobleck::planning;
 
-using oobleck::bench::bamboo_case;
-using oobleck::bench::cluster_trace_of;
-using oobleck::bench::default_job_text;
-using oobleck::bench::fmt;
-using oobleck::bench::load_average;
-using oobleck::bench::measured_replay;
-using oobleck::bench::predict_case;
-using oobleck::bench::read_metrics;
-using oobleck::bench::replay_case;
-using oobleck::bench::run_program;
-using oobleck::bench::ten_minute_case;
-using oobleck::bench::validation_job;
+using namespace oobleck::bench;
 
 namespace {
 
