@@ -2,12 +2,9 @@
 // their progress streamed to stdout. Every process it started is gone when it returns, on every
 // path (success, failure, SIGINT/SIGTERM).
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -29,8 +26,7 @@
 #include "apps/job_file.hpp"
 #include "apps/trace_replay.hpp"
 #include "messages/input_error.hpp"
-
-extern char** environ;
+#include "runtime/child_process.hpp"
 
 namespace oobleck::apps {
 
@@ -74,71 +70,19 @@ device_memory_bytes = 1500000
 std::atomic<int> stop_signal{0};
 extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
 
-/// Whether `pid` is stopped (SIGSTOP: a worker frozen by --hang-at): its state in /proc/PID/stat.
-bool stopped(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(in, line)) return false;
-  const auto close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't');
-}
-
-/// The processes of the job; killed and reaped on destruction.
-class process_set {
- public:
-  ~process_set() { kill_all(); }
-  /// Kills (frozen ones too) and reaps every process still running.
-  void kill_all() {
-    for (pid_t p : pids_) {
-      ::kill(p, SIGKILL);
-      ::kill(p, SIGCONT);
-    }
-    for (pid_t p : pids_) ::waitpid(p, nullptr, 0);
-    pids_.clear();
-  }
-  pid_t start(const std::string& path, const std::vector<std::string>& args, int out_fd = -1) {
-    std::vector<char*> argv{const_cast<char*>(path.c_str())};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    if (out_fd >= 0) {
-      posix_spawn_file_actions_adddup2(&actions, out_fd, 1);
-      posix_spawn_file_actions_adddup2(&actions, out_fd, 2);
-    }
-    pid_t pid = -1;
-    const int rc = posix_spawn(&pid, path.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) throw std::runtime_error("cannot start " + path + ": " + std::strerror(rc));
-    pids_.push_back(pid);
-    return pid;
-  }
-  /// Non-blocking: the exit status (or 128 + signal) of `pid` once it has exited.
-  std::optional<int> poll(pid_t pid) {
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) != pid) return std::nullopt;
-    std::erase(pids_, pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  [[nodiscard]] const std::vector<pid_t>& pids() const { return pids_; }
-
- private:
-  std::vector<pid_t> pids_;
-};
-
 /// Carries out one trace event: kill -9 of the removed nodes' workers, then the added nodes'
 /// workers started (numbered as the schedule says, which is the order they are started in).
 /// Returns the progress line.
 template <class Start>
-std::string replay_step(const sim::replay_event& e, double local_s, const std::vector<pid_t>& worker_pids,
+std::string replay_step(const sim::replay_event& e, double local_s, const std::vector<runtime::child_process>& workers,
                         int& next_worker, Start&& start_worker) {
   char at[64];
   std::snprintf(at, sizeof at, "trace %g s (%.2f s here): ", e.ms / 1000, local_s);
   std::string line = at;
   for (std::size_t i = 0; i < e.killed.size(); ++i) {
-    const pid_t pid = worker_pids.at(static_cast<std::size_t>(e.killed[i]));
-    ::kill(pid, SIGKILL);
+    const auto& worker = workers.at(static_cast<std::size_t>(e.killed[i]));
+    worker.signal(SIGKILL);
+    const pid_t pid = worker.pid();
     line += e.removed[i] + " removed: kill -9 of worker node" + std::to_string(e.killed[i]) + " (pid " +
             std::to_string(pid) + "); ";
   }
@@ -281,9 +225,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
 
-  process_set procs;
-  int pipe_fds[2];
-  if (::pipe(pipe_fds) != 0) throw std::runtime_error("cannot create a pipe");
+  runtime::output_pipe coordinator_out;
   std::vector<std::string> coord_args{"--listen", "127.0.0.1:0", "--config", job_path, "--token-file", token,
                                       "--nodes", std::to_string(nodes), "--steps", std::to_string(steps),
                                       "--fault-tolerance", std::to_string(fault_tolerance)};
@@ -297,8 +239,10 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   if (checkpoint_every) coord_args.insert(coord_args.end(), {"--checkpoint-every", std::to_string(*checkpoint_every)});
   if (!resume.empty()) coord_args.insert(coord_args.end(), {"--resume", std::filesystem::absolute(resume).string()});
   coord_args.insert(coord_args.end(), {"--resume-command", local_resume_prefix(args)});
-  const pid_t coordinator = procs.start((bin / "oobleck-coordinator").string(), coord_args, pipe_fds[1]);
-  ::close(pipe_fds[1]);
+  runtime::child_process coordinator((bin / "oobleck-coordinator").string(), coord_args,
+                                     {.out = runtime::child_output::descriptor(coordinator_out.write_end())});
+  coordinator_out.close_write_end();
+  std::vector<runtime::child_process> workers;  // by worker number (its name is "node" + number)
 
   // Echo the coordinator's lines; the first "listening on" gives its address.
   std::atomic<bool> have_address{false};
@@ -307,53 +251,45 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   std::atomic<int> registered{0};           // "node K joined:" lines
   std::chrono::steady_clock::time_point formed_at{};
   std::string address;
-  std::thread echo([fd = pipe_fds[0], &address, &have_address, &last_step, &formed, &formed_at, &registered, &out] {
-    std::string pending;
-    char buf[4096];
-    for (;;) {
-      const ssize_t n = ::read(fd, buf, sizeof buf);
-      if (n <= 0) break;
-      pending.append(buf, static_cast<std::size_t>(n));
-      for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
-        const std::string line = pending.substr(0, nl);
-        pending.erase(0, nl + 1);
-        out << line << std::endl;
-        if (line.rfind("[coordinator] node ", 0) == 0 && line.find(" joined: ") != std::string::npos) ++registered;
-        if (!formed && line.rfind("[coordinator] epoch ", 0) == 0 && line.find(" formed: ") != std::string::npos) {
-          formed_at = std::chrono::steady_clock::now();
-          formed = true;  // after formed_at: the reader sees both
-        }
-        if (const auto at = line.find("[coordinator] step "); at == 0) {
-          std::int64_t k = -1;
-          if (std::sscanf(line.c_str() + 19, "%lld:", reinterpret_cast<long long*>(&k)) == 1) last_step = k;
-        }
-        if (!have_address) {
-          const auto at = line.find("listening on 127.0.0.1:");
-          if (at != std::string::npos) {
-            const auto begin = at + std::string("listening on ").size();
-            address = line.substr(begin, line.find(' ', begin) - begin);
-            have_address = true;
-          }
+  std::thread echo([&coordinator_out, &address, &have_address, &last_step, &formed, &formed_at, &registered, &out] {
+    coordinator_out.read_lines([&](const std::string& line) {
+      out << line << std::endl;
+      if (line.rfind("[coordinator] node ", 0) == 0 && line.find(" joined: ") != std::string::npos) ++registered;
+      if (!formed && line.rfind("[coordinator] epoch ", 0) == 0 && line.find(" formed: ") != std::string::npos) {
+        formed_at = std::chrono::steady_clock::now();
+        formed = true;  // after formed_at: the reader sees both
+      }
+      if (const auto at = line.find("[coordinator] step "); at == 0) {
+        std::int64_t k = -1;
+        if (std::sscanf(line.c_str() + 19, "%lld:", reinterpret_cast<long long*>(&k)) == 1) last_step = k;
+      }
+      if (!have_address) {
+        const auto at = line.find("listening on 127.0.0.1:");
+        if (at != std::string::npos) {
+          const auto begin = at + std::string("listening on ").size();
+          address = line.substr(begin, line.find(' ', begin) - begin);
+          have_address = true;
         }
       }
-    }
-    ::close(fd);
+    });
   });
   // On every way out: the echo thread reads until the coordinator's end of the pipe closes, so the
   // processes go first (an early return, e.g. --timeout, would otherwise wait for ever).
   struct join_echo {
     std::thread& t;
-    process_set& procs;
+    runtime::child_process& coordinator;
+    std::vector<runtime::child_process>& workers;
     ~join_echo() {
-      procs.kill_all();
+      coordinator.kill_and_reap();
+      for (auto& w : workers) w.kill_and_reap();
       if (t.joinable()) t.join();
     }
-  } joiner{echo, procs};
+  } joiner{echo, coordinator, workers};
 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
   std::optional<int> coordinator_status;
   while (!have_address) {
-    if ((coordinator_status = procs.poll(coordinator))) {
+    if ((coordinator_status = coordinator.poll())) {
       err << "error: the coordinator exited with status " << *coordinator_status << " before listening\n";
       return *coordinator_status == 2 ? 2 : 1;
     }
@@ -390,14 +326,14 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
-  std::vector<pid_t> worker_pids;  // by worker number (its name is "node" + number)
   auto start_worker = [&](int i) {
-    worker_pids.push_back(
-        procs.start((bin / "oobleck-worker").string(),
-                    {"--coordinator", address, "--token-file", token, "--name", "node" + std::to_string(i),
-                     "--slots", std::to_string(job.cluster.slots_per_node),
-                     "--heartbeat-interval-ms", std::to_string(job.cluster.heartbeat_interval_ms),
-                     "--connection-timeout-ms", std::to_string(job.cluster.connection_timeout_ms)}));
+    workers.emplace_back((bin / "oobleck-worker").string(),
+                         std::vector<std::string>{"--coordinator", address, "--token-file", token, "--name",
+                                                  "node" + std::to_string(i), "--slots",
+                                                  std::to_string(job.cluster.slots_per_node), "--heartbeat-interval-ms",
+                                                  std::to_string(job.cluster.heartbeat_interval_ms),
+                                                  "--connection-timeout-ms",
+                                                  std::to_string(job.cluster.connection_timeout_ms)});
   };
   if (replay) out << "[local] " << replay->summary(trace_path) << std::endl;
   for (int i = 0; i < nodes && !coordinator_status; ++i) {
@@ -405,7 +341,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     // A trace replay starts its workers one at a time, so that worker i is node i (ids follow
     // registration order): the simulator's node ids are the same (sim::replay_trace), and so
     // are the pipelines a removal hits.
-    while (replay && registered <= i && !(coordinator_status = procs.poll(coordinator))) {
+    while (replay && registered <= i && !(coordinator_status = coordinator.poll())) {
       if (std::chrono::steady_clock::now() > deadline || stop_signal) {
         err << "error: worker node" << i << " did not register\n";
         return 1;
@@ -416,16 +352,16 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
 
   int next_worker = nodes;
   bool trace_stopped = false;
-  while (!coordinator_status && !(coordinator_status = procs.poll(coordinator))) {
+  while (!coordinator_status && !(coordinator_status = coordinator.poll())) {
     if (replay && !trace_stopped) {
       const auto now = std::chrono::steady_clock::now();
       if (!replay->begun() && formed) replay->begin(formed_at);
       for (const auto& e : replay->due(now))
-        out << "[local] " << replay_step(e, replay->local_s(e), worker_pids, next_worker, start_worker) << std::endl;
+        out << "[local] " << replay_step(e, replay->local_s(e), workers, next_worker, start_worker) << std::endl;
       if (replay->ended(now)) {
         out << "[local] the trace ended (trace " << replay->schedule().end_ms / 1000 << " s): stopping the job"
             << std::endl;
-        ::kill(coordinator, SIGTERM);  // an orderly stop: the steps committed so far stand
+        coordinator.signal(SIGTERM);  // an orderly stop: the steps committed so far stand
         trace_stopped = true;
       }
     }
@@ -439,7 +375,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       }
     if (stop_signal) {
       out << "[local] stopping on " << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << std::endl;
-      ::kill(coordinator, SIGTERM);  // an orderly stop of the whole job
+      coordinator.signal(SIGTERM);  // an orderly stop of the whole job
       stop_signal = 0;
     }
     if (std::chrono::steady_clock::now() > deadline) {
@@ -450,12 +386,10 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   }
   // The workers leave once the coordinator told them; give them a moment, then make sure.
   const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!procs.pids().empty() && std::chrono::steady_clock::now() < grace) {
-    for (pid_t p : std::vector<pid_t>(procs.pids()))
-      if (!procs.poll(p) && stopped(p)) {  // frozen (--hang-at): it cannot leave, do not wait for it
-        ::kill(p, SIGKILL);
-        ::kill(p, SIGCONT);
-      }
+  auto running = [&] { return std::any_of(workers.begin(), workers.end(), [](const auto& w) { return !w.reaped(); }); };
+  while (running() && std::chrono::steady_clock::now() < grace) {
+    for (auto& w : workers)
+      if (!w.poll() && w.stopped()) w.kill_and_reap();  // frozen (--hang-at): it cannot leave, do not wait for it
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   if (*coordinator_status == 0 && unfired) {

@@ -21,32 +21,24 @@
 //
 // usage: sim_validation [--quick] [--json PATH] [--bin DIR] [--traces DIR] [--recovery-costs FILE]
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <set>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "apps/job_file.hpp"
 #include "bench/bench_text.hpp"
+#include "bench/cluster_programs.hpp"
+#include "bench/sim_validation_cases.hpp"
+#include "bench/sim_validation_predict.hpp"
 #include "messages/profile_file.hpp"
 #include "planning/planner.hpp"
 #include "sim/oobleck_policy.hpp"
@@ -55,203 +47,19 @@
 #include "sim/simulator.hpp"
 #include "sim/trace.hpp"
 
-extern char** environ;
-
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 namespace sim = oobleck::sim;
 namespace planning = oobleck::planning;
 
-using oobleck::bench::fmt;
-using oobleck::bench::load_average;
+using namespace oobleck::bench;
 
 namespace {
 
-double unix_ms_now() {
-  return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-struct stamped_line {
-  double unix_ms = 0;  ///< when the line arrived
-  std::string text;
-};
-
-struct program_run {
-  int status = -1;
-  std::vector<stamped_line> lines;
-  std::string transcript() const {
-    std::string s;
-    for (const auto& l : lines) s += l.text + "\n";
-    return s;
-  }
-  /// The arrival of the first line containing `what` (NaN: none).
-  double first(const std::string& what) const {
-    for (const auto& l : lines)
-      if (l.text.find(what) != std::string::npos) return l.unix_ms;
-    return NAN;
-  }
-};
-
-/// Runs a program to its end (killed after timeout_s), its stdout and stderr stamped line by line.
-program_run run_program(const std::string& path, const std::vector<std::string>& args, double timeout_s) {
-  int fds[2];
-  if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-  std::vector<char*> argv{const_cast<char*>(path.c_str())};
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, path.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(fds[1]);
-  if (rc != 0) {
-    ::close(fds[0]);
-    throw std::runtime_error("cannot start " + path + ": " + std::strerror(rc));
-  }
-  program_run r;
-  std::thread watchdog;
-  std::atomic<bool> done{false};
-  watchdog = std::thread([&] {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-    while (!done && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (!done) ::kill(pid, SIGTERM);  // oobleck-local stops everything it started
-  });
-  std::string pending;
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::read(fds[0], buf, sizeof buf);
-    if (n <= 0) break;
-    const double t = unix_ms_now();
-    pending.append(buf, static_cast<std::size_t>(n));
-    for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
-      r.lines.push_back({t, pending.substr(0, nl)});
-      pending.erase(0, nl + 1);
-    }
-  }
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  done = true;
-  watchdog.join();
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
 /// The step lines of a metrics file.
-std::vector<nlohmann::json> read_steps(const fs::path& path) {
-  std::vector<nlohmann::json> steps;
-  std::ifstream in(path);
-  for (std::string l; std::getline(in, l);) {
-    if (l.empty()) continue;
-    auto j = nlohmann::json::parse(l);
-    if (!j.contains("event")) steps.push_back(std::move(j));
-  }
-  return steps;
-}
+std::vector<nlohmann::json> read_steps(const fs::path& path) { return read_metrics(path).steps; }
 
-std::vector<nlohmann::json> read_events(const fs::path& path) {
-  std::vector<nlohmann::json> events;
-  std::ifstream in(path);
-  for (std::string l; std::getline(in, l);) {
-    if (l.empty()) continue;
-    auto j = nlohmann::json::parse(l);
-    if (j.contains("event")) events.push_back(std::move(j));
-  }
-  return events;
-}
-
-std::string default_job_text(const std::string& bin) {
-  const auto r = run_program(bin + "/oobleck-local", {"--print-default-job"}, 60);
-  if (r.status != 0) throw std::runtime_error("oobleck-local --print-default-job failed");
-  std::string text;
-  for (const auto& l : r.lines) text += l.text + "\n";
-  return text;
-}
-
-void write_trace(const fs::path& path, const std::vector<sim::trace_event>& events) {
-  std::ofstream out(path);
-  for (const auto& e : events)
-    out << static_cast<long long>(std::llround(e.ms)) << "," << (e.action == sim::trace_action::add ? "add" : "remove")
-        << "," << e.node << "\n";
-}
-
-/// A case: a trace file (a node subset of one of ../shared/traces, written to the scratch folder)
-/// replayed on `slots` workers at `scale`.
-struct replay_case {
-  std::string name;
-  std::string source;  ///< the trace it comes from
-  std::string how;     ///< how the subset was taken
-  fs::path trace;      ///< the file both replay
-  int slots = 0;
-  double scale = 0;
-};
-
-/// 10m.csv (no adds after the start): the first `removed` nodes it removes and `kept` nodes it
-/// never removes (file order), ending at the next removal of the trace (which is not replayed).
-replay_case ten_minute_case(const fs::path& traces, const fs::path& dir, int removed, int kept, double scale) {
-  const auto events = sim::read_trace((traces / "10m.csv").string());
-  std::vector<std::string> removal_order;
-  std::set<std::string> ever_removed;
-  for (const auto& e : events)
-    if (e.action == sim::trace_action::remove) {
-      removal_order.push_back(e.node);
-      ever_removed.insert(e.node);
-    }
-  if (static_cast<int>(removal_order.size()) <= removed) throw std::runtime_error("10m.csv has too few removals");
-  std::set<std::string> subset(removal_order.begin(), removal_order.begin() + removed);
-  const std::string end_node = removal_order[static_cast<std::size_t>(removed)];
-  int k = 0;
-  for (const auto& e : events)
-    if (e.action == sim::trace_action::add && !ever_removed.count(e.node) && k < kept && subset.insert(e.node).second) ++k;
-  std::vector<sim::trace_event> out;
-  double end_ms = 0;
-  for (const auto& e : events) {
-    if (e.action == sim::trace_action::remove && e.node == end_node) {
-      end_ms = e.ms;
-      break;
-    }
-    if (subset.count(e.node)) out.push_back(e);
-  }
-  // The end: the time of the trace's next removal, marked by an add (any event would do: the run
-  // ends at the trace's last time, and what happens then is not replayed, nor simulated).
-  out.push_back({end_ms, sim::trace_action::add, "end-of-window", 0});
-  replay_case c;
-  c.name = "10m.csv subset";
-  c.source = (traces / "10m.csv").string();
-  c.how = "the first " + std::to_string(removed) + " nodes 10m.csv removes and " + std::to_string(kept) +
-          " it never removes (file order); the window ends at its next removal (" + end_node + ", " +
-          fmt("%.0f", end_ms / 1000) + " s)";
-  c.trace = dir / "10m-subset.csv";
-  c.slots = removed + kept;
-  c.scale = scale;
-  write_trace(c.trace, out);
-  return c;
-}
-
-/// bamboo-p3-trace.csv up to `until_ms` (its events at or before it), on `slots` workers: the
-/// nodes take the slots in the order they are added, later ones wait as spares and join when a
-/// slot frees (oobleck-local --trace-nodes).
-replay_case bamboo_case(const fs::path& traces, const fs::path& dir, int slots, double until_ms, double scale) {
-  const auto events = sim::read_trace((traces / "bamboo-p3-trace.csv").string());
-  std::vector<sim::trace_event> out;
-  for (const auto& e : events)
-    if (e.ms <= until_ms) out.push_back(e);
-  replay_case c;
-  c.name = "bamboo-p3 (adds as joins)";
-  c.source = (traces / "bamboo-p3-trace.csv").string();
-  c.how = "its events up to " + fmt("%.0f", out.back().ms / 1000) + " s, on " + std::to_string(slots) +
-          " slots (spares join when a slot frees)";
-  c.trace = dir / "bamboo-window.csv";
-  c.slots = slots;
-  c.scale = scale;
-  write_trace(c.trace, out);
-  return c;
-}
+std::vector<nlohmann::json> read_events(const fs::path& path) { return read_metrics(path).events; }
 
 /// Mean commit interval (ms) of a failure-free run, its first `skip` steps left out (start-up).
 double mean_interval(const std::vector<nlohmann::json>& steps, std::size_t skip) {
@@ -318,6 +126,7 @@ int main(int argc, char** argv) try {
   const auto costs = sim::read_recovery_costs(costs_path);
   std::cout << "recovery costs: " << costs_path << ": detection " << fmt("%.1f", costs.detection_ms) << " ms, planning "
             << fmt("%.1f", costs.planning_ms) << " ms, copy " << fmt("%.3g", costs.copy_bytes_per_s) << " bytes/s\n";
+  const validation_job validated{job, profile, costs};
 
   std::vector<replay_case> cases;
   if (quick) {
@@ -328,32 +137,6 @@ int main(int argc, char** argv) try {
     // 8460 s) leave every layer a holder; its triple removal at 10,680 s is beyond the window.
     if (fs::exists(traces / "bamboo-p3-trace.csv")) cases.push_back(bamboo_case(traces, dir, 8, 10000e3, 0.01));
   }
-  auto planner_config = [&](int nodes) {
-    planning::job_config c;
-    c.nodes = nodes;
-    c.fault_tolerance = job.cluster.fault_tolerance;
-    c.global_batch = job.training.global_batch;
-    c.microbatch = job.training.microbatch;
-    c.device_memory_bytes = job.cluster.device_memory_bytes;
-    return c;
-  };
-  // The simulated job of a case (step_scale: the contention model, empty for none).
-  auto sim_job_for = [&](const replay_case& c, const std::vector<double>& step_scale) {
-    sim::sim_job sj;
-    sj.profile = profile;
-    sj.bamboo_profile = profile;
-    sj.nodes = c.slots;
-    sj.fault_tolerance = job.cluster.fault_tolerance;
-    sj.global_batch = job.training.global_batch;
-    sj.microbatch = job.training.microbatch;
-    sj.bamboo_microbatch = job.training.microbatch;
-    sj.step_scale = step_scale;
-    return sj;
-  };
-  auto cluster_trace_of = [&](const replay_case& c, const sim::replay_schedule& s, double ready_ms) {
-    return sim::to_cluster_trace(sim::replay_trace(s),
-                                 {.ready_delay_ms = ready_ms, .time_scale = c.scale, .initial_nodes_ready = true});
-  };
   // Which node counts the replays train on (the policy's decisions; they do not depend on step
   // times), and whether any has joins: the calibration runs measure those.
   std::set<int> counts;
@@ -364,7 +147,7 @@ int main(int argc, char** argv) try {
     const auto s = sim::make_replay_schedule(sim::read_trace(c.trace.string()), {.slots = c.slots});
     for (const auto& e : s.events) any_joins = any_joins || (!e.started.empty() && e.ms < s.end_ms);
     const auto ct = cluster_trace_of(c, s, 0);
-    sim::oobleck_policy p(sim_job_for(c, {}), costs, ct.start_ms);
+    sim::oobleck_policy p(validated.sim_job_for(c, {}), costs, ct.start_ms);
     for (const auto& d : sim::simulate(p, ct, ct.start_ms + s.end_ms * c.scale, c.slots).decisions)
       if (d.nodes_in_use > 0) counts.insert(d.nodes_in_use);
   }
@@ -387,7 +170,7 @@ int main(int argc, char** argv) try {
       if (r.status != 0)
         throw std::runtime_error("calibration run on " + std::to_string(n) + " nodes failed:\n" + r.transcript());
       const double measured = mean_interval(read_steps(metrics), 5);
-      const double planned = planning::plan_job(profile, planner_config(n)).step_ms;
+      const double planned = planning::plan_job(profile, validated.planner_config(n)).step_ms;
       measured_steps[n].push_back(measured);
       const std::string load = load_average();
       std::printf("%6d %12.3f %12.1f %10.1f %12s\n", n, planned, measured, measured / planned, load.c_str());
@@ -418,17 +201,9 @@ int main(int argc, char** argv) try {
   }
 
   // --- the replays (measured)
-  struct replay_run {
-    sim::replay_schedule schedule;
-    double window_ms = 0, t0 = NAN, samples = 0, measured = 0;
-    std::size_t replayed_events = 0;  // those before the end (the run ends at the trace's last time)
-    std::vector<nlohmann::json> steps, records;
-    std::vector<std::string> progress;
-    std::string load_before, load_after;
-  };
-  std::vector<replay_run> runs;
+  std::vector<measured_replay> runs;
   for (const auto& c : cases) {
-    replay_run m;
+    measured_replay m;
     m.schedule = sim::make_replay_schedule(sim::read_trace(c.trace.string()), {.slots = c.slots});
     m.window_ms = m.schedule.end_ms * c.scale;
     for (const auto& e : m.schedule.events) m.replayed_events += e.ms < m.schedule.end_ms;
@@ -472,7 +247,7 @@ int main(int argc, char** argv) try {
   for (const auto& [n, v] : measured_steps) {
     double mean = 0;
     for (double x : v) mean += x / static_cast<double>(v.size());
-    step_scale[static_cast<std::size_t>(n)] = mean / planning::plan_job(profile, planner_config(n)).step_ms;
+    step_scale[static_cast<std::size_t>(n)] = mean / planning::plan_job(profile, validated.planner_config(n)).step_ms;
     std::cout << " " << n << " nodes x" << fmt("%.2f", step_scale[static_cast<std::size_t>(n)]) << " ("
               << fmt("%.1f", mean) << " ms)";
   }
@@ -482,73 +257,9 @@ int main(int argc, char** argv) try {
   json results = json::array();
   std::vector<std::string> table;
   for (std::size_t i = 0; i < cases.size(); ++i) {
-    const auto& c = cases[i];
-    const auto& m = runs[i];
-    // The same node subset, time scale and readiness delay; the measured costs and contention.
-    const auto ct = cluster_trace_of(c, m.schedule, std::isnan(join_ms) ? 0 : join_ms);
-    sim::oobleck_policy policy(sim_job_for(c, step_scale), costs, ct.start_ms);
-    const auto p = sim::simulate(policy, ct, ct.start_ms + m.window_ms, c.slots);
-    // The same without the contention model, for scale.
-    sim::oobleck_policy plain(sim_job_for(c, {}), costs, ct.start_ms);
-    const auto q = sim::simulate(plain, ct, ct.start_ms + m.window_ms, c.slots);
-    const double error = (p.samples_per_s - m.measured) / m.measured;
-    std::cout << "\n" << c.name << ": measured " << fmt("%.1f", m.measured) << " samples/s, predicted "
-              << fmt("%.1f", p.samples_per_s) << ": error " << fmt("%+.1f", 100 * error)
-              << "% (without the contention model: " << fmt("%.0f", q.samples_per_s) << " samples/s)\n";
-    for (const auto& d : p.decisions)
-      std::cout << "  sim " << fmt("%.2f", (d.ms - ct.start_ms) / 1000) << " s: " << d.what << " on " << d.nodes_in_use
-                << " nodes, step " << fmt("%.1f", d.step_ms) << " ms" << (d.detail.empty() ? "" : " (" + d.detail + ")")
-                << "\n";
-    // Between consecutive events: measured against predicted throughput (where the error comes from).
-    std::vector<double> cuts{0};
-    for (const auto& e : m.schedule.events)
-      if (e.ms < m.schedule.end_ms) cuts.push_back(e.ms * c.scale);
-    cuts.push_back(m.window_ms);
-    json phases = json::array();
-    std::cout << "  phase (s here)      measured/s  predicted/s\n";
-    for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
-      const double a = cuts[k], b = cuts[k + 1];
-      if (!(b > a)) continue;
-      double got = 0, want = 0;
-      for (const auto& st : m.steps) {
-        const double t = st["unix_ms"].get<double>() - m.t0;
-        if (t > a && t <= b) got += st["samples"].get<double>();
-      }
-      for (const auto& seg : p.segments) {
-        const double lo = std::max(a, seg.start_ms - ct.start_ms), hi = std::min(b, seg.end_ms - ct.start_ms);
-        if (hi > lo && seg.end_ms > seg.start_ms) want += seg.samples * (hi - lo) / (seg.end_ms - seg.start_ms);
-      }
-      const double span_s = (b - a) / 1000;
-      std::printf("  %6.1f - %6.1f %13.1f %12.1f\n", a / 1000, b / 1000, got / span_s, want / span_s);
-      phases.push_back({{"from_s", a / 1000}, {"to_s", b / 1000}, {"measured_samples_per_s", got / span_s},
-                        {"predicted_samples_per_s", want / span_s}});
-    }
-    char row[256];
-    std::snprintf(row, sizeof row, "%-28s %6d %8g %9.1f %7zu %11.1f %11.1f %+8.1f%%", c.name.c_str(), c.slots, c.scale,
-                  m.window_ms / 1000, m.replayed_events, m.measured, p.samples_per_s, 100 * error);
+    std::string row;
+    results.push_back(predict_case(validated, cases[i], runs[i], step_scale, join_ms, row));
     table.push_back(row);
-    json breakdown;
-    for (int a = 0; a < sim::kActivities; ++a)
-      breakdown[sim::to_string(static_cast<sim::activity>(a))] = p.breakdown_ms[static_cast<std::size_t>(a)];
-    json recs = json::array();
-    for (const auto& e : m.records) recs.push_back(json::parse(e.dump()));
-    results.push_back({{"case", c.name},
-                       {"source", c.source},
-                       {"subset", c.how},
-                       {"slots", c.slots},
-                       {"time_scale", c.scale},
-                       {"window_s", m.window_ms / 1000},
-                       {"events", m.replayed_events},
-                       {"replayed", m.progress},
-                       {"measured_samples_per_s", m.measured},
-                       {"measured_samples", m.samples},
-                       {"recovery_records", recs},
-                       {"predicted_samples_per_s", p.samples_per_s},
-                       {"relative_error", error},
-                       {"predicted_without_contention_model", q.samples_per_s},
-                       {"predicted_breakdown_ms", breakdown},
-                       {"phases", phases},
-                       {"load_average", {m.load_before, m.load_after}}});
   }
   json model = json::object();
   for (std::size_t n = 0; n < step_scale.size(); ++n)
@@ -571,7 +282,7 @@ int main(int argc, char** argv) try {
         "(sim::replay_trace), profile from oobleck-profile here, recovery costs from the file, step time x "
         "measured/planned per node count from failure-free calibration runs, join readiness from a --join-at run";
     out["recovery_costs"] = costs_path;
-    out["profile_step_ms_6_nodes"] = planning::plan_job(profile, planner_config(6)).step_ms;
+    out["profile_step_ms_6_nodes"] = planning::plan_job(profile, validated.planner_config(6)).step_ms;
     out["calibration"] = calibration;
     out["step_scale_by_nodes"] = model;
     out["join"] = join_json;

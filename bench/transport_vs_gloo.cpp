@@ -9,8 +9,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,9 +19,8 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include "runtime/child_process.hpp"
 #include "runtime/transport/host_transport.hpp"
-
-extern char** environ;
 
 using namespace oobleck;
 using json = nlohmann::ordered_json;
@@ -181,25 +178,18 @@ int main(int argc, char** argv) {
     const std::string base = "/tmp/oobleck-tvg-" + std::to_string(::getpid()) + "-" + std::to_string(world);
     const std::string store = base + ".store", out = base + ".jsonl";
     std::remove(store.c_str());
-    std::vector<pid_t> pids;
+    std::vector<oobleck::runtime::child_process> children;
     for (int r = 0; r < world; ++r) {
-      const std::string rank = std::to_string(r), w = std::to_string(world), q = quick ? "1" : "0";
-      char* args[] = {const_cast<char*>(self.c_str()), const_cast<char*>("--child"), const_cast<char*>(rank.c_str()),
-                      const_cast<char*>(w.c_str()), const_cast<char*>(store.c_str()), const_cast<char*>(out.c_str()),
-                      const_cast<char*>(q.c_str()), nullptr};
-      pid_t pid = 0;
-      if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, args, environ) != 0) {
+      try {
+        children.emplace_back(self, std::vector<std::string>{"--child", std::to_string(r), std::to_string(world), store,
+                                                             out, quick ? "1" : "0"});
+      } catch (const oobleck::runtime::child_spawn_error&) {
         std::cerr << "cannot start a child process\n";
         return 1;
       }
-      pids.push_back(pid);
     }
     bool ok = true;
-    for (pid_t pid : pids) {
-      int status = 0;
-      ::waitpid(pid, &status, 0);
-      ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    }
+    for (auto& child : children) ok = child.wait() == 0 && ok;
     if (!ok) {
       std::cerr << "a child process failed\n";
       return 1;

@@ -1,9 +1,5 @@
 #include "support/background_process.hpp"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,36 +9,21 @@
 #include <stdexcept>
 #include <thread>
 
-extern char** environ;
-
 namespace oobleck::testing {
 
 namespace {
 std::atomic<int> counter{0};
-}
 
-background_process::background_process(const std::string& path, const std::vector<std::string>& args) {
-  log_path_ = "/tmp/oobleck-bg-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".log";
-  std::vector<char*> argv{const_cast<char*>(path.c_str())};
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  const int spawned = posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) throw std::runtime_error("cannot start " + path);
+std::string next_log_path() {
+  return "/tmp/oobleck-bg-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".log";
 }
+}  // namespace
+
+background_process::background_process(const std::string& path, const std::vector<std::string>& args)
+    : log_path_(next_log_path()), child_(path, args, {.out = runtime::child_output::file(log_path_)}) {}
 
 background_process::~background_process() {
-  if (!reaped_) {
-    ::kill(pid_, SIGKILL);
-    ::kill(pid_, SIGCONT);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-  }
+  child_.kill_and_reap();
   ::unlink(log_path_.c_str());
 }
 
@@ -67,24 +48,14 @@ std::string background_process::wait_for_line(const std::string& text, std::chro
 }
 
 int background_process::wait_exit(std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!reaped_) {
-    int status = 0;
-    const pid_t r = ::waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      reaped_ = true;
-      status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      break;
-    }
-    if (std::chrono::steady_clock::now() >= deadline)
-      throw std::runtime_error("the process did not exit within " + std::to_string(timeout.count()) +
-                               " ms; output:\n" + output());
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return status_;
+  const auto status = child_.wait_until(std::chrono::steady_clock::now() + timeout);
+  if (!status)
+    throw std::runtime_error("the process did not exit within " + std::to_string(timeout.count()) +
+                             " ms; output:\n" + output());
+  return *status;
 }
 
-void background_process::signal(int sig) { ::kill(pid_, sig); }
+void background_process::signal(int sig) { child_.signal(sig); }
 
 pid_t child_named(pid_t parent, const std::string& name) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {

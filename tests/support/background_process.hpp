@@ -1,13 +1,15 @@
 #pragma once
 // A program running in the background for multi-process tests: its stdout and stderr go to a log
 // file the test reads while it runs. Every wait has a deadline and fails the test instead of
-// hanging; the destructor kills (SIGKILL, SIGCONT first for a frozen one) and reaps the process.
+// hanging; the destructor kills (SIGKILL, and SIGCONT for a frozen one) and reaps the process.
 
 #include <sys/types.h>
 
 #include <chrono>
 #include <string>
 #include <vector>
+
+#include "runtime/child_process.hpp"
 
 namespace oobleck::testing {
 
@@ -27,13 +29,11 @@ class background_process {
   /// Waits for the exit: the exit status, or 128 + signal. Throws at the deadline.
   int wait_exit(std::chrono::milliseconds timeout = std::chrono::seconds(30));
   void signal(int sig);
-  [[nodiscard]] pid_t pid() const { return pid_; }
+  [[nodiscard]] pid_t pid() const { return child_.pid(); }
 
  private:
-  pid_t pid_ = -1;
   std::string log_path_;
-  bool reaped_ = false;
-  int status_ = -1;
+  runtime::child_process child_;
 };
 
 /// The child of `parent` started with `--name NAME` (a worker of oobleck-local), or -1.

@@ -1,0 +1,66 @@
+#include "bench/cluster_programs.hpp"
+
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <stdexcept>
+
+#include "runtime/child_process.hpp"
+
+namespace oobleck::bench {
+
+namespace {
+
+double unix_ms_now() {
+  return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::string program_run::transcript() const {
+  std::string s;
+  for (const auto& l : lines) s += l.text + "\n";
+  return s;
+}
+
+double program_run::first(const std::string& what) const {
+  for (const auto& l : lines)
+    if (l.text.find(what) != std::string::npos) return l.unix_ms;
+  return NAN;
+}
+
+program_run run_program(const std::string& path, const std::vector<std::string>& args, double timeout_s) {
+  runtime::output_pipe output;
+  runtime::child_process child(path, args, {.out = runtime::child_output::descriptor(output.write_end())});
+  output.close_write_end();
+  program_run r;
+  auto stamp = [&](const std::string& line) { r.lines.push_back({unix_ms_now(), line}); };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                               std::chrono::duration<double>(timeout_s));
+  if (!output.read_lines_until(deadline, stamp)) {
+    child.signal(SIGTERM);  // oobleck-local stops everything it started
+    output.read_lines(stamp);
+  }
+  r.status = child.wait();
+  return r;
+}
+
+std::string default_job_text(const std::string& bin) {
+  const auto r = run_program(bin + "/oobleck-local", {"--print-default-job"}, 60);
+  if (r.status != 0) throw std::runtime_error("oobleck-local --print-default-job failed");
+  return r.transcript();
+}
+
+metrics_records read_metrics(const std::filesystem::path& path) {
+  metrics_records m;
+  std::ifstream in(path);
+  for (std::string l; std::getline(in, l);) {
+    if (l.empty()) continue;
+    auto j = nlohmann::json::parse(l);
+    (j.contains("event") ? m.events : m.steps).push_back(std::move(j));
+  }
+  return m;
+}
+
+}  // namespace oobleck::bench

@@ -1,0 +1,150 @@
+#include "bench/recovery_faults.hpp"
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#include "bench/bench_text.hpp"
+#include "bench/recovery_cluster.hpp"
+#include "bench/recovery_plan.hpp"
+
+namespace oobleck::bench {
+
+std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s, int& spurious_losses) {
+  std::cout << "  " << s.name << " (" << s.job_name << ", " << s.nodes << " nodes, heartbeat " << s.heartbeat_ms
+            << " ms / timeout " << s.timeout_ms << " ms; load " << load_average() << ") ..." << std::flush;
+  const auto started = clock_type::now();
+  local_cluster c({bin, s.job_text, s.nodes, s.steps, s.heartbeat_ms, s.timeout_ms});
+  std::vector<fault_result> results;
+  std::map<long long, clock_type::time_point> commits;  // first commit line of each step
+  std::size_t cursor = 0;
+  auto note_commits = [&](std::size_t upto) {
+    for (std::size_t i = 0; i < upto; ++i) {
+      const auto l = c.line(i);
+      if (auto k = commit_step(l.text); k && !commits.count(*k)) commits[*k] = l.t;
+    }
+  };
+  auto fail = [&](const std::string& what) {
+    c.keep_files();
+    throw std::runtime_error(s.name + ": " + what + " (files in " + c.dir().string() + ")\n" + c.transcript());
+  };
+  const double patience = s.timeout_ms / 1000.0 + 60;
+  for (const auto& f : s.faults) {
+    const auto at = c.wait_for([&](const std::string& l) { return commit_step(l) == f.step - 1; }, cursor, 120);
+    if (!at) fail("step " + std::to_string(f.step - 1) + " never committed");
+    note_commits(*at + 1);
+    std::vector<double> intervals;
+    for (long long k = 2; k < f.step; ++k)
+      if (commits.count(k) && commits.count(k - 1)) intervals.push_back(ms_between(commits[k - 1], commits[k]));
+    fault_result r;
+    r.scenario = s.name;
+    r.job = s.job_name;
+    r.kind = f.sig == SIGKILL ? "kill -9" : "hang (SIGSTOP)";
+    r.heartbeat = std::to_string(s.heartbeat_ms) + "/" + std::to_string(s.timeout_ms);
+    r.node = f.node;
+    r.step = f.step;
+    r.step_ms = median(intervals);
+    const auto last_commit = c.line(*at).t;
+    std::this_thread::sleep_until(last_commit + std::chrono::duration_cast<clock_type::duration>(
+                                                    std::chrono::duration<double, std::milli>(r.step_ms / 2)));
+    const std::size_t before = c.size();
+    const auto t_fault = c.signal(f.node, f.sig);
+    r.fault_after_commit_ms = ms_between(last_commit, t_fault);
+    const auto notice = c.wait_for(is_failure_notice, before, patience);
+    if (!notice) fail("no failure notice after the fault");
+    r.detect_ms = ms_between(t_fault, c.line(*notice).t);
+    const std::string lost = "[coordinator] node " + std::to_string(f.node) + " lost: ";
+    const auto lost_at = c.wait_for([&](const std::string& l) { return l.rfind(lost, 0) == 0; }, before, patience);
+    if (!lost_at) fail("node " + std::to_string(f.node) + " was never declared lost");
+    r.loss_notice_ms = ms_between(t_fault, c.line(*lost_at).t);
+    const auto resumed = c.wait_for([](const std::string& l) { return commit_step(l).has_value(); }, before, 120);
+    if (!resumed) fail("no step committed after the fault");
+    r.resume_ms = ms_between(t_fault, c.line(*resumed).t);
+    r.bench_downtime_ms = ms_between(last_commit, c.line(*resumed).t);
+    cursor = *resumed + 1;
+    if (f.sig == SIGSTOP) c.kill(f.node);  // it was replaced: end it (it would be fenced and exit on waking)
+    results.push_back(std::move(r));
+  }
+  const auto finished = c.wait_for([](const std::string& l) { return l.find("training finished") != std::string::npos; },
+                                   cursor, 300);
+  if (!finished) fail("the job did not finish");
+  const int status = c.wait_exit(60);
+  if (status != 0) fail("the coordinator exited with status " + std::to_string(status));
+
+  std::vector<nlohmann::json> steps, events;
+  c.read_metrics(steps, events);
+  // Losses nobody caused (a heartbeat timeout on a healthy, descheduled node).
+  for (const auto& l : c.lines()) {
+    if (l.text.rfind("[coordinator] node ", 0) != 0 || l.text.find(" lost: ") == std::string::npos) continue;
+    const int id = std::stoi(l.text.substr(19));
+    if (std::none_of(s.faults.begin(), s.faults.end(), [&](const fault_plan& f) { return f.node == id; })) {
+      ++spurious_losses;
+      std::cout << " [spurious loss of node " << id << "]";
+    }
+  }
+  // Match records to faults, and recompute the planner's copy plans.
+  const job_model model(s.job_text, s.nodes);
+  plan_replay replay(model);
+  std::size_t next = 0;
+  for (const auto& e : events) {
+    std::vector<int> lost;
+    for (const auto& n : e["lost"]) lost.push_back(n.get<int>());
+    const auto r = lost.empty() ? planning::reconfiguration{} : replay.lose(lost);
+    for (std::size_t i = next; i < results.size(); ++i) {
+      if (std::find(lost.begin(), lost.end(), results[i].node) == lost.end()) continue;
+      auto& res = results[i];
+      res.record = json::parse(e.dump());
+      std::int64_t total = 0;
+      for (const auto& cp : r.copies) total += cp.bytes;
+      res.predicted_bytes = total;
+      res.copies = static_cast<int>(r.copies.size());
+      res.busiest_bytes = busiest_link_bytes(r.copies);
+      res.plan_matches = total == e["copy_bytes"].get<std::int64_t>();
+      if (lost.size() > 1) res.notes.push_back("one recovery for several losses");
+      for (const auto& st : steps)
+        if (st["step"] == e["resumed_step"]) res.resumed_step_ms = st["wall_ms"].get<double>();
+      next = i + 1;
+      break;
+    }
+  }
+  for (auto& r : results)
+    if (r.record.is_null()) r.notes.push_back("no reconfigured record");
+  std::cout << " " << fmt("%.1f", ms_between(started, clock_type::now()) / 1000) << " s\n";
+  return results;
+}
+
+json result_json(const fault_result& r, double p2p) {
+  json j;
+  j["scenario"] = r.scenario;
+  j["job"] = r.job;
+  j["fault"] = r.kind;
+  j["heartbeat_ms"] = r.heartbeat;
+  j["node"] = r.node;
+  j["step"] = r.step;
+  j["failure_free_step_ms"] = r.step_ms;
+  j["fault_after_commit_ms"] = r.fault_after_commit_ms;
+  j["detect_ms"] = r.detect_ms;
+  j["loss_notice_ms"] = r.loss_notice_ms;
+  j["resume_ms"] = r.resume_ms;
+  j["bench_downtime_ms"] = r.bench_downtime_ms;
+  j["resumed_step_ms"] = r.resumed_step_ms;
+  j["record"] = r.record;
+  j["copies"] = r.copies;
+  j["busiest_link_bytes"] = r.busiest_bytes;
+  j["copy_plan_matches_record"] = r.plan_matches;
+  if (!r.record.is_null()) {
+    const double copy_ms = r.record["copy_ms"].get<double>();
+    const double bytes = r.record["copy_bytes"].get<double>();
+    j["copy_gb_per_s"] = copy_ms > 0 ? bytes / copy_ms / 1e6 : 0;  // all links together
+    j["busiest_link_gb_per_s"] = copy_ms > 0 ? static_cast<double>(r.busiest_bytes) / copy_ms / 1e6 : 0;
+    j["downtime_steps"] = r.record["downtime_ms"].get<double>() / r.step_ms;
+    j["downtime_bound_ms"] = r.detect_ms + r.step_ms + copy_ms + 500;
+    if (p2p > 0 && copy_ms > 0) j["copy_vs_p2p"] = static_cast<double>(r.busiest_bytes) / copy_ms / 1e6 / p2p;
+  }
+  if (!r.notes.empty()) j["notes"] = r.notes;
+  return j;
+}
+
+}  // namespace oobleck::bench

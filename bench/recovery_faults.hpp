@@ -1,0 +1,57 @@
+#pragma once
+// The recovery benchmark's fault scenarios: a job on the local cluster, a worker killed (SIGKILL)
+// or frozen (SIGSTOP) half a failure-free step after a commit, and what the recovery cost on the
+// benchmark's clock and in the coordinator's "reconfigured" record.
+
+#include <signal.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/recovery_stats.hpp"
+
+namespace oobleck::bench {
+
+struct fault_plan {
+  int step = 0;  ///< the fault happens in this step, half a failure-free step after step-1 committed
+  int node = 0;
+  int sig = SIGKILL;
+};
+
+struct scenario {
+  std::string name;
+  std::string job_name;
+  std::string job_text;
+  int nodes = 6;
+  std::int64_t steps = 20;
+  int heartbeat_ms = 1000, timeout_ms = 10000;
+  std::vector<fault_plan> faults;
+};
+
+struct fault_result {
+  std::string scenario, job, kind, heartbeat;
+  int node = 0, step = 0;
+  double step_ms = 0;               ///< failure-free step: median commit interval before the fault
+  double fault_after_commit_ms = 0;
+  double detect_ms = NAN;           ///< fault -> first failure notice
+  double loss_notice_ms = NAN;      ///< fault -> "node V lost"
+  double resume_ms = NAN;           ///< fault -> first commit after it
+  double bench_downtime_ms = NAN;   ///< last commit before -> first commit after (bench clock)
+  double resumed_step_ms = NAN;     ///< the re-run step's own time (its metrics wall_ms)
+  json record;                      ///< the coordinator's "reconfigured" record
+  std::int64_t predicted_bytes = -1, busiest_bytes = -1;
+  int copies = 0;
+  bool plan_matches = false;
+  std::vector<std::string> notes;
+};
+
+/// Runs one scenario from the programs in `bin`; counts losses of nodes nobody faulted in
+/// spurious_losses. Throws (keeping the job's files) when the job does not do what it must.
+std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s, int& spurious_losses);
+
+/// Every figure of one fault; p2p: the host transport's bandwidth (GB/s) for scale, 0 if unknown.
+json result_json(const fault_result& r, double p2p);
+
+}  // namespace oobleck::bench

@@ -1,0 +1,62 @@
+#include "bench/recovery_plan.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "planning/synthetic_profile.hpp"
+
+namespace oobleck::bench {
+
+job_model::job_model(const std::string& text, int nodes) : job(apps::parse_job(text, "job")) {
+  profile = planning::synthetic_gpt_profile(apps::synthetic_model(job));
+  config.nodes = nodes;
+  config.fault_tolerance = job.cluster.fault_tolerance;
+  config.global_batch = job.training.global_batch;
+  config.microbatch = job.training.microbatch;
+  config.device_memory_bytes = job.cluster.device_memory_bytes;
+}
+
+plan_replay::plan_replay(const job_model& m) : m_(m), plan_(planning::plan_job(m.profile, m.config)) {
+  costs_.emplace(m.profile, planning::job_memory(m.profile, m.config));
+  formed_ = {plan_.pipelines, plan_.idle_nodes};
+}
+
+planning::reconfiguration plan_replay::lose(const std::vector<int>& lost) {
+  const planning::reconfiguration_context ctx{plan_.templates, *costs_, m_.config.fault_tolerance,
+                                              m_.config.global_batch / m_.config.microbatch, m_.config.microbatch};
+  auto r = planning::reconfigure(ctx, formed_, lost, {});
+  if (r.action == planning::reconfiguration_action::continue_training) formed_ = {r.pipelines, r.idle_nodes};
+  return r;
+}
+
+std::int64_t busiest_link_bytes(const std::vector<planning::layer_copy>& copies) {
+  std::map<int, std::int64_t> sent, received;
+  for (const auto& c : copies) {
+    sent[c.from_node] += c.bytes;
+    received[c.to_node] += c.bytes;
+  }
+  std::int64_t most = 0;
+  for (const auto& [n, b] : sent) most = std::max(most, b);
+  for (const auto& [n, b] : received) most = std::max(most, b);
+  return most;
+}
+
+std::string with_key(std::string text, const std::string& section, const std::string& key, const std::string& value) {
+  const auto s = text.find("[" + section + "]");
+  if (s == std::string::npos) return text + "\n[" + section + "]\n" + key + " = " + value + "\n";
+  const auto next = text.find("\n[", s + 1);
+  const auto k = text.find("\n" + key + " =", s);
+  if (k != std::string::npos && (next == std::string::npos || k < next)) {
+    const auto eol = text.find('\n', k + 1);
+    return text.replace(k + 1, eol - k - 1, key + " = " + value);
+  }
+  const auto eol = text.find('\n', s);
+  return text.insert(eol + 1, key + " = " + value + "\n");
+}
+
+std::string default_heartbeat() {
+  const apps::cluster_section d;
+  return std::to_string(d.heartbeat_interval_ms) + "/" + std::to_string(d.connection_timeout_ms);
+}
+
+}  // namespace oobleck::bench

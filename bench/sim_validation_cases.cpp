@@ -1,0 +1,84 @@
+#include "bench/sim_validation_cases.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "bench/bench_text.hpp"
+#include "sim/trace.hpp"
+
+namespace oobleck::bench {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_trace(const fs::path& path, const std::vector<sim::trace_event>& events) {
+  std::ofstream out(path);
+  for (const auto& e : events)
+    out << static_cast<long long>(std::llround(e.ms)) << "," << (e.action == sim::trace_action::add ? "add" : "remove")
+        << "," << e.node << "\n";
+}
+
+}  // namespace
+
+replay_case ten_minute_case(const fs::path& traces, const fs::path& dir, int removed, int kept, double scale) {
+  const auto events = sim::read_trace((traces / "10m.csv").string());
+  std::vector<std::string> removal_order;
+  std::set<std::string> ever_removed;
+  for (const auto& e : events)
+    if (e.action == sim::trace_action::remove) {
+      removal_order.push_back(e.node);
+      ever_removed.insert(e.node);
+    }
+  if (static_cast<int>(removal_order.size()) <= removed) throw std::runtime_error("10m.csv has too few removals");
+  std::set<std::string> subset(removal_order.begin(), removal_order.begin() + removed);
+  const std::string end_node = removal_order[static_cast<std::size_t>(removed)];
+  int k = 0;
+  for (const auto& e : events)
+    if (e.action == sim::trace_action::add && !ever_removed.count(e.node) && k < kept && subset.insert(e.node).second) ++k;
+  std::vector<sim::trace_event> out;
+  double end_ms = 0;
+  for (const auto& e : events) {
+    if (e.action == sim::trace_action::remove && e.node == end_node) {
+      end_ms = e.ms;
+      break;
+    }
+    if (subset.count(e.node)) out.push_back(e);
+  }
+  // The end: the time of the trace's next removal, marked by an add (any event would do: the run
+  // ends at the trace's last time, and what happens then is not replayed, nor simulated).
+  out.push_back({end_ms, sim::trace_action::add, "end-of-window", 0});
+  replay_case c;
+  c.name = "10m.csv subset";
+  c.source = (traces / "10m.csv").string();
+  c.how = "the first " + std::to_string(removed) + " nodes 10m.csv removes and " + std::to_string(kept) +
+          " it never removes (file order); the window ends at its next removal (" + end_node + ", " +
+          fmt("%.0f", end_ms / 1000) + " s)";
+  c.trace = dir / "10m-subset.csv";
+  c.slots = removed + kept;
+  c.scale = scale;
+  write_trace(c.trace, out);
+  return c;
+}
+
+replay_case bamboo_case(const fs::path& traces, const fs::path& dir, int slots, double until_ms, double scale) {
+  const auto events = sim::read_trace((traces / "bamboo-p3-trace.csv").string());
+  std::vector<sim::trace_event> out;
+  for (const auto& e : events)
+    if (e.ms <= until_ms) out.push_back(e);
+  replay_case c;
+  c.name = "bamboo-p3 (adds as joins)";
+  c.source = (traces / "bamboo-p3-trace.csv").string();
+  c.how = "its events up to " + fmt("%.0f", out.back().ms / 1000) + " s, on " + std::to_string(slots) +
+          " slots (spares join when a slot frees)";
+  c.trace = dir / "bamboo-window.csv";
+  c.slots = slots;
+  c.scale = scale;
+  write_trace(c.trace, out);
+  return c;
+}
+
+}  // namespace oobleck::bench

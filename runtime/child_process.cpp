@@ -1,0 +1,207 @@
+#include "runtime/child_process.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <system_error>
+#include <thread>
+
+extern char** environ;
+
+namespace oobleck::runtime {
+
+namespace {
+
+/// posix_spawn's file actions, destroyed on every way out.
+class file_actions {
+ public:
+  file_actions() { posix_spawn_file_actions_init(&a_); }
+  ~file_actions() { posix_spawn_file_actions_destroy(&a_); }
+  file_actions(const file_actions&) = delete;
+  file_actions& operator=(const file_actions&) = delete;
+  posix_spawn_file_actions_t* get() { return &a_; }
+
+  /// `target` (1 or 2) goes where `o` says.
+  void direct(int target, const child_output& o) {
+    if (o.fd >= 0) {
+      posix_spawn_file_actions_adddup2(&a_, o.fd, target);
+    } else if (!o.path.empty()) {
+      posix_spawn_file_actions_addopen(&a_, target, o.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600);
+    }
+  }
+
+ private:
+  posix_spawn_file_actions_t a_;
+};
+
+}  // namespace
+
+child_process::child_process(const std::string& path, const std::vector<std::string>& args,
+                             const child_streams& streams) {
+  std::vector<char*> argv{const_cast<char*>(path.c_str())};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  file_actions actions;
+  posix_spawn_file_actions_addopen(actions.get(), 0, "/dev/null", O_RDONLY, 0);
+  actions.direct(1, streams.out);
+  if (streams.err) {
+    actions.direct(2, *streams.err);
+  } else if (streams.out.fd >= 0 || !streams.out.path.empty()) {
+    posix_spawn_file_actions_adddup2(actions.get(), 1, 2);  // one open file: both streams append to it
+  }
+  const int rc = posix_spawn(&pid_, path.c_str(), actions.get(), nullptr, argv.data(), environ);
+  if (rc != 0) throw child_spawn_error("cannot start " + path + ": " + std::strerror(rc));
+  reaped_ = false;
+}
+
+child_process::~child_process() { kill_and_reap(); }
+
+child_process::child_process(child_process&& other) noexcept
+    : pid_(other.pid_), reaped_(other.reaped_), signalled_(other.signalled_), status_(other.status_) {
+  other.reaped_ = true;
+}
+
+child_process& child_process::operator=(child_process&& other) noexcept {
+  if (this != &other) {
+    kill_and_reap();
+    pid_ = other.pid_;
+    reaped_ = other.reaped_;
+    signalled_ = other.signalled_;
+    status_ = other.status_;
+    other.reaped_ = true;
+  }
+  return *this;
+}
+
+bool child_process::stopped() const {
+  if (reaped_) return false;
+  std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  const auto close = line.rfind(')');  // the command name may hold anything, ')' included
+  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't');
+}
+
+void child_process::signal(int sig) const {
+  if (!reaped_) ::kill(pid_, sig);
+}
+
+void child_process::record(int wait_status) {
+  reaped_ = true;
+  signalled_ = WIFSIGNALED(wait_status);
+  status_ = signalled_ ? 128 + WTERMSIG(wait_status) : WEXITSTATUS(wait_status);
+}
+
+std::optional<int> child_process::poll() {
+  if (reaped_) return status_;
+  int status = 0;
+  pid_t r;
+  while ((r = ::waitpid(pid_, &status, WNOHANG)) < 0 && errno == EINTR) {
+  }
+  if (r < 0) throw std::system_error(errno, std::generic_category(), "waitpid " + std::to_string(pid_));
+  if (r == 0) return std::nullopt;
+  record(status);
+  return status_;
+}
+
+std::optional<int> child_process::wait_until(clock::time_point deadline) {
+  for (;;) {
+    if (const auto s = poll()) return s;
+    const auto now = clock::now();
+    if (now >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::min<clock::duration>(deadline - now, std::chrono::milliseconds(10)));
+  }
+}
+
+int child_process::wait() {
+  if (reaped_) return status_;
+  int status = 0;
+  pid_t r;
+  while ((r = ::waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
+  }
+  if (r < 0) throw std::system_error(errno, std::generic_category(), "waitpid " + std::to_string(pid_));
+  record(status);
+  return status_;
+}
+
+int child_process::kill_and_reap() noexcept {
+  if (reaped_) return status_;
+  // SIGKILL first: a stopped child woken by SIGCONT then runs none of its own code.
+  ::kill(pid_, SIGKILL);
+  ::kill(pid_, SIGCONT);
+  int status = 0;
+  pid_t r;
+  while ((r = ::waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
+  }
+  if (r < 0) {  // reaped elsewhere (SIGCHLD ignored): nothing left to collect
+    reaped_ = true;
+    return status_;
+  }
+  record(status);
+  return status_;
+}
+
+output_pipe::output_pipe() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
+  read_ = fds[0];
+  write_ = fds[1];
+}
+
+output_pipe::~output_pipe() {
+  close_write_end();
+  if (read_ >= 0) ::close(read_);
+}
+
+void output_pipe::close_write_end() {
+  if (write_ >= 0) ::close(write_);
+  write_ = -1;
+}
+
+void output_pipe::read_lines(const std::function<void(const std::string&)>& on_line) {
+  while (!ended_) read_some(-1, on_line);
+}
+
+bool output_pipe::read_lines_until(clock::time_point deadline, const std::function<void(const std::string&)>& on_line) {
+  while (!ended_) {
+    const auto left = deadline - clock::now();
+    if (left <= clock::duration::zero()) return false;
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    read_some(static_cast<int>(std::min<std::int64_t>(ms, INT_MAX)), on_line);
+  }
+  return true;
+}
+
+void output_pipe::read_some(int timeout_ms, const std::function<void(const std::string&)>& on_line) {
+  pollfd p{read_, POLLIN, 0};
+  const int ready = ::poll(&p, 1, timeout_ms);
+  if (ready < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
+  if (ready <= 0) return;
+  char buf[4096];
+  const ssize_t n = ::read(read_, buf, sizeof buf);
+  if (n < 0 && errno == EINTR) return;
+  if (n <= 0) {
+    ended_ = true;
+    ::close(read_);
+    read_ = -1;
+    return;
+  }
+  pending_.append(buf, static_cast<std::size_t>(n));
+  for (auto nl = pending_.find('\n'); nl != std::string::npos; nl = pending_.find('\n')) {
+    const std::string line = pending_.substr(0, nl);
+    pending_.erase(0, nl + 1);
+    on_line(line);
+  }
+}
+
+}  // namespace oobleck::runtime
