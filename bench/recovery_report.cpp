@@ -36,19 +36,23 @@ void print_fault_tables(const std::vector<fault_result>& results) {
                 down <= bound ? "met" : "MISSED");
   }
 
-  std::cout << "\nwhere the copies go (ms, the coordinator's record; each the slowest node's): copy = copy_ms (a receiver's\n"
-               "span from telling its sources it is ready, once its links to them are up, to its layers installed); wait = the\n"
-               "part of it before the first message of every source had arrived (senders' skew); rest = receive + install;\n"
-               "connect = the whole mesh; prepare = allocating and pre-faulting the incoming layers (before the mesh connects)\n";
-  std::printf("%-28s %-8s %4s %10s %10s %7s %7s %7s %8s %8s %8s\n", "scenario", "job", "node", "copy B", "busiest B",
-              "copy", "wait", "rest", "GB/s", "connect", "prepare");
+  std::cout << "\nwhere the copies go (ms, the coordinator's record; each the slowest node's): copy = copy_ms (the time\n"
+               "during which one of the node's links was copying: each from the receiver's ready, sent as soon as that link is\n"
+               "up, to the source's last message arrived; plus installing); wait = the longest ready -> first message of a\n"
+               "source (senders' skew); rest = copy - wait; GB/s: the busiest link's bytes / copy; all: every link's bytes /\n"
+               "copy (the links share this machine's two cores); connect = the whole mesh; prepare = allocating and\n"
+               "pre-faulting the incoming layers (before the mesh connects)\n";
+  std::printf("%-28s %-8s %4s %10s %10s %7s %7s %7s %8s %8s %8s %8s\n", "scenario", "job", "node", "copy B", "busiest B",
+              "copy", "wait", "rest", "GB/s", "all", "connect", "prepare");
   for (const auto& r : results) {
     if (r.record.is_null()) continue;
     const double copy_ms = record_ms(r, "copy_ms"), wait_ms = record_ms(r, "copy_wait_ms");
+    const double bytes = r.record["copy_bytes"].get<double>();
     const std::string gbps = r.busiest_bytes > 0 ? fmt("%.3f", static_cast<double>(r.busiest_bytes) / copy_ms / 1e6) : "-";
-    std::printf("%-28s %-8s %4d %10.0f %10lld %7.1f %7.1f %7.1f %8s %8.1f %8.1f\n", r.scenario.c_str(), r.job.c_str(),
-                r.node, r.record["copy_bytes"].get<double>(), static_cast<long long>(r.busiest_bytes), copy_ms, wait_ms,
-                copy_ms - wait_ms, gbps.c_str(), record_ms(r, "connect_ms"), record_ms(r, "prepare_ms"));
+    const std::string all = bytes > 0 && copy_ms > 0 ? fmt("%.3f", bytes / copy_ms / 1e6) : "-";
+    std::printf("%-28s %-8s %4d %10.0f %10lld %7.1f %7.1f %7.1f %8s %8s %8.1f %8.1f\n", r.scenario.c_str(), r.job.c_str(),
+                r.node, bytes, static_cast<long long>(r.busiest_bytes), copy_ms, wait_ms, copy_ms - wait_ms, gbps.c_str(),
+                all.c_str(), record_ms(r, "connect_ms"), record_ms(r, "prepare_ms"));
   }
 
   std::cout << "\nwhere the downtime goes (ms): the lost part of the interrupted step, detection, first notice ->\n"
@@ -108,6 +112,9 @@ fault_summary summarize(const std::vector<fault_result>& results) {
   // all bytes over that time would credit parallelism, not the transport).
   s.bandwidths = pick([](const fault_result& r) { return !r.record.is_null() && r.busiest_bytes > 0 && r.record["copy_ms"].get<double>() > 0; },
                       [](const fault_result& r) { return r.busiest_bytes / r.record["copy_ms"].get<double>() / 1e6; });
+  // All links together: on one machine they share the same cores, so this is what its cores moved.
+  s.bandwidths_all = pick([](const fault_result& r) { return !r.record.is_null() && r.busiest_bytes > 0 && r.record["copy_ms"].get<double>() > 0; },
+                          [](const fault_result& r) { return r.record["copy_bytes"].get<double>() / r.record["copy_ms"].get<double>() / 1e6; });
   for (const auto& r : results)
     if (!r.record.is_null()) {
       ++s.bound_total;
@@ -122,7 +129,7 @@ json print_targets(const fault_summary& s, std::optional<double> p2p_gb) {
     targets.push_back({{"what", what}, {"target", goal}, {"measured", value}, {"met", met}});
     std::printf("  %-58s %-22s %10.2f  %s\n", what.c_str(), goal.c_str(), value, met ? "met" : "NOT MET");
   };
-  std::cout << "\ntargets (worst case over the events above)\n";
+  std::cout << "\ntargets (worst case over the events above; the copy bandwidths: the best event)\n";
   target("crash detected (kill -9 -> first failure notice), ms", "<= 100", max_of(s.crash_detect), max_of(s.crash_detect) <= 100);
   if (!s.hang_default.empty())
     target("hang detected, default heartbeat " + default_heartbeat() + " ms, ms", "<= 2000", max_of(s.hang_default), max_of(s.hang_default) <= 2000);
@@ -134,6 +141,9 @@ json print_targets(const fault_summary& s, std::optional<double> p2p_gb) {
   if (p2p_gb)
     target("copy bandwidth (busiest link's bytes / copy_ms) / host p2p " + fmt("%.2f", *p2p_gb) + " GB/s", ">= 0.5",
            max_of(s.bandwidths) / *p2p_gb, max_of(s.bandwidths) / *p2p_gb >= 0.5);
+  if (p2p_gb)
+    target("  the same with every link's bytes (links share the 2 cores)", ">= 0.5", max_of(s.bandwidths_all) / *p2p_gb,
+           max_of(s.bandwidths_all) / *p2p_gb >= 0.5);
   return targets;
 }
 

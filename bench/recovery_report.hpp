@@ -29,6 +29,7 @@ bool is_crash(const fault_result& r);
 struct fault_summary {
   std::vector<double> crash_detect, crash_lost, hang_default, hang_short, decisions;
   std::vector<double> bandwidths;  ///< per link: the busiest link's bytes / the slowest node's copy_ms, GB/s
+  std::vector<double> bandwidths_all;  ///< every link's bytes / the slowest node's copy_ms, GB/s
   int bound_met = 0, bound_total = 0;
 };
 fault_summary summarize(const std::vector<fault_result>& results);
