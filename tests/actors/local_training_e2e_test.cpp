@@ -18,6 +18,7 @@
 #include "apps/stage_job.hpp"
 #include "support/background_process.hpp"
 #include "support/subprocess.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace oobleck;
 using namespace oobleck::testing;
@@ -178,12 +179,8 @@ TEST_CASE("oobleck-local: --timeout stops every process and returns") {
 }
 
 TEST_CASE("oobleck-local: --trace flags are checked before any process starts") {
-  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-local-trace-flags-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  struct cleanup {
-    std::filesystem::path d;
-    ~cleanup() { std::filesystem::remove_all(d); }
-  } remove{dir};
+  const testing::temp_dir tmp("oobleck-local-trace-flags-");
+  const auto& dir = tmp.path();
   const auto good = (dir / "good.csv").string();
   std::ofstream(good) << "0,add,a\n0,add,b\n0,add,c\n0,add,d\n1000,remove,a\n";
   const auto garbage = (dir / "garbage.csv").string();
@@ -209,12 +206,8 @@ TEST_CASE("oobleck-local: --trace flags are checked before any process starts") 
 
 TEST_CASE("cluster: a hung worker is replaced, and when it wakes up it changes nothing and exits") {
   // Separate processes (not oobleck-local) so the test can wake the frozen worker itself.
-  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-fencing-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  struct cleanup {
-    std::filesystem::path d;
-    ~cleanup() { std::filesystem::remove_all(d); }
-  } remove{dir};
+  const testing::temp_dir tmp("oobleck-fencing-");
+  const auto& dir = tmp.path();
   auto job_text = run_process(bin + "/oobleck-local", {"--print-default-job"}).out;
   const auto at = job_text.find("[cluster]");
   REQUIRE(at != std::string::npos);

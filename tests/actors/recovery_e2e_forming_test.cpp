@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/recovery_e2e_support.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace oobleck;
 using namespace oobleck::testing;
@@ -128,12 +129,8 @@ TEST_CASE("recovery e2e: a node lost while the job's first epoch forms") {
   // its seed's. Generous heartbeats: the frozen node must not be declared lost by the heartbeat
   // before the others have joined and the first epoch is planned on it.
   const auto c = make_job(6, 1, 1'500'000, slow_heartbeats);
-  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-first-epoch-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  struct cleanup {
-    std::filesystem::path d;
-    ~cleanup() { std::filesystem::remove_all(d); }
-  } remove{dir};
+  const testing::temp_dir tmp("oobleck-first-epoch-");
+  const auto& dir = tmp.path();
   std::ofstream(dir / "job.toml") << c.text;
   constexpr int steps = 5;
   const std::string metrics = (dir / "metrics.jsonl").string();

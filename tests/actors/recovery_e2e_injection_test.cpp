@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "actors/recovery_e2e_support.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace oobleck;
 using namespace oobleck::testing;
@@ -28,12 +29,8 @@ TEST_CASE("recovery e2e: a trace replayed with --trace: its removal kills a work
   // worker (node2), start a worker for n7 (node6) that joins at a step boundary and computes,
   // stop the job at the trace's end, and every invariant of the other runs must hold.
   const auto c = make_job(6, 1, 1'500'000);
-  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-trace-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  struct cleanup {
-    std::filesystem::path d;
-    ~cleanup() { std::filesystem::remove_all(d); }
-  } remove{dir};
+  const testing::temp_dir tmp("oobleck-trace-");
+  const auto& dir = tmp.path();
   const auto trace = (dir / "trace.csv").string();
   {
     std::ofstream t(trace);
@@ -91,12 +88,8 @@ TEST_CASE("recovery e2e: a trace replayed with --trace: its removal kills a work
 TEST_CASE("recovery e2e: a --fail-at fault fires even when oobleck-local is frozen as training starts") {
   // Generous heartbeats: oobleck-local (its injector's connection) stays frozen for seconds.
   const auto c = make_job(6, 1, 1'500'000, slow_heartbeats);
-  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-late-arm-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  struct cleanup {
-    std::filesystem::path d;
-    ~cleanup() { std::filesystem::remove_all(d); }
-  } remove{dir};
+  const testing::temp_dir tmp("oobleck-late-arm-");
+  const auto& dir = tmp.path();
   std::ofstream(dir / "job.toml") << c.text;
   const auto metrics = dir / "metrics.jsonl";
   background_process local(bin + "/oobleck-local", {"--config", (dir / "job.toml").string(), "--steps", "8",

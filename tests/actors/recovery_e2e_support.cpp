@@ -18,6 +18,7 @@
 #include "apps/stage_job.hpp"
 #include "planning/planner.hpp"
 #include "planning/reconfiguration.hpp"
+#include "support/temp_dir.hpp"
 
 namespace oobleck::testing {
 
@@ -64,14 +65,8 @@ const std::vector<double>& reference_losses(int steps) {
 
 run_result run_local(const job_case& c, int steps, const std::vector<std::string>& extra,
                      const std::function<void(background_process&)>& during) {
-  static int counter = 0;
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("oobleck-recovery-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-  std::filesystem::create_directories(dir);
-  struct cleanup {
-    std::filesystem::path d;
-    ~cleanup() { std::filesystem::remove_all(d); }
-  } remove{dir};
+  const testing::temp_dir tmp("oobleck-recovery-");
+  const auto& dir = tmp.path();
   std::ofstream(dir / "job.toml") << c.text;
   const auto metrics = (dir / "metrics.jsonl").string();
   std::vector<std::string> args{"--config", (dir / "job.toml").string(), "--metrics-out", metrics, "--timeout", "150"};
