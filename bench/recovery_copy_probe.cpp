@@ -3,36 +3,67 @@
 #include "bench/recovery_copy_probe.hpp"
 
 #include <cmath>
-#include <cstring>
+#include <exception>
 #include <fstream>
+#include <memory>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "actors/stage_copies.hpp"
 #include "bench/recovery_stats.hpp"
 #include "runtime/device.hpp"
+#include "runtime/host_communicator.hpp"
 #include "runtime/layer_store.hpp"
+#include "runtime/transport/host_transport.hpp"
 
 namespace oobleck::bench {
 
-copy_path measure_copy_path(const apps::job_file& job, int layer) {
+copy_link measure_copy_link(const apps::job_file& job, int first, int end, int repeats) {
   runtime::use_one_compute_thread();
   runtime::layer_store sender(job.model), receiver(job.model);
-  sender.ensure(layer);
-  std::vector<double> ser, ins, cpy;
-  std::vector<std::byte> bytes;
-  for (int i = 0; i < 7; ++i) {
-    auto t = clock_type::now();
-    bytes = sender.serialize_layer(layer);
-    ser.push_back(ms_between(t, clock_type::now()));
-    t = clock_type::now();
-    receiver.install_layer(layer, bytes);
-    ins.push_back(ms_between(t, clock_type::now()));
-    std::vector<std::byte> copy(bytes.size());
-    t = clock_type::now();
-    std::memcpy(copy.data(), bytes.data(), bytes.size());
-    cpy.push_back(ms_between(t, clock_type::now()));
+  sender.ensure(first, end);
+  messages::epoch_assignment plan;
+  plan.stages.push_back({.first_layer = first, .end_layer = end});
+  for (int l = first; l < end; ++l) plan.copies.push_back({.layer = l, .source = 0, .target = 1});
+  std::vector<double> copy_ms, wait_ms;
+  double bytes = 0;
+  for (int i = 0; i < repeats; ++i) {
+    std::vector<std::unique_ptr<runtime::host_transport>> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.push_back(std::make_unique<runtime::host_transport>(
+          runtime::transport_config{.rank = r, .peers = std::vector<runtime::peer_endpoint>(2),
+                                    .epoch = static_cast<std::uint64_t>(i + 1)}));
+    std::vector<runtime::peer_endpoint> eps(2);
+    for (int r = 0; r < 2; ++r) eps[static_cast<std::size_t>(r)].port = ts[static_cast<std::size_t>(r)]->listen_port();
+    std::vector<messages::form_timing> timing(2);
+    std::vector<std::exception_ptr> failed(2);
+    {
+      std::vector<std::jthread> ranks;
+      for (int r = 0; r < 2; ++r)
+        ranks.emplace_back([&, r] {
+          try {
+            auto& t = *ts[static_cast<std::size_t>(r)];
+            runtime::host_communicator comm(t);
+            std::jthread connecting([&] { t.connect(eps); });
+            auto a = plan;
+            a.epoch = static_cast<std::uint64_t>(i + 1);
+            a.rank = r;
+            auto& store = r == 0 ? sender : receiver;
+            actors::run_copies(store, t, comm, a, actors::prepare_incoming(store, a), timing[static_cast<std::size_t>(r)]);
+          } catch (...) {
+            failed[static_cast<std::size_t>(r)] = std::current_exception();
+            for (auto& t : ts) t->abort("the copy probe failed");
+          }
+        });
+    }
+    for (auto& e : failed)
+      if (e) std::rethrow_exception(e);
+    bytes = static_cast<double>(timing[1].bytes_received);
+    copy_ms.push_back(static_cast<double>(timing[1].copies_us) / 1000);
+    wait_ms.push_back(static_cast<double>(timing[1].copy_wait_us) / 1000);
   }
-  return {static_cast<double>(bytes.size()), median(ser), median(ins), median(cpy)};
+  return {bytes, median(copy_ms), median(wait_ms)};
 }
 
 std::optional<std::pair<double, std::int64_t>> p2p_gbps(const std::string& path, double bytes) {

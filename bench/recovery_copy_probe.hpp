@@ -1,7 +1,7 @@
 #pragma once
-// What the recovery benchmark measures its layer copies against: the per-byte work of a copy
-// outside the transport, in this process (LibTorch: only this file of the benchmark needs it), and
-// the host transport's own point-to-point bandwidth from bench/transport_vs_gloo's JSON.
+// What the recovery benchmark measures its layer copies against: the copy path over one link on
+// idle cores, in this process (LibTorch: only this file of the benchmark needs it), and the host
+// transport's own point-to-point bandwidth from bench/transport_vs_gloo's JSON.
 
 #include <cstdint>
 #include <optional>
@@ -12,15 +12,17 @@
 
 namespace oobleck::bench {
 
-/// The per-byte work of a layer copy outside the transport, in this process (one intra-op thread):
-/// serialize_layer (copy into one buffer + checksum) on the sender, install_layer (checksum +
-/// copy into the store) on the receiver, and a plain memcpy of the same bytes for scale.
-struct copy_path {
-  double bytes = 0, serialize_ms = 0, install_ms = 0, memcpy_ms = 0;
+/// The copy path itself over one link, with nothing else running: two ranks on threads of this
+/// process, each with its own host transport on loopback, run their parts of a copy plan that
+/// moves layers [first, end) of the job's model (full state) from rank 0 to rank 1, exactly as
+/// forming stages do (actors::run_copies: the mesh connects meanwhile, the receiver tells its
+/// source it is ready, the layers are received straight into pre-faulted buffers). Medians over
+/// `repeats` copies, each on a new mesh: the receiver's copy time (form_timing::copies_us) and
+/// its wait for the first message.
+struct copy_link {
+  double bytes = 0, copy_ms = 0, wait_ms = 0;
 };
-
-/// Medians of 7 rounds on `layer` of the job's model.
-copy_path measure_copy_path(const apps::job_file& job, int layer);
+copy_link measure_copy_link(const apps::job_file& job, int first, int end, int repeats);
 
 /// The host transport's point-to-point bandwidth (GB/s) at the size nearest to `bytes`, and that
 /// size, from transport_vs_gloo's JSON (none if the file is missing or has no such row).
