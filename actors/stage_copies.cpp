@@ -86,9 +86,9 @@ std::map<int, std::vector<int>> plan_sends(const runtime::layer_store& store, co
   return to_target;
 }
 
-/// One link's part of the copies, in this rank's clock: from this rank's ready (or a target's)
-/// to the last message from the source (or the sends posted).
-struct link_span {
+/// A source's link, in this rank's clock: this rank's ready sent, the source's first and last
+/// messages arrived.
+struct source_span {
   std::optional<time_point> ready, first, last;
 };
 
@@ -135,7 +135,8 @@ void run_copies(runtime::layer_store& store, runtime::host_transport& transport,
   std::mutex mu;
   std::condition_variable cv;
   std::exception_ptr failed;
-  std::vector<link_span> from_source(in.sources.size()), to_peer(to_target.size());
+  std::vector<source_span> from_source(in.sources.size());
+  std::vector<std::pair<time_point, time_point>> sends(to_target.size());  // target's ready -> sends posted
   std::vector<bool> ready_sent(in.sources.size(), false);  // or the source's thread has ended
   // The first failure ends the epoch's data plane, so that the other threads fail at once
   // instead of waiting for a peer that will never send.
@@ -208,7 +209,7 @@ void run_copies(runtime::layer_store& store, runtime::host_transport& transport,
             }
           }
           std::lock_guard lock(mu);
-          to_peer[i] = {go, go, std::chrono::steady_clock::now()};
+          sends[i] = {go, std::chrono::steady_clock::now()};
         });
       });
       ++i;
@@ -227,14 +228,13 @@ void run_copies(runtime::layer_store& store, runtime::host_transport& transport,
   // ready), so the time during which some link of this rank was copying covers them all; the
   // layers are installed after the last byte has arrived. Time before a link came up is the
   // mesh's, not the copies'.
-  std::vector<std::pair<time_point, time_point>> spans;
+  std::vector<std::pair<time_point, time_point>> spans = std::move(sends);
   std::optional<time_point> last_arrival;
   for (const auto& l : from_source) {
     spans.emplace_back(*l.ready, *l.last);
     last_arrival = std::max(last_arrival.value_or(*l.last), *l.last);
     t.copy_wait_us = std::max(t.copy_wait_us, micros(*l.ready, *l.first));
   }
-  for (const auto& l : to_peer) spans.emplace_back(*l.ready, *l.last);
   t.copies_us = covered_micros(std::move(spans)) + (last_arrival ? micros(*last_arrival, installed) : 0);
 }
 

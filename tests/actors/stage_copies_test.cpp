@@ -103,12 +103,7 @@ TEST_CASE("layer copies run link by link: two ranks copying both ways do not wai
     rank1_done.set_value();
   });
   std::future<void> r2;
-  struct abort_on_exit {  // a failed check must not leave the ranks waiting for each other
-    std::vector<std::unique_ptr<runtime::host_transport>>& ts;
-    ~abort_on_exit() {
-      for (auto& t : ts) t->abort("the test ended");
-    }
-  } const guard{ts};
+  const runtime::testing::abort_all_on_exit guard{ts};  // a failed check must not leave the ranks waiting for each other
   REQUIRE_MESSAGE(rank1_done.get_future().wait_for(20s) == std::future_status::ready,
                   "rank 1's copies waited for rank 2, which joins only after them");
   r1.get();

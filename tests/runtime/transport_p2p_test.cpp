@@ -332,12 +332,7 @@ TEST_CASE("p2p: recv_all may be posted before its link is up, and says when ever
         });
   });
   std::future<void> connecting;
-  struct abort_on_exit {  // a failed check must not leave the threads above waiting
-    std::vector<std::unique_ptr<host_transport>>& ts;
-    ~abort_on_exit() {
-      for (auto& t : ts) t->abort("the test ended");
-    }
-  } const guard{ts};
+  const abort_all_on_exit guard{ts};  // a failed check must not leave the threads above waiting
   REQUIRE(posted.get_future().wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   connecting = std::async(std::launch::async, [&] { ts[0]->connect(eps); });  // only now
   ts[1]->connect(eps);

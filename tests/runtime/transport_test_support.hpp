@@ -55,6 +55,16 @@ inline std::vector<peer_endpoint> endpoints_of(
   return eps;
 }
 
+/// Aborts every transport of `ts` as it goes out of scope. Declared after a test's own threads
+/// or futures (so destroyed before them), it ends their waits when a failed REQUIRE leaves the
+/// test early, instead of blocking in their destructors.
+struct abort_all_on_exit {
+  std::vector<std::unique_ptr<host_transport>>& ts;
+  ~abort_all_on_exit() {
+    for (auto& t : ts) t->abort("the test ended");
+  }
+};
+
 /// Connects the transports and runs body(rank, transport) on one thread per rank. Exceptions
 /// from the bodies are rethrown here (first one wins) so the test sees them. Fails instead of
 /// hanging: ranks still running at `deadline` have their transports aborted, which fails
