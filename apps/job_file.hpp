@@ -87,8 +87,8 @@ struct http_section {
 
 /// [profile]
 struct profile_section {
-  int warmup = 2;    ///< untimed runs per layer (oobleck-profile)
-  int repeats = 7;   ///< timed runs per layer, the median counts
+  int warmup = 2;    ///< untimed microbatches through every layer (oobleck-profile)
+  int repeats = 7;   ///< timed microbatches through every layer, each layer's median counts
   std::string file;  ///< measured profile (JSON or Cap'n Proto); empty: synthetic_model(job)
 
   bool operator==(const profile_section&) const = default;

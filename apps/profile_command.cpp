@@ -50,7 +50,7 @@ bool parse(const std::vector<std::string>& args, std::ostream& out, profile_opti
            "write the profile there (Cap'n Proto; JSON when PATH ends in .json); without --json the default is the "
            "job's profile.file, else profile.capnp");
   app.add_flag("--json", o.json, "print the profile as JSON on stdout (the form oobleck-plan --profile reads)");
-  add_integer(app, "--repeats", o.repeats, 1, 1000, "timed runs per layer (overrides the job file)")->type_name("N");
+  add_integer(app, "--repeats", o.repeats, 1, 1000, "timed microbatches through every layer (overrides the job file)")->type_name("N");
   auto* no_link = app.add_flag("--no-link", o.no_link, "leave communication between nodes free (no link in the profile)");
   auto* latency = add_number(app, "--link-latency-ms", o.link_latency_ms, 0,
                              "latency of one message between two nodes, instead of measuring loopback");

@@ -119,55 +119,70 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
   const auto now = options.clock ? options.clock : [] { return std::chrono::steady_clock::now(); };
   const int L = model.num_layers();
   auto layers = build_layers(model, 0, L);
-  const std::int64_t b = options.microbatch, s = model.seq_len, d = model.d_model;
+  const std::int64_t b = options.microbatch, s = model.seq_len;
   torch::manual_seed(static_cast<std::uint64_t>(model.seed));
   const auto tokens = torch::randint(0, model.vocab, {b, s}, torch::kInt64);
   const auto targets = torch::randint(0, model.vocab, {b, s}, torch::kInt64);
-  std::vector<layer_measurement> out;
-  const auto widths = planning::stage_widths(options.slots_per_node);
+  std::vector<layer_measurement> out(L);
   for (int l = 0; l < L; ++l) {
-    layer_measurement m;
+    auto& m = out[l];
     m.name = l == 0 ? "embedding" : (l == L - 1 ? "head" : "block" + std::to_string(l - 1));
     for (const auto& p : layers[l]->parameters()) m.param_bytes += p.numel() * static_cast<std::int64_t>(p.element_size());
-    const bool last = l == L - 1;
-    torch::Tensor input = l == 0 ? tokens : torch::randn({b, s, d}).requires_grad_(true);
-    const torch::Tensor upstream = last ? torch::Tensor() : torch::randn({b, s, d});
-    for (const int width : widths) {
-      // A stage of width d runs with d intra-op threads (actors/stage.cpp), so it is timed so.
-      torch::set_num_threads(width);
-      std::vector<double> forward_samples, backward_samples;
-      for (int it = 0; it < options.warmup + options.repeats; ++it) {
+  }
+  // Every layer is timed where a stage runs it: a microbatch's forward goes through the layers in
+  // order, then its backward through them in reverse, each layer's graph cut from the next at its
+  // output. Timing one layer over and over instead kept that layer's weights in the caches and
+  // measured the larger model 20% faster than any run of it (bench/RESULTS.md).
+  for (const int width : planning::stage_widths(options.slots_per_node)) {
+    // A stage of width d runs with d intra-op threads (actors/stage.cpp), so it is timed so.
+    torch::set_num_threads(width);
+    std::vector<std::vector<double>> forward_samples(L), backward_samples(L);
+    for (int it = 0; it < options.warmup + options.repeats; ++it) {
+      std::vector<torch::Tensor> inputs(L), outputs(L);
+      std::vector<double> fwd(L), bwd(L);
+      std::vector<std::int64_t> retained(L);
+      for (int l = 0; l < L; ++l) {
         auto dropout = dropout_generator(model, it, 0, l);  // masks as in training, never the global generator
+        inputs[l] = l == 0 ? tokens : outputs[l - 1].detach().requires_grad_(true);
         const auto live_before = live_cpu_bytes();
-        auto start = now();
-        auto y = layers[l]->forward(input, &dropout);
-        if (last) y = lm_loss(y, targets);
-        const double fwd = ms_between(start, now());
-        const auto retained = live_cpu_bytes() - live_before;
-        if (!last) m.output_bytes = static_cast<std::int64_t>(y.nbytes());
-        start = now();
-        if (last) y.backward();
-        else y.backward(upstream);
-        const double bwd = ms_between(start, now());
-        y = torch::Tensor();
-        for (auto& p : layers[l]->parameters()) p.mutable_grad() = torch::Tensor();
-        if (input.requires_grad()) input.mutable_grad() = torch::Tensor();
-        if (it < options.warmup) continue;
-        forward_samples.push_back(fwd);
-        backward_samples.push_back(bwd);
-        m.activation_bytes = std::max(m.activation_bytes, retained);
+        const auto start = now();
+        auto y = layers[l]->forward(inputs[l], &dropout);
+        if (l == L - 1) y = lm_loss(y, targets);
+        fwd[l] = ms_between(start, now());
+        retained[l] = live_cpu_bytes() - live_before;
+        if (l < L - 1) out[l].output_bytes = static_cast<std::int64_t>(y.nbytes());
+        outputs[l] = std::move(y);
       }
-      m.forward_ms_by_width.push_back(median(forward_samples));
-      m.backward_ms_by_width.push_back(median(backward_samples));
-      if (width == 1) {
-        m.forward_samples = std::move(forward_samples);
-        m.backward_samples = std::move(backward_samples);
+      for (int l = L - 1; l >= 0; --l) {
+        const auto start = now();
+        if (l == L - 1) outputs[l].backward();
+        else outputs[l].backward(inputs[l + 1].grad());
+        bwd[l] = ms_between(start, now());
+      }
+      for (int l = 0; l < L; ++l)
+        for (auto& p : layers[l]->parameters()) p.mutable_grad() = torch::Tensor();
+      if (it < options.warmup) continue;
+      for (int l = 0; l < L; ++l) {
+        forward_samples[l].push_back(fwd[l]);
+        backward_samples[l].push_back(bwd[l]);
+        out[l].activation_bytes = std::max(out[l].activation_bytes, retained[l]);
       }
     }
+    for (int l = 0; l < L; ++l) {
+      auto& m = out[l];
+      m.forward_ms_by_width.push_back(median(forward_samples[l]));
+      m.backward_ms_by_width.push_back(median(backward_samples[l]));
+      if (width == 1) {
+        m.forward_samples = std::move(forward_samples[l]);
+        m.backward_samples = std::move(backward_samples[l]);
+      }
+    }
+  }
+  for (int l = 0; l < L; ++l) {
+    auto& m = out[l];
     m.forward_ms = m.forward_ms_by_width.front();
     m.backward_ms = m.backward_ms_by_width.front();
     m.optimizer_ms = time_optimizer(layers[l]->parameters(), options);
-    out.push_back(std::move(m));
   }
   torch::set_num_threads(1);
   return out;

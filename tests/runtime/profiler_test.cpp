@@ -41,12 +41,11 @@ TEST_CASE("backward is measured, not derived from forward") {
   const int L = c.num_layers(), repeats = 3;
   const std::vector<double> forward{0.2, 0.5, 0.6, 0.7, 0.3}, ratio{1.5, 3.0, 2.0, 4.0, 2.5};
   REQUIRE(static_cast<int>(forward.size()) == L);
-  std::vector<double> script;
-  for (int l = 0; l < L; ++l)
-    for (int it = 0; it < repeats; ++it) {
-      script.push_back(forward[l]);
-      script.push_back(forward[l] * ratio[l]);
-    }
+  std::vector<double> script;  // per iteration: every layer's forward in order, then backward in reverse
+  for (int it = 0; it < repeats; ++it) {
+    for (int l = 0; l < L; ++l) script.push_back(forward[l]);
+    for (int l = L - 1; l >= 0; --l) script.push_back(forward[l] * ratio[l]);
+  }
   auto state = std::make_shared<std::pair<std::size_t, std::int64_t>>(0, 0);
   auto clock = [state, script] {
     if (state->first++ % 2 == 1) state->second += std::llround(script.at(state->first / 2 - 1) * 1000);
@@ -94,19 +93,21 @@ TEST_CASE("figures are the median of the repeats: warm-up and preempted samples 
   const auto c = model();
   const int L = c.num_layers(), warmup = 2, repeats = 9;
   auto run = [&](std::vector<int> preempted, double preemption_ms) {
-    std::vector<double> script;  // per layer, per iteration: forward ms, backward ms
-    for (int l = 0; l < L; ++l) {
-      const double base = l == 0 || l == L - 1 ? 0.2 : 0.5;  // blocks: identical work
-      for (int it = 0; it < warmup + repeats; ++it) {
-        const int k = it - warmup;
-        double f = base * (1 + 0.02 * ((k * 5) % 9)), b = 2.5 * f;  // a permutation of 1.00..1.16
-        if (k < 0) f *= 100, b *= 100;
-        else if (std::count(preempted.begin(), preempted.end(), k)) f += preemption_ms, b += preemption_ms;
-        script.push_back(f);
-        script.push_back(b);
+    // Per iteration: every layer's forward ms in order, then every layer's backward ms in reverse.
+    std::vector<double> script;
+    for (int it = 0; it < warmup + repeats; ++it) {
+      const int k = it - warmup;
+      std::vector<double> f(L), b(L);
+      for (int l = 0; l < L; ++l) {
+        const double base = l == 0 || l == L - 1 ? 0.2 : 0.5;  // blocks: identical work
+        f[l] = base * (1 + 0.02 * ((k * 5) % 9)), b[l] = 2.5 * f[l];  // a permutation of 1.00..1.16
+        if (k < 0) f[l] *= 100, b[l] *= 100;
+        else if (std::count(preempted.begin(), preempted.end(), k)) f[l] += preemption_ms, b[l] += preemption_ms;
       }
+      script.insert(script.end(), f.begin(), f.end());
+      script.insert(script.end(), b.rbegin(), b.rend());
     }
-    // The profiler reads the clock before and after forward, before and after backward.
+    // The profiler reads the clock before and after each forward and each backward.
     auto state = std::make_shared<std::pair<std::size_t, std::int64_t>>(0, 0);  // readings, now (us)
     auto clock = [state, script] {
       if (state->first++ % 2 == 1) state->second += std::llround(script.at(state->first / 2 - 1) * 1000);
@@ -163,11 +164,11 @@ TEST_CASE("with M slots per node every width d <= M is measured with d intra-op 
   const runtime::profiler_options options{.microbatch = 2, .warmup = 0, .repeats = repeats, .slots_per_node = 2, .clock = clock};
   const auto layers = runtime::measure_layers(c, options);
   CHECK(torch::get_num_threads() == 1);  // one thread again afterwards
-  // Per layer: width 1 (repeats x forward and backward, 2 readings each), then width 2.
+  // Width 1 (repeats x every layer's forward and backward, 2 readings each), then width 2.
   REQUIRE(readings->size() == static_cast<std::size_t>(L * 2 * repeats * 4));
   for (std::size_t i = 0; i < readings->size(); ++i) {
     CAPTURE(i);
-    CHECK((*readings)[i] == ((i / (4 * repeats)) % 2 == 0 ? 1 : 2));
+    CHECK((*readings)[i] == (i < static_cast<std::size_t>(L * repeats * 4) ? 1 : 2));
   }
   for (const auto& m : layers) {
     REQUIRE(m.forward_ms_by_width.size() == 2);
