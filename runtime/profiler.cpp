@@ -82,27 +82,40 @@ double ms_between(std::chrono::steady_clock::time_point from, std::chrono::stead
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
-/// Median of AdamW steps over `params` on one thread, with gradients of their shape (the step's
-/// work does not depend on the values), as commit() runs it per layer. Read from the steady clock
-/// (options.clock scripts the layer timings only).
-double time_optimizer(const std::vector<torch::Tensor>& params, const profiler_options& options) {
+/// Per layer, the median of AdamW steps over its parameters on one thread, with gradients of their
+/// shape (the step's work does not depend on the values). Each repeat steps every layer in order,
+/// as commit() does, so no layer's state is still in the caches from its own last step. Read from
+/// the steady clock (options.clock scripts the layer timings only).
+std::vector<double> time_optimizer(const std::vector<std::shared_ptr<model_layer>>& layers,
+                                   const profiler_options& options) {
   const auto now = [] { return std::chrono::steady_clock::now(); };
   torch::NoGradGuard no_grad;
   torch::set_num_threads(1);
-  std::vector<torch::Tensor> copies;
-  for (const auto& p : params) {
-    auto c = p.detach().clone();
-    c.mutable_grad() = torch::full_like(c, 1e-3);
-    copies.push_back(std::move(c));
+  struct layer_state {
+    std::vector<torch::Tensor> params;
+    layer_optimizer_state state;
+  };
+  std::vector<layer_state> states;
+  for (const auto& layer : layers) {
+    layer_state s;
+    for (const auto& p : layer->parameters()) {
+      auto c = p.detach().clone();
+      c.mutable_grad() = torch::full_like(c, 1e-3);
+      s.params.push_back(std::move(c));
+    }
+    s.state = initial_state(s.params);
+    states.push_back(std::move(s));
   }
-  auto state = initial_state(copies);
-  std::vector<double> samples;
-  for (int it = 0; it < options.warmup + options.repeats; ++it) {
-    const auto start = now();
-    adamw_step(copies, state, adamw_options{});
-    if (it >= options.warmup) samples.push_back(ms_between(start, now()));
-  }
-  return median(samples);
+  std::vector<std::vector<double>> samples(layers.size());
+  for (int it = 0; it < options.warmup + options.repeats; ++it)
+    for (std::size_t l = 0; l < states.size(); ++l) {
+      const auto start = now();
+      adamw_step(states[l].params, states[l].state, adamw_options{});
+      if (it >= options.warmup) samples[l].push_back(ms_between(start, now()));
+    }
+  std::vector<double> medians;
+  for (const auto& s : samples) medians.push_back(median(s));
+  return medians;
 }
 
 }  // namespace
@@ -178,11 +191,12 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
       }
     }
   }
+  const auto optimizer_ms = time_optimizer(layers, options);
   for (int l = 0; l < L; ++l) {
     auto& m = out[l];
     m.forward_ms = m.forward_ms_by_width.front();
     m.backward_ms = m.backward_ms_by_width.front();
-    m.optimizer_ms = time_optimizer(layers[l]->parameters(), options);
+    m.optimizer_ms = optimizer_ms[l];
   }
   torch::set_num_threads(1);
   return out;
