@@ -13,19 +13,12 @@
 // Each configuration runs with the gradient all-reduce overlapped (the default) and, to measure
 // its effect, without (training.overlap_gradient_reduce = false).
 //
-// Two predictions per row. The cluster plans on a profile measured alone on the machine, as a
-// user's profile is. On one machine, though, N worker processes share its caches and memory
-// bandwidth, and two processes each on its own core of this VM compute 6-17% slower than one
-// (bench/RESULTS.md). So the row is also predicted from a co-located profile, measured while
-// min(N, cores) - 1 other oobleck-profile processes run the same layers alongside. That is the
-// speed the cluster's nodes have here; the difference between the two is the machine's, not the
-// runtime's.
+// The profile times 200 microbatches (--profile-repeats), not a job's default 7: 7 span ~30 ms of
+// the default job's compute, and this VM runs identical work at speeds up to 1.5x apart for
+// seconds at a time, so such a profile predicted the same job 1.5x apart between runs.
 #include <torch/torch.h>  // first: glog macros
 
-#include <sys/wait.h>
 #include <unistd.h>
-
-#include <thread>
 
 #include <algorithm>
 #include <chrono>
@@ -64,9 +57,8 @@ struct options {
   int steps = 14;   ///< per run
   int warmup = 4;   ///< first steps left out of the means
   std::string config;  ///< job file; default: oobleck-local's default job
-  /// Microbatches the profiles time (oobleck-profile --repeats): more than a job's default of 7,
-  /// so that a profile spans seconds, as the cluster runs do, on a VM whose speed moves by up
-  /// to 1.5x for seconds at a time (bench/RESULTS.md, "Profiler stability").
+  /// Microbatches the profile times (oobleck-profile --repeats): more than a job's default of 7,
+  /// so that the profile spans seconds, as the cluster runs do (see the top of this file).
   int profile_repeats = 200;
 };
 
@@ -98,8 +90,7 @@ options parse(int argc, char** argv) {
       std::cout << "throughput [--quick] [--json FILE] [--nodes N,N,...] [--steps K] [--warmup W] [--config JOB.toml]\n"
                    "           [--profile-repeats R]\n"
                    "  Failure-free throughput of oobleck-local against the planner's prediction (profile measured\n"
-                   "  here by oobleck-profile, R timed microbatches, default 200; and again while min(nodes, cores)\n"
-                   "  - 1 other profilers run the same layers alongside) and the single-process run.\n"
+                   "  here by oobleck-profile, R timed microbatches, default 200) and the single-process run.\n"
                    "  --quick: 2 nodes, 3 steps, R = 2 (a smoke run).\n";
       std::exit(0);
     } else if (a == "--quick") {
@@ -142,18 +133,19 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-/// Runs a shell command; its exit status and its output (stdout and stderr).
-std::pair<int, std::string> run(const std::string& command) {
-  std::string out;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (!p) throw std::runtime_error("cannot run " + command);
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, out};
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
+/// Runs one of the project's programs (no shell) with its stdout and stderr in `log`; its exit
+/// status and that output.
+std::pair<int, std::string> run(const std::string& program, const std::vector<std::string>& args, const fs::path& log) {
+  runtime::child_process child(apps_dir + "/" + program, args,
+                               runtime::child_streams{runtime::child_output::file(log.string())});
+  const int status = child.wait();
+  return {status, read_file(log)};
+}
 
 struct run_result {
   int nodes = 0;
@@ -163,9 +155,6 @@ struct run_result {
   double predicted_ms = NAN;          ///< the coordinator's plan: its predicted step
   double predicted_compute_ms = NAN;  ///< the profile's compute of the busiest stage (Nb x its fwd + bwd)
   double logged_ms = NAN;             ///< what the coordinator logged as its prediction (a cross-check)
-  int colocated_copies = 0;             ///< processes running the layers at once for the co-located profile
-  double colocated_predicted_ms = NAN;  ///< the plan's step from the co-located profile
-  bool colocated_same_shape = true;     ///< whether that plan has the cluster's pipelines
   double step_ms = 0;  ///< mean wall_ms of the measured steps
   double samples_per_s = 0;
   std::map<std::string, double> breakdown;  ///< means
@@ -177,12 +166,11 @@ run_result run_cluster(const options& o, const fs::path& dir, const std::string&
   r.nodes = nodes;
   r.overlap = overlap;
   const auto metrics = dir / ("metrics-" + std::to_string(nodes) + (overlap ? "" : "-sequential") + ".jsonl");
-  std::string cmd = quoted(apps_dir + "/oobleck-local") + " --nodes " + std::to_string(nodes) + " --config " +
-                    quoted(job_path) + " --steps " + std::to_string(o.steps) + " --metrics-out " +
-                    quoted(metrics.string()) + " --timeout 500";
+  std::vector<std::string> args{"--nodes", std::to_string(nodes), "--config", job_path, "--steps", std::to_string(o.steps),
+                                "--metrics-out", metrics.string(), "--timeout", "500"};
   // f = 1 needs at least 2 n0 nodes; with 2 nodes the job runs with f = 0 (one pipeline).
-  if (nodes < 4) cmd += " --fault-tolerance 0";
-  const auto [status, out] = run(cmd);
+  if (nodes < 4) args.insert(args.end(), {"--fault-tolerance", "0"});
+  const auto [status, out] = run("oobleck-local", args, fs::path(metrics).replace_extension(".log"));
   if (status != 0) throw std::runtime_error("oobleck-local --nodes " + std::to_string(nodes) + " failed (" +
                                            std::to_string(status) + "):\n" + out);
   static const std::regex predicted("predicted step ([0-9.]+) ms");
@@ -215,24 +203,10 @@ run_result run_cluster(const options& o, const fs::path& dir, const std::string&
   return r;
 }
 
-struct predicted {
-  double step_ms = NAN;
-  double busiest_compute_ms = NAN;  ///< Nb x Σ fwd + bwd of the busiest stage's layers
-  std::string shape;                ///< nodes per pipeline, "+"-separated, in ascending order
-};
-
-/// Nodes per pipeline in ascending order, "+"-separated.
-std::string shape_of(std::vector<int> nodes_per_pipeline) {
-  std::sort(nodes_per_pipeline.begin(), nodes_per_pipeline.end());
-  std::string out;
-  for (int n : nodes_per_pipeline) out += (out.empty() ? "" : "+") + std::to_string(n);
-  return out;
-}
-
-/// What the planner predicts for the job on `nodes` nodes with the profile, as the coordinator
-/// plans it (same function, same inputs): the step's makespan, and the compute time of its busiest
-/// stage.
-predicted prediction(const planning::profile& profile, const apps::job_file& job, int nodes) {
+/// What the planner predicts for the job on `nodes` nodes with the measured profile, as the
+/// coordinator plans it (same function, same inputs): the step's makespan, and the compute time of
+/// its busiest stage (Nb x Σ fwd + bwd of the stage's layers).
+std::pair<double, double> prediction(const planning::profile& profile, const apps::job_file& job, int nodes) {
   planning::job_config cfg;
   cfg.nodes = nodes;
   cfg.fault_tolerance = nodes < 4 ? 0 : job.cluster.fault_tolerance;
@@ -241,50 +215,21 @@ predicted prediction(const planning::profile& profile, const apps::job_file& job
   cfg.device_memory_bytes = job.cluster.device_memory_bytes;
   const auto plan = planning::plan_job(profile, cfg);
   double busiest = 0;
-  std::vector<int> per_pipeline;
   for (const auto& p : plan.pipelines) {
     const auto* t = plan.templates.find(p.template_nodes);
     if (!t) throw std::logic_error("the plan uses a template of " + std::to_string(p.template_nodes) + " nodes it lacks");
     for (const auto& s : t->stages) busiest = std::max(busiest, p.microbatches * s.ms);
-    per_pipeline.push_back(p.template_nodes);
   }
-  return {plan.step_ms, busiest, shape_of(per_pipeline)};
+  return {plan.step_ms, busiest};
 }
 
-/// The job's profile measured by oobleck-profile while `copies` - 1 others run the same layers
-/// alongside (1: alone), as `copies` nodes of a cluster run compute on this machine at once. The
-/// others start first, with the most repeats oobleck-profile takes, and the measurement starts once
-/// each of them is measuring; one that ends before the measurement does is an error.
-planning::profile measure_profile(const fs::path& dir, const fs::path& job, int copies, int repeats) {
-  using clock = std::chrono::steady_clock;
-  const auto profiler = apps_dir + "/oobleck-profile";
-  auto read = [](const std::string& path) {
-    std::ifstream in(path);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  std::vector<runtime::child_process> load;
-  for (int i = 1; i < copies; ++i) {
-    const auto log = (dir / ("load-" + std::to_string(copies) + "-" + std::to_string(i) + ".log")).string();
-    load.emplace_back(profiler,
-                      std::vector<std::string>{"--config", job.string(), "--repeats", "1000", "--no-link", "--out",
-                                               (dir / ("load-" + std::to_string(i) + ".json")).string()},
-                      runtime::child_streams{runtime::child_output::file(log)});
-    const auto deadline = clock::now() + std::chrono::seconds(60);
-    while (read(log).find("repeats)...") == std::string::npos) {
-      if (load.back().poll() || clock::now() > deadline)
-        throw std::runtime_error("the co-located oobleck-profile did not start measuring:\n" + read(log));
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-  const auto out = (dir / ("profile-" + std::to_string(copies) + ".json")).string();
-  const auto log = (dir / ("profile-" + std::to_string(copies) + ".log")).string();
-  const std::vector<std::string> args{"--config", job.string(), "--out", out, "--repeats", std::to_string(repeats)};
-  runtime::child_process measuring(profiler, args, runtime::child_streams{runtime::child_output::file(log)});
-  if (const int status = measuring.wait(); status != 0)
-    throw std::runtime_error("oobleck-profile failed (" + std::to_string(status) + "):\n" + read(log));
-  for (auto& other : load)
-    if (other.poll()) throw std::runtime_error("a co-located oobleck-profile ended before the measurement did");
-  return messages::read_profile_file(out);  // `load` is killed and reaped on the way out
+/// The job's profile, measured by oobleck-profile timing `repeats` microbatches.
+planning::profile measure_profile(const fs::path& dir, const fs::path& job, int repeats) {
+  const auto out = (dir / "profile.json").string();
+  const auto [status, log] = run("oobleck-profile", {"--config", job.string(), "--out", out, "--repeats", std::to_string(repeats)},
+                                 dir / "profile.log");
+  if (status != 0) throw std::runtime_error("oobleck-profile failed (" + std::to_string(status) + "):\n" + log);
+  return messages::read_profile_file(out);
 }
 
 /// Σ_l fwd + bwd at width 1: one microbatch through every layer.
@@ -320,27 +265,31 @@ int main(int argc, char** argv) {
   try {
     const fs::path dir = fs::temp_directory_path() / ("oobleck-throughput-" + std::to_string(::getpid()));
     fs::create_directories(dir);
+    struct remove_on_exit {  // on every way out, errors included
+      fs::path dir;
+      ~remove_on_exit() {
+        std::error_code ignored;
+        fs::remove_all(dir, ignored);
+      }
+    } const cleanup{dir};
     // The job: the given file, or oobleck-local's default job, with the measured profile.
     std::string job_text;
     if (o.config.empty()) {
-      const auto [status, text] = run(quoted(apps_dir + "/oobleck-local") + " --print-default-job");
+      const auto [status, text] = run("oobleck-local", {"--print-default-job"}, dir / "default-job.log");
       if (status != 0) throw std::runtime_error("oobleck-local --print-default-job failed: " + text);
       job_text = text;
     } else {
-      std::ifstream in(o.config);
-      if (!in) usage_error("cannot read " + o.config);
-      job_text = std::string(std::istreambuf_iterator<char>(in), {});
+      if (!fs::is_regular_file(o.config)) throw std::runtime_error("cannot read " + o.config);
+      job_text = read_file(o.config);
+      apps::read_job_file(o.config);  // a bad file is refused under its own name
     }
     const auto plain_job = dir / "job.toml";
     std::ofstream(plain_job) << job_text;
     const auto job = apps::read_job_file(plain_job.string());
 
-    // The cluster plans on the profile measured alone; the co-located ones only predict.
-    const auto profile = measure_profile(dir, plain_job, 1, o.profile_repeats);
-    const auto profile_path = (dir / "profile-1.json").string();
+    const auto profile = measure_profile(dir, plain_job, o.profile_repeats);
+    const auto profile_path = (dir / "profile.json").string();
     const double layer_sum_ms = microbatch_ms(profile);
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    std::map<int, planning::profile> colocated;  // by copies
     const int microbatches = job.training.global_batch / job.training.microbatch;
 
     // The job file with [profile] file and the overlap switch: parsed, edited, written by sections.
@@ -374,18 +323,10 @@ int main(int argc, char** argv) {
         results.push_back(run_cluster(o, dir, overlap ? job_overlap : job_sequential, n, overlap,
                                       job.training.global_batch));
         auto& r = results.back();
-        const auto alone = prediction(profile, job, n);
-        r.predicted_ms = alone.step_ms;
-        r.predicted_compute_ms = alone.busiest_compute_ms;
+        std::tie(r.predicted_ms, r.predicted_compute_ms) = prediction(profile, job, n);
         if (!std::isnan(r.logged_ms) && std::abs(r.logged_ms - r.predicted_ms) > 0.01 * r.predicted_ms)
           throw std::logic_error("the coordinator predicted " + std::to_string(r.logged_ms) + " ms, the bench's plan " +
                                  std::to_string(r.predicted_ms) + " ms");
-        r.colocated_copies = std::min(n, cores);
-        if (!colocated.contains(r.colocated_copies))
-          colocated.emplace(r.colocated_copies, measure_profile(dir, plain_job, r.colocated_copies, o.profile_repeats));
-        const auto together = prediction(colocated.at(r.colocated_copies), job, n);
-        r.colocated_predicted_ms = together.step_ms;
-        r.colocated_same_shape = together.shape == alone.shape;
       }
     const double load_after = load_average();
 
@@ -393,19 +334,15 @@ int main(int argc, char** argv) {
                 job.training.global_batch, job.training.microbatch, job.model.num_layers(), o.steps, o.warmup);
     std::printf("profile (oobleck-profile, here): one microbatch through every layer %.3f ms; x %d microbatches = %.2f ms\n",
                 layer_sum_ms, microbatches, layer_sum_ms * microbatches);
-    for (const auto& [copies, p] : colocated)
-      std::printf("  co-located, measured beside %d others doing the same: %.3f ms (%.2fx alone)\n", copies - 1, microbatch_ms(p),
-                  microbatch_ms(p) / layer_sum_ms);
     std::printf("single process: %.2f ms per step, %.1f samples/s\n\n", single_ms, single_sps);
-    std::printf("%5s %7s %9s %9s %9s %7s %8s %6s %9s %7s | %8s %8s %8s %8s %8s %8s | %9s\n", "nodes", "overlap",
-                "pipelines", "pred ms", "step ms", "/pred", "co-pred", "/co", "samples/s", "effic.", "compute", "p2p",
-                "allred", "optim", "control", "other", "pred comp");
+    std::printf("%5s %7s %9s %9s %9s %7s %9s %7s | %8s %8s %8s %8s %8s %8s | %9s\n", "nodes", "overlap",
+                "pipelines", "pred ms", "step ms", "/pred", "samples/s", "effic.", "compute", "p2p", "allred", "optim",
+                "control", "other", "pred comp");
     nlohmann::ordered_json rows = nlohmann::json::array();
     for (const auto& r : results) {
       const double efficiency = r.samples_per_s / (r.nodes_in_use * single_sps);
-      std::printf("%5d %7s %9s %9.2f %9.2f %7.2f %8.2f %5.2f%s %9.1f %7.3f | %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | %9.2f\n",
-                  r.nodes, r.overlap ? "on" : "off", r.shape.c_str(), r.predicted_ms, r.step_ms, r.step_ms / r.predicted_ms,
-                  r.colocated_predicted_ms, r.step_ms / r.colocated_predicted_ms, r.colocated_same_shape ? " " : "*",
+      std::printf("%5d %7s %9s %9.2f %9.2f %7.2f %9.1f %7.3f | %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | %9.2f\n", r.nodes,
+                  r.overlap ? "on" : "off", r.shape.c_str(), r.predicted_ms, r.step_ms, r.step_ms / r.predicted_ms,
                   r.samples_per_s, efficiency, r.breakdown.at("compute_ms"), r.breakdown.at("p2p_wait_ms"),
                   r.breakdown.at("allreduce_ms"), r.breakdown.at("optimizer_ms"), r.breakdown.at("control_ms"),
                   r.breakdown.at("other_ms"), r.predicted_compute_ms);
@@ -418,15 +355,10 @@ int main(int argc, char** argv) {
       row["step_ms"] = r.step_ms;
       row["step_over_predicted"] = r.step_ms / r.predicted_ms;
       row["predicted_busiest_stage_compute_ms"] = r.predicted_compute_ms;
-      row["colocated_profilers"] = r.colocated_copies;
-      row["colocated_predicted_step_ms"] = r.colocated_predicted_ms;
-      row["step_over_colocated_predicted"] = r.step_ms / r.colocated_predicted_ms;
-      row["colocated_plan_has_same_pipelines"] = r.colocated_same_shape;
       row["samples_per_s"] = r.samples_per_s;
       row["scaling_efficiency"] = efficiency;
       row["breakdown_mean_ms"] = r.breakdown;
       row["targets"] = {{"step_le_1.15x_predicted", r.step_ms <= 1.15 * r.predicted_ms},
-                        {"step_le_1.15x_colocated_predicted", r.step_ms <= 1.15 * r.colocated_predicted_ms},
                         {"efficiency_ge_0.85", efficiency >= 0.85},
                         {"control_le_2ms", r.breakdown.at("control_ms") <= 2.0}};
       rows.push_back(row);
@@ -446,8 +378,6 @@ int main(int argc, char** argv) {
     out["profile_repeats"] = o.profile_repeats;
     out["warmup_steps"] = o.warmup;
     out["profile_microbatch_all_layers_ms"] = layer_sum_ms;
-    for (const auto& [copies, p] : colocated)
-      out["colocated_profile_microbatch_all_layers_ms"][std::to_string(copies)] = microbatch_ms(p);
     out["single_process_step_ms"] = single_ms;
     out["single_process_samples_per_s"] = single_sps;
     out["load_average_1min"] = {load_before, load_after};
@@ -456,12 +386,10 @@ int main(int argc, char** argv) {
     if (json_path.has_parent_path()) fs::create_directories(json_path.parent_path());
     std::ofstream(json_path) << out.dump(2) << "\n";
     std::printf("(pipelines: nodes per pipeline; pred ms: the planner's predicted step from the profile (1F1B\n"
-                " makespan with link costs, plus all-reduce and AdamW), which the cluster plans on; co-pred: the\n"
-                " same from the co-located profile (* where that plan has other pipelines); compute .. other:\n"
-                " breakdown means, slowest stage; pred comp: the profile's compute of the busiest stage)\n");
+                " makespan with link costs, plus all-reduce and AdamW); compute .. other: breakdown means,\n"
+                " slowest stage; pred comp: the profile's compute of the busiest stage)\n");
     std::printf("\nload average (1 min) %.2f before the cluster runs, %.2f after; JSON: %s\n", load_before, load_after,
                 o.json_path.c_str());
-    fs::remove_all(dir);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "throughput: " << e.what() << "\n";
