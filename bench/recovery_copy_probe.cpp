@@ -2,6 +2,7 @@
 
 #include "bench/recovery_copy_probe.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "runtime/device.hpp"
 #include "runtime/host_communicator.hpp"
 #include "runtime/layer_store.hpp"
+#include "runtime/link_profiler.hpp"
 #include "runtime/transport/host_transport.hpp"
 
 namespace oobleck::bench {
@@ -64,6 +66,18 @@ copy_link measure_copy_link(const apps::job_file& job, int first, int end, int r
     wait_ms.push_back(static_cast<double>(timing[1].copy_wait_us) / 1000);
   }
   return {bytes, median(copy_ms), median(wait_ms)};
+}
+
+std::map<std::int64_t, double> measure_p2p_gbps(const std::vector<std::int64_t>& sizes, int rounds) {
+  std::map<std::int64_t, double> best;
+  for (int round = 0; round < rounds; ++round)
+    for (const std::int64_t bytes : sizes) {
+      const std::int64_t size = std::max<std::int64_t>(bytes, 64);
+      const int repeats = static_cast<int>(std::clamp<std::int64_t>((200LL << 20) / size, 15, 200));
+      const double gbps = runtime::measure_loopback_link(repeats, 64, size).link.bytes_per_ms / 1e6;
+      best[bytes] = std::max(best[bytes], gbps);
+    }
+  return best;
 }
 
 std::optional<std::pair<double, std::int64_t>> p2p_gbps(const std::string& path, double bytes) {

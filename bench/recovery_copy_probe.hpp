@@ -1,12 +1,14 @@
 #pragma once
 // What the recovery benchmark measures its layer copies against: the copy path over one link on
 // idle cores, in this process (LibTorch: only this file of the benchmark needs it), and the host
-// transport's own point-to-point bandwidth from bench/transport_vs_gloo's JSON.
+// transport's own point-to-point bandwidth, measured here or read from bench/transport_vs_gloo's JSON.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "apps/job_file.hpp"
 
@@ -23,6 +25,14 @@ struct copy_link {
   double bytes = 0, copy_ms = 0, wait_ms = 0;
 };
 copy_link measure_copy_link(const apps::job_file& job, int first, int end, int repeats);
+
+/// The host transport's point-to-point bandwidth (GB/s) for one message of each of `sizes` bytes,
+/// measured now on idle cores: two transports of this process on loopback
+/// (runtime::measure_loopback_link: the median time of the message one way and a small reply
+/// back, less a small message's round trip, so latency is not charged to it; repeats moving at
+/// least ~200 MB). `rounds` rounds over every size, interleaved; each size's best round counts,
+/// so that a slow moment of the machine does not lower the reference.
+std::map<std::int64_t, double> measure_p2p_gbps(const std::vector<std::int64_t>& sizes, int rounds);
 
 /// The host transport's point-to-point bandwidth (GB/s) at the size nearest to `bytes`, and that
 /// size, from transport_vs_gloo's JSON (none if the file is missing or has no such row).

@@ -115,7 +115,7 @@ std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s
   return results;
 }
 
-json result_json(const fault_result& r, double p2p) {
+json result_json(const fault_result& r) {
   json j;
   j["scenario"] = r.scenario;
   j["job"] = r.job;
@@ -141,7 +141,10 @@ json result_json(const fault_result& r, double p2p) {
     j["busiest_link_gb_per_s"] = copy_ms > 0 ? static_cast<double>(r.busiest_bytes) / copy_ms / 1e6 : 0;
     j["downtime_steps"] = r.record["downtime_ms"].get<double>() / r.step_ms;
     j["downtime_bound_ms"] = r.detect_ms + r.step_ms + copy_ms + 500;
-    if (p2p > 0 && copy_ms > 0) j["copy_vs_p2p"] = static_cast<double>(r.busiest_bytes) / copy_ms / 1e6 / p2p;
+    if (r.p2p_gb_per_s > 0 && copy_ms > 0) {
+      j["p2p_gb_per_s_for_busiest_bytes"] = r.p2p_gb_per_s;
+      j["copy_vs_p2p"] = static_cast<double>(r.busiest_bytes) / copy_ms / 1e6 / r.p2p_gb_per_s;
+    }
   }
   if (!r.notes.empty()) j["notes"] = r.notes;
   return j;

@@ -44,6 +44,9 @@ struct fault_result {
   std::int64_t predicted_bytes = -1, busiest_bytes = -1;
   int copies = 0;
   bool plan_matches = false;
+  /// The host transport's p2p bandwidth (GB/s) for one message of busiest_bytes, measured in the
+  /// same run (0: unknown): what the busiest link's copy is measured against.
+  double p2p_gb_per_s = 0;
   std::vector<std::string> notes;
 };
 
@@ -51,7 +54,7 @@ struct fault_result {
 /// spurious_losses. Throws (keeping the job's files) when the job does not do what it must.
 std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s, int& spurious_losses);
 
-/// Every figure of one fault; p2p: the host transport's bandwidth (GB/s) for scale, 0 if unknown.
-json result_json(const fault_result& r, double p2p);
+/// Every figure of one fault.
+json result_json(const fault_result& r);
 
 }  // namespace oobleck::bench

@@ -40,19 +40,23 @@ void print_fault_tables(const std::vector<fault_result>& results) {
                "during which one of the node's links was copying: each from the receiver's ready, sent as soon as that link is\n"
                "up, to the source's last message arrived; plus installing); wait = the longest ready -> first message of a\n"
                "source (senders' skew); rest = copy - wait; GB/s: the busiest link's bytes / copy; all: every link's bytes /\n"
-               "copy (the links share this machine's two cores); connect = the whole mesh; prepare = allocating and\n"
-               "pre-faulting the incoming layers (before the mesh connects)\n";
-  std::printf("%-28s %-8s %4s %10s %10s %7s %7s %7s %8s %8s %8s %8s\n", "scenario", "job", "node", "copy B", "busiest B",
-              "copy", "wait", "rest", "GB/s", "all", "connect", "prepare");
+               "copy (the links share this machine's two cores); p2p: the host transport's p2p GB/s for one message of the\n"
+               "busiest link's bytes, measured after the scenarios on idle cores; /p2p: GB/s over it; connect = the whole mesh;\n"
+               "prepare = allocating and pre-faulting the incoming layers (before the mesh connects)\n";
+  std::printf("%-28s %-8s %4s %10s %10s %7s %7s %7s %8s %8s %6s %6s %8s %8s\n", "scenario", "job", "node", "copy B",
+              "busiest B", "copy", "wait", "rest", "GB/s", "all", "p2p", "/p2p", "connect", "prepare");
   for (const auto& r : results) {
     if (r.record.is_null()) continue;
     const double copy_ms = record_ms(r, "copy_ms"), wait_ms = record_ms(r, "copy_wait_ms");
     const double bytes = r.record["copy_bytes"].get<double>();
     const std::string gbps = r.busiest_bytes > 0 ? fmt("%.3f", static_cast<double>(r.busiest_bytes) / copy_ms / 1e6) : "-";
     const std::string all = bytes > 0 && copy_ms > 0 ? fmt("%.3f", bytes / copy_ms / 1e6) : "-";
-    std::printf("%-28s %-8s %4d %10.0f %10lld %7.1f %7.1f %7.1f %8s %8s %8.1f %8.1f\n", r.scenario.c_str(), r.job.c_str(),
-                r.node, bytes, static_cast<long long>(r.busiest_bytes), copy_ms, wait_ms, copy_ms - wait_ms, gbps.c_str(),
-                all.c_str(), record_ms(r, "connect_ms"), record_ms(r, "prepare_ms"));
+    const bool referenced = r.busiest_bytes > 0 && r.p2p_gb_per_s > 0;
+    const std::string p2p = referenced ? fmt("%.2f", r.p2p_gb_per_s) : "-";
+    const std::string ratio = referenced ? fmt("%.2f", static_cast<double>(r.busiest_bytes) / copy_ms / 1e6 / r.p2p_gb_per_s) : "-";
+    std::printf("%-28s %-8s %4d %10.0f %10lld %7.1f %7.1f %7.1f %8s %8s %6s %6s %8.1f %8.1f\n", r.scenario.c_str(),
+                r.job.c_str(), r.node, bytes, static_cast<long long>(r.busiest_bytes), copy_ms, wait_ms, copy_ms - wait_ms,
+                gbps.c_str(), all.c_str(), p2p.c_str(), ratio.c_str(), record_ms(r, "connect_ms"), record_ms(r, "prepare_ms"));
   }
 
   std::cout << "\nwhere the downtime goes (ms): the lost part of the interrupted step, detection, first notice ->\n"
@@ -115,6 +119,19 @@ fault_summary summarize(const std::vector<fault_result>& results) {
   // All links together: on one machine they share the same cores, so this is what its cores moved.
   s.bandwidths_all = pick([](const fault_result& r) { return !r.record.is_null() && r.busiest_bytes > 0 && r.record["copy_ms"].get<double>() > 0; },
                           [](const fault_result& r) { return r.record["copy_bytes"].get<double>() / r.record["copy_ms"].get<double>() / 1e6; });
+  auto referenced = [](const fault_result& r) {
+    return !r.record.is_null() && r.busiest_bytes > 0 && r.record["copy_ms"].get<double>() > 0 && r.p2p_gb_per_s > 0;
+  };
+  auto ratio = [](const fault_result& r) { return r.busiest_bytes / r.record["copy_ms"].get<double>() / 1e6 / r.p2p_gb_per_s; };
+  s.bandwidth_ratios = pick(referenced, ratio);
+  s.bandwidth_all_ratios = pick(referenced, [](const fault_result& r) {
+    return r.record["copy_bytes"].get<double>() / r.record["copy_ms"].get<double>() / 1e6 / r.p2p_gb_per_s;
+  });
+  auto large = [&](const fault_result& r) { return referenced(r) && r.busiest_bytes >= (4 << 20); };
+  s.large_bandwidth_ratios = pick(large, ratio);
+  s.large_bandwidth_all_ratios = pick(large, [](const fault_result& r) {
+    return r.record["copy_bytes"].get<double>() / r.record["copy_ms"].get<double>() / 1e6 / r.p2p_gb_per_s;
+  });
   for (const auto& r : results)
     if (!r.record.is_null()) {
       ++s.bound_total;
@@ -123,13 +140,14 @@ fault_summary summarize(const std::vector<fault_result>& results) {
   return s;
 }
 
-json print_targets(const fault_summary& s, std::optional<double> p2p_gb) {
+json print_targets(const fault_summary& s, std::optional<std::pair<double, std::int64_t>> single_p2p) {
   json targets = json::array();
   auto target = [&](const std::string& what, const std::string& goal, double value, bool met) {
     targets.push_back({{"what", what}, {"target", goal}, {"measured", value}, {"met", met}});
     std::printf("  %-58s %-22s %10.2f  %s\n", what.c_str(), goal.c_str(), value, met ? "met" : "NOT MET");
   };
-  std::cout << "\ntargets (worst case over the events above; the copy bandwidths: the best event)\n";
+  std::cout << "\ntargets (worst case over the events above; the copy bandwidth: the median of the events whose busiest\n"
+               "link moved >= 4 MiB, against the host transport's p2p for as many bytes measured in this run)\n";
   target("crash detected (kill -9 -> first failure notice), ms", "<= 100", max_of(s.crash_detect), max_of(s.crash_detect) <= 100);
   if (!s.hang_default.empty())
     target("hang detected, default heartbeat " + default_heartbeat() + " ms, ms", "<= 2000", max_of(s.hang_default), max_of(s.hang_default) <= 2000);
@@ -138,12 +156,19 @@ json print_targets(const fault_summary& s, std::optional<double> p2p_gb) {
   target("reconfiguration decision, ms", "<= 10", max_of(s.decisions), max_of(s.decisions) <= 10);
   target("events with downtime <= detect + step + copy + 500 ms", "all " + std::to_string(s.bound_total), s.bound_met,
          s.bound_met == s.bound_total && s.bound_total > 0);
-  if (p2p_gb)
-    target("copy bandwidth (busiest link's bytes / copy_ms) / host p2p " + fmt("%.2f", *p2p_gb) + " GB/s", ">= 0.5",
-           max_of(s.bandwidths) / *p2p_gb, max_of(s.bandwidths) / *p2p_gb >= 0.5);
-  if (p2p_gb)
-    target("  the same with every link's bytes (links share the 2 cores)", ">= 0.5", max_of(s.bandwidths_all) / *p2p_gb,
-           max_of(s.bandwidths_all) / *p2p_gb >= 0.5);
+  if (!s.large_bandwidth_ratios.empty()) {
+    const double m = median(s.large_bandwidth_ratios), all = median(s.large_bandwidth_all_ratios);
+    target("copy bandwidth (busiest link / copy_ms) / p2p, same bytes", ">= 0.5", m, m >= 0.5);
+    target("  the same with every link's bytes (links share the 2 cores)", ">= 0.5", all, all >= 0.5);
+    std::printf("  (busiest link / p2p over those %zu events: %.2f-%.2f; best of every event %.2f)\n",
+                s.large_bandwidth_ratios.size(), min_of(s.large_bandwidth_ratios), max_of(s.large_bandwidth_ratios),
+                max_of(s.bandwidth_ratios));
+  }
+  if (single_p2p && single_p2p->first > 0)
+    std::printf("  (against one figure for every event, %.2f GB/s at %lld bytes, the size nearest the mean copy's, as this\n"
+                "   benchmark compared before: busiest link %.2f, every link %.2f)\n",
+                single_p2p->first, static_cast<long long>(single_p2p->second), max_of(s.bandwidths) / single_p2p->first,
+                max_of(s.bandwidths_all) / single_p2p->first);
   return targets;
 }
 

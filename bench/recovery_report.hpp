@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "bench/recovery_faults.hpp"
@@ -30,12 +32,19 @@ struct fault_summary {
   std::vector<double> crash_detect, crash_lost, hang_default, hang_short, decisions;
   std::vector<double> bandwidths;  ///< per link: the busiest link's bytes / the slowest node's copy_ms, GB/s
   std::vector<double> bandwidths_all;  ///< every link's bytes / the slowest node's copy_ms, GB/s
+  /// The same two over the host transport's p2p bandwidth for the event's busiest link's bytes
+  /// (events with a reference only).
+  std::vector<double> bandwidth_ratios, bandwidth_all_ratios;
+  /// The same two of the events whose busiest link moved >= 4 MiB (the rest are mostly latency).
+  std::vector<double> large_bandwidth_ratios, large_bandwidth_all_ratios;
   int bound_met = 0, bound_total = 0;
 };
 fault_summary summarize(const std::vector<fault_result>& results);
 
-/// Prints the targets (worst case over the events); their JSON. p2p_gb: the host transport's
-/// bandwidth (none: no bandwidth target).
-json print_targets(const fault_summary& s, std::optional<double> p2p_gb);
+/// Prints the targets (worst case over the events); their JSON. The copy bandwidth targets need
+/// the events' p2p references (none: no bandwidth target). single_p2p: the one figure the
+/// benchmark compared every event with before (the size nearest the mean copy's bytes), printed
+/// beside them.
+json print_targets(const fault_summary& s, std::optional<std::pair<double, std::int64_t>> single_p2p);
 
 }  // namespace oobleck::bench
