@@ -145,7 +145,7 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
   // Every layer is timed where a stage runs it: a microbatch's forward goes through the layers in
   // order, then its backward through them in reverse, each layer's graph cut from the next at its
   // output. Timing one layer over and over instead kept that layer's weights in the caches and
-  // measured the larger model 20% faster than any run of it (bench/RESULTS.md).
+  // measured the larger model 10-20% faster than it trains (bench/RESULTS.md).
   for (const int width : planning::stage_widths(options.slots_per_node)) {
     // A stage of width d runs with d intra-op threads (actors/stage.cpp), so it is timed so.
     torch::set_num_threads(width);
