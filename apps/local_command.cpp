@@ -24,6 +24,7 @@
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
 #include "apps/job_file.hpp"
+#include "apps/local_options.hpp"
 #include "apps/trace_replay.hpp"
 #include "messages/input_error.hpp"
 #include "runtime/child_process.hpp"
@@ -31,41 +32,6 @@
 namespace oobleck::apps {
 
 namespace {
-
-/// The default job: a small GPT on the generated corpus. The slot memory is set so that the
-/// model does not fit one node (n0 = 2): pipelines span nodes.
-constexpr const char* default_job = R"(# oobleck-local's default job: a small GPT on the generated corpus, 6 nodes, f = 1.
-# The slot memory is set so that the model does not fit one node (n0 = 2): pipelines span nodes.
-[model]
-vocab = 256
-d_model = 32
-heads = 2
-blocks = 4
-seq_len = 32
-dropout = 0.0
-seed = 1234
-
-[data]
-corpus_bytes = 1048576
-corpus_seed = 7
-
-[training]
-steps = 20
-global_batch = 16
-microbatch = 2
-seed = 1
-
-[optimizer]
-lr = 0.003
-schedule = "cosine"
-warmup_steps = 5
-min_lr = 0.0003
-
-[cluster]
-nodes = 6
-fault_tolerance = 1
-device_memory_bytes = 1500000
-)";
 
 std::atomic<int> stop_signal{0};
 extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
@@ -102,62 +68,11 @@ std::filesystem::path own_directory() {
 }  // namespace
 
 int run_local_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  CLI::App app{"oobleck-local: runs a whole job on this machine: a coordinator and N worker processes\n"
-               "on 127.0.0.1, with their progress on stdout. With no arguments: the default job (a small\n"
-               "GPT on the generated corpus, 6 nodes, f = 1, pipelines spanning nodes).",
-               "oobleck-local"};
-  std::optional<int> nodes_flag, fault_tolerance_flag;
-  std::optional<std::int64_t> steps_flag;
-  std::string config, metrics_out;
-  double timeout = 600;
-  bool print_default = false;
-  std::vector<std::string> fail_at, hang_at, join_at;
-  std::string trace_path;
-  std::optional<int> trace_nodes;
-  add_integer(app, "--nodes", nodes_flag, 1, 64, "worker processes (default: the job's cluster.nodes, 6 for the default job)");
-  add_text(app, "--config", config, "the job file (default: the built-in default job)");
-  add_integer(app, "--steps", steps_flag, 1, std::int64_t{1} << 40,
-              "steps to train (default: the job's training.steps, 20 for the default job)");
-  add_integer(app, "--fault-tolerance", fault_tolerance_flag, 0, 64, "f (default: the job's cluster.fault_tolerance)");
-  add_text(app, "--metrics-out", metrics_out, "one JSON line per committed step to FILE");
-  add_number(app, "--timeout", timeout, 1, "give up (and stop every process) after this many seconds (default 600)");
-  app.add_option("--fail-at", fail_at,
-                 "STEP:ID[,ID...]: those nodes' processes kill themselves (SIGKILL) in the middle of "
-                 "step STEP (repeatable)")
-      ->type_name("STEP:IDS");
-  app.add_option("--hang-at", hang_at,
-                 "STEP:ID[,ID...]: those nodes' processes freeze (SIGSTOP) in the middle of step STEP; "
-                 "the heartbeat timeout declares them lost (repeatable)")
-      ->type_name("STEP:IDS");
-  app.add_option("--join-at", join_at,
-                 "STEP:K: start K more worker processes when step STEP has committed; they join at the "
-                 "next step boundary and take the next node ids (repeatable)")
-      ->type_name("STEP:K");
-  add_text(app, "--trace", trace_path,
-           "replay a node availability trace (lines 'ms,add|remove,nodeN', e.g. ../shared/traces/10m.csv): "
-           "its removals kill workers (kill -9), its later adds start workers (joins); trace time 0 is the "
-           "first epoch; the run ends at the trace's last time (or --steps)")
-      ->type_name("FILE");
-  double time_scale_value = 1;
-  add_number(app, "--time-scale", time_scale_value, 0,
-             "with --trace: multiply trace times by X > 0 (0.01 replays 10 minutes in 6 s; default 1)");
-  add_integer(app, "--trace-nodes", trace_nodes, 1, 64,
-              "with --trace: at most N workers at once (default: --nodes, else the job's cluster.nodes); the trace's "
-              "nodes take free slots in the order they are added, the rest wait as spares")
-      ->type_name("N");
-  std::string checkpoint_dir, resume;
-  std::optional<std::int64_t> checkpoint_every;
-  add_text(app, "--checkpoint-dir", checkpoint_dir, "where checkpoints go (default: the job's [checkpoint] dir)");
-  add_integer(app, "--checkpoint-every", checkpoint_every, 0, std::int64_t{1} << 40,
-              "a checkpoint after every K committed steps (default: the job's [checkpoint] every)");
-  add_text(app, "--resume", resume, "continue from the checkpoint in DIR (validated against the job first)");
-  app.footer("Exit status: the coordinator's: 0 finished, 1 internal error, 2 bad input, 4 the reconfiguration "
-             "policy stopped the job (too few nodes left): a checkpoint was written when possible and the "
-             "command that resumes it printed.");
-  app.add_flag("--print-default-job", print_default, "print the default job file and exit (a start for your own)");
-  if (!parse_flags(app, args, out)) return 0;
-  if (print_default) {
-    out << default_job;
+  const auto parsed = parse_local_options(args, out);
+  if (!parsed) return 0;
+  const local_options& o = *parsed;
+  if (o.print_default_job) {
+    out << default_local_job;
     return 0;
   }
 
@@ -169,54 +84,29 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     std::filesystem::path d;
     ~remove_dir() { std::filesystem::remove_all(d); }
   } cleanup{dir};
-  std::string job_path = config;
-  if (config.empty()) {
+  std::string job_path = o.config;
+  if (o.config.empty()) {
     job_path = (dir / "job.toml").string();
-    std::ofstream(job_path) << default_job;
+    std::ofstream(job_path) << default_local_job;
   }
   const job_file job = read_job_file(job_path);  // a bad job file is refused here, before any process starts
-  std::vector<messages::inject_fault> faults;
-  auto add_faults = [&](const std::string& flag, const std::string& spec, messages::fault_kind kind) {
-    const auto colon = spec.find(':');
-    if (colon == std::string::npos) throw messages::input_error(flag + ": expected STEP:ID[,ID...], got '" + spec + "'");
-    const auto step = parse_id_list(flag, spec.substr(0, colon));
-    if (step.size() != 1) throw messages::input_error(flag + ": expected one step before ':', got '" + spec + "'");
-    for (int id : parse_id_list(flag, spec.substr(colon + 1)))
-      faults.push_back({id, kind, step[0], 0});
-  };
-  for (const auto& f : fail_at) add_faults("--fail-at", f, messages::fault_kind::kill);
-  for (const auto& h : hang_at) add_faults("--hang-at", h, messages::fault_kind::hang);
-  std::vector<std::pair<std::int64_t, int>> joins;  // (step, workers)
-  for (const auto& j : join_at) {
-    const auto colon = j.find(':');
-    const auto parts = colon == std::string::npos ? std::vector<int>{}
-                                                  : parse_id_list("--join-at", j.substr(0, colon) + "," + j.substr(colon + 1));
-    if (parts.size() != 2 || parts[1] < 1) throw messages::input_error("--join-at: expected STEP:K with K >= 1, got '" + j + "'");
-    joins.emplace_back(parts[0], parts[1]);
-  }
-  const bool time_scale_given = app.get_option("--time-scale")->count() > 0;
+  const auto& faults = o.faults;
+  auto joins = o.joins;
   std::unique_ptr<trace_replayer> replay;
-  if (trace_path.empty()) {
-    if (time_scale_given) throw messages::input_error("--time-scale goes with --trace");
-    if (trace_nodes) throw messages::input_error("--trace-nodes goes with --trace");
-  } else {
-    if (!faults.empty() || !joins.empty())
-      throw messages::input_error("--trace replaces --fail-at, --hang-at and --join-at: give one or the other");
-    if (!(time_scale_value > 0)) throw messages::input_error("--time-scale must be > 0, got 0");
-    replay = std::make_unique<trace_replayer>(trace_path, trace_nodes.value_or(nodes_flag.value_or(job.cluster.nodes)),
-                                              time_scale_value);
-  }
+  if (!o.trace_path.empty())
+    replay = std::make_unique<trace_replayer>(o.trace_path, o.trace_nodes.value_or(o.nodes.value_or(job.cluster.nodes)),
+                                              o.time_scale);
   // With a trace, its starting nodes are the workers, and the trace's end (not a step count)
   // ends the run unless --steps says otherwise.
-  const int nodes = replay ? static_cast<int>(replay->schedule().initial.size()) : nodes_flag.value_or(job.cluster.nodes);
-  const std::int64_t steps = steps_flag.value_or(replay ? std::int64_t{1} << 40
+  const int nodes = replay ? static_cast<int>(replay->schedule().initial.size()) : o.nodes.value_or(job.cluster.nodes);
+  const std::int64_t steps = o.steps.value_or(replay ? std::int64_t{1} << 40
                                                         : static_cast<std::int64_t>(job.training.steps));
-  const int fault_tolerance = fault_tolerance_flag.value_or(job.cluster.fault_tolerance);
+  const int fault_tolerance = o.fault_tolerance.value_or(job.cluster.fault_tolerance);
   for (const auto& f : faults)
     if (f.node >= nodes)
       throw messages::input_error("node " + std::to_string(f.node) + " does not exist: the job's nodes are 0.." +
                                   std::to_string(nodes - 1));
-  if (!metrics_out.empty()) std::ofstream(metrics_out, std::ios::trunc);  // fresh file per run
+  if (!o.metrics_out.empty()) std::ofstream(o.metrics_out, std::ios::trunc);  // fresh file per run
   const std::string token = (dir / "token").string();
   const auto bin = own_directory();
 
@@ -229,15 +119,16 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   std::vector<std::string> coord_args{"--listen", "127.0.0.1:0", "--config", job_path, "--token-file", token,
                                       "--nodes", std::to_string(nodes), "--steps", std::to_string(steps),
                                       "--fault-tolerance", std::to_string(fault_tolerance)};
-  if (!metrics_out.empty()) {
+  if (!o.metrics_out.empty()) {
     coord_args.push_back("--metrics-out");
-    coord_args.push_back(metrics_out);
+    coord_args.push_back(o.metrics_out);
   }
   // Checkpoints: paths made absolute (the coordinator and workers share this filesystem); a stop
   // by the policy prints this program's own command to resume.
-  if (!checkpoint_dir.empty()) coord_args.insert(coord_args.end(), {"--checkpoint-dir", std::filesystem::absolute(checkpoint_dir).string()});
-  if (checkpoint_every) coord_args.insert(coord_args.end(), {"--checkpoint-every", std::to_string(*checkpoint_every)});
-  if (!resume.empty()) coord_args.insert(coord_args.end(), {"--resume", std::filesystem::absolute(resume).string()});
+  if (!o.checkpoint_dir.empty())
+    coord_args.insert(coord_args.end(), {"--checkpoint-dir", std::filesystem::absolute(o.checkpoint_dir).string()});
+  if (o.checkpoint_every) coord_args.insert(coord_args.end(), {"--checkpoint-every", std::to_string(*o.checkpoint_every)});
+  if (!o.resume.empty()) coord_args.insert(coord_args.end(), {"--resume", std::filesystem::absolute(o.resume).string()});
   coord_args.insert(coord_args.end(), {"--resume-command", local_resume_prefix(args)});
   runtime::child_process coordinator((bin / "oobleck-coordinator").string(), coord_args,
                                      {.out = runtime::child_output::descriptor(coordinator_out.write_end())});
@@ -286,7 +177,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     }
   } joiner{echo, coordinator, workers};
 
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
   std::optional<int> coordinator_status;
   while (!have_address) {
     if ((coordinator_status = coordinator.poll())) {
@@ -335,7 +226,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
                                                   "--connection-timeout-ms",
                                                   std::to_string(job.cluster.connection_timeout_ms)});
   };
-  if (replay) out << "[local] " << replay->summary(trace_path) << std::endl;
+  if (replay) out << "[local] " << replay->summary(o.trace_path) << std::endl;
   for (int i = 0; i < nodes && !coordinator_status; ++i) {
     start_worker(i);
     // A trace replay starts its workers one at a time, so that worker i is node i (ids follow
@@ -379,7 +270,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       stop_signal = 0;
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      err << "error: the job did not finish within " << timeout << " s; stopping every process\n";
+      err << "error: the job did not finish within " << o.timeout_s << " s; stopping every process\n";
       return 1;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

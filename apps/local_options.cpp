@@ -1,0 +1,133 @@
+// oobleck-local's flags: see local_options.hpp.
+
+#include "apps/local_options.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <ostream>
+
+#include "apps/flags.hpp"
+#include "messages/input_error.hpp"
+
+namespace oobleck::apps {
+
+const char* const default_local_job = R"(# oobleck-local's default job: a small GPT on the generated corpus, 6 nodes, f = 1.
+# The slot memory is set so that the model does not fit one node (n0 = 2): pipelines span nodes.
+[model]
+vocab = 256
+d_model = 32
+heads = 2
+blocks = 4
+seq_len = 32
+dropout = 0.0
+seed = 1234
+
+[data]
+corpus_bytes = 1048576
+corpus_seed = 7
+
+[training]
+steps = 20
+global_batch = 16
+microbatch = 2
+seed = 1
+
+[optimizer]
+lr = 0.003
+schedule = "cosine"
+warmup_steps = 5
+min_lr = 0.0003
+
+[cluster]
+nodes = 6
+fault_tolerance = 1
+device_memory_bytes = 1500000
+)";
+
+namespace {
+
+/// --fail-at / --hang-at STEP:ID[,ID...]: one fault of `kind` per node.
+void add_faults(std::vector<messages::inject_fault>& faults, const std::string& flag, const std::string& spec,
+                messages::fault_kind kind) {
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos) throw messages::input_error(flag + ": expected STEP:ID[,ID...], got '" + spec + "'");
+  const auto step = parse_id_list(flag, spec.substr(0, colon));
+  if (step.size() != 1) throw messages::input_error(flag + ": expected one step before ':', got '" + spec + "'");
+  for (int id : parse_id_list(flag, spec.substr(colon + 1))) faults.push_back({id, kind, step[0], 0});
+}
+
+/// --join-at STEP:K.
+std::pair<std::int64_t, int> join_of(const std::string& spec) {
+  const auto colon = spec.find(':');
+  const auto parts = colon == std::string::npos
+                         ? std::vector<int>{}
+                         : parse_id_list("--join-at", spec.substr(0, colon) + "," + spec.substr(colon + 1));
+  if (parts.size() != 2 || parts[1] < 1)
+    throw messages::input_error("--join-at: expected STEP:K with K >= 1, got '" + spec + "'");
+  return {parts[0], parts[1]};
+}
+
+}  // namespace
+
+std::optional<local_options> parse_local_options(const std::vector<std::string>& args, std::ostream& out) {
+  CLI::App app{"oobleck-local: runs a whole job on this machine: a coordinator and N worker processes\n"
+               "on 127.0.0.1, with their progress on stdout. With no arguments: the default job (a small\n"
+               "GPT on the generated corpus, 6 nodes, f = 1, pipelines spanning nodes).",
+               "oobleck-local"};
+  local_options o;
+  std::vector<std::string> fail_at, hang_at, join_at;
+  add_integer(app, "--nodes", o.nodes, 1, 64, "worker processes (default: the job's cluster.nodes, 6 for the default job)");
+  add_text(app, "--config", o.config, "the job file (default: the built-in default job)");
+  add_integer(app, "--steps", o.steps, 1, std::int64_t{1} << 40,
+              "steps to train (default: the job's training.steps, 20 for the default job)");
+  add_integer(app, "--fault-tolerance", o.fault_tolerance, 0, 64, "f (default: the job's cluster.fault_tolerance)");
+  add_text(app, "--metrics-out", o.metrics_out, "one JSON line per committed step to FILE");
+  add_number(app, "--timeout", o.timeout_s, 1, "give up (and stop every process) after this many seconds (default 600)");
+  app.add_option("--fail-at", fail_at,
+                 "STEP:ID[,ID...]: those nodes' processes kill themselves (SIGKILL) in the middle of "
+                 "step STEP (repeatable)")
+      ->type_name("STEP:IDS");
+  app.add_option("--hang-at", hang_at,
+                 "STEP:ID[,ID...]: those nodes' processes freeze (SIGSTOP) in the middle of step STEP; "
+                 "the heartbeat timeout declares them lost (repeatable)")
+      ->type_name("STEP:IDS");
+  app.add_option("--join-at", join_at,
+                 "STEP:K: start K more worker processes when step STEP has committed; they join at the "
+                 "next step boundary and take the next node ids (repeatable)")
+      ->type_name("STEP:K");
+  add_text(app, "--trace", o.trace_path,
+           "replay a node availability trace (lines 'ms,add|remove,nodeN', e.g. ../shared/traces/10m.csv): "
+           "its removals kill workers (kill -9), its later adds start workers (joins); trace time 0 is the "
+           "first epoch; the run ends at the trace's last time (or --steps)")
+      ->type_name("FILE");
+  add_number(app, "--time-scale", o.time_scale, 0,
+             "with --trace: multiply trace times by X > 0 (0.01 replays 10 minutes in 6 s; default 1)");
+  add_integer(app, "--trace-nodes", o.trace_nodes, 1, 64,
+              "with --trace: at most N workers at once (default: --nodes, else the job's cluster.nodes); the trace's "
+              "nodes take free slots in the order they are added, the rest wait as spares")
+      ->type_name("N");
+  add_text(app, "--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (default: the job's [checkpoint] dir)");
+  add_integer(app, "--checkpoint-every", o.checkpoint_every, 0, std::int64_t{1} << 40,
+              "a checkpoint after every K committed steps (default: the job's [checkpoint] every)");
+  add_text(app, "--resume", o.resume, "continue from the checkpoint in DIR (validated against the job first)");
+  app.footer("Exit status: the coordinator's: 0 finished, 1 internal error, 2 bad input, 4 the reconfiguration "
+             "policy stopped the job (too few nodes left): a checkpoint was written when possible and the "
+             "command that resumes it printed.");
+  app.add_flag("--print-default-job", o.print_default_job, "print the default job file and exit (a start for your own)");
+  if (!parse_flags(app, args, out)) return std::nullopt;
+  for (const auto& f : fail_at) add_faults(o.faults, "--fail-at", f, messages::fault_kind::kill);
+  for (const auto& h : hang_at) add_faults(o.faults, "--hang-at", h, messages::fault_kind::hang);
+  for (const auto& j : join_at) o.joins.push_back(join_of(j));
+  const bool time_scale_given = app.get_option("--time-scale")->count() > 0;
+  if (o.trace_path.empty()) {
+    if (time_scale_given) throw messages::input_error("--time-scale goes with --trace");
+    if (o.trace_nodes) throw messages::input_error("--trace-nodes goes with --trace");
+  } else {
+    if (!o.faults.empty() || !o.joins.empty())
+      throw messages::input_error("--trace replaces --fail-at, --hang-at and --join-at: give one or the other");
+    if (!(o.time_scale > 0)) throw messages::input_error("--time-scale must be > 0, got 0");
+  }
+  return o;
+}
+
+}  // namespace oobleck::apps

@@ -1,0 +1,43 @@
+#pragma once
+// oobleck-local's flags, read and checked against each other (not yet against the job file),
+// and its built-in default job. No LibTorch.
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "messages/control_messages.hpp"
+
+namespace oobleck::apps {
+
+/// oobleck-local's default job: a small GPT on the generated corpus, 6 nodes, f = 1, with the
+/// slot memory set so that the model does not fit one node (n0 = 2): pipelines span nodes.
+extern const char* const default_local_job;
+
+struct local_options {
+  std::optional<int> nodes;            ///< --nodes (default: the job's cluster.nodes)
+  std::optional<int> fault_tolerance;  ///< --fault-tolerance
+  std::optional<std::int64_t> steps;   ///< --steps
+  std::string config;                  ///< --config; empty: the default job
+  std::string metrics_out;
+  double timeout_s = 600;
+  bool print_default_job = false;
+  /// --fail-at and --hang-at, one fault per node (node ids not yet checked against the job).
+  std::vector<messages::inject_fault> faults;
+  std::vector<std::pair<std::int64_t, int>> joins;  ///< --join-at: (step, workers)
+  std::string trace_path;
+  std::optional<int> trace_nodes;
+  double time_scale = 1;
+  std::string checkpoint_dir, resume;
+  std::optional<std::int64_t> checkpoint_every;
+};
+
+/// Reads `args` (without the program name); none when --help was printed to `out`. Throws
+/// messages::input_error on a bad flag, value or combination (--time-scale without --trace,
+/// --trace with --fail-at, ...).
+std::optional<local_options> parse_local_options(const std::vector<std::string>& args, std::ostream& out);
+
+}  // namespace oobleck::apps
