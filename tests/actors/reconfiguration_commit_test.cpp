@@ -18,10 +18,7 @@ TEST_CASE("reconfiguration protocol: a loss during a commit: the commit stands, 
   // it before the next epoch's assignment), step 1 is never run again, step 2 runs in epoch 2.
   constexpr std::uint64_t steps = 4;
   fixture f(steps);
-  f.start({{2, [](fake_stage_record& r) { r.hold_commit = std::pair{1u, 1u}; }}});
-  REQUIRE(f.status().state == "committing");
-  f.kill(2);
-  f.sched.run();
+  f.kill_during_commit(2, {1, 1});
   const auto r = f.lose(f.initial(), {2});
   CHECK(f.logged("step 1 was committed before node 2 was lost"));
   CHECK(f.logged("reconfigured after losing node(s) 2 (" + rules_of(r) + ", "));
@@ -31,11 +28,8 @@ TEST_CASE("reconfiguration protocol: a loss during a commit: the commit stands, 
   for (const auto& [id, rec] : f.stages) {
     if (id == 2) continue;
     CAPTURE(id);
-    int commits_of_1 = 0, runs_of_1 = 0;
-    for (const auto& c : rec->commits) commits_of_1 += c.step == 1;
-    for (const auto& s : rec->steps) runs_of_1 += s.step == 1;
-    CHECK(commits_of_1 == 1);
-    CHECK(runs_of_1 == 1);
+    CHECK(rec->commits_of(1) == 1);
+    CHECK(rec->runs_of(1) == 1);
     REQUIRE(rec->traced("commit 1 1"));
     REQUIRE(rec->traced("assign 2"));
     CHECK(rec->position("commit 1 1") < rec->position("assign 2"));  // applied before the next epoch
@@ -63,10 +57,7 @@ TEST_CASE("reconfiguration protocol: a loss during a commit: the commit stands, 
 TEST_CASE("reconfiguration protocol: a loss during a commit: the committed step still has its record") {
   constexpr std::uint64_t steps = 4;
   fixture f(steps);
-  f.start({{2, [](fake_stage_record& r) { r.hold_commit = std::pair{1u, 1u}; }}});
-  REQUIRE(f.status().state == "committing");
-  f.kill(2);
-  f.sched.run();
+  f.kill_during_commit(2, {1, 1});
   REQUIRE(f.logged("training finished: 4 step(s) committed"));
   CHECK(f.logged("step 1: loss "));
   REQUIRE(f.records.size() == steps);
@@ -79,10 +70,7 @@ TEST_CASE("reconfiguration protocol: a loss during a commit: the committed step 
 TEST_CASE("reconfiguration protocol: a loss during the last step's commit ends the job, without a new epoch") {
   constexpr std::uint64_t steps = 3;
   fixture f(steps);
-  f.start({{4, [](fake_stage_record& r) { r.hold_commit = std::pair{1u, 2u}; }}});
-  REQUIRE(f.status().state == "committing");
-  f.kill(4);
-  f.sched.run();
+  f.kill_during_commit(4, {1, 2});
   CHECK(f.logged("step 2 was committed before node 4 was lost"));
   CHECK(f.logged("training finished: 3 step(s) committed"));
   CHECK(!f.logged("reconfigured after"));
@@ -98,11 +86,7 @@ TEST_CASE("reconfiguration protocol: a loss during a commit, then another while 
   // too. The commit stands; epoch 3 is planned from epoch 1 without 2 and 3; step 2 runs there.
   constexpr std::uint64_t steps = 4;
   fixture f(steps);
-  f.start({{2, [](fake_stage_record& r) { r.hold_commit = std::pair{1u, 1u}; }},
-           {3, [](fake_stage_record& r) { r.hold_form = {2}; }}});
-  REQUIRE(f.status().state == "committing");
-  f.kill(2);
-  f.sched.run();
+  f.kill_during_commit(2, {1, 1}, {{3, [](fake_stage_record& r) { r.hold_form = {2}; }}});
   REQUIRE(f.status().state == "forming");
   f.kill(3);
   f.sched.run();
@@ -113,11 +97,8 @@ TEST_CASE("reconfiguration protocol: a loss during a commit, then another while 
   CHECK(f.copies_of(3) == fixture::copies_of(both));
   for (const auto& [id, rec] : f.stages) {
     if (id == 2 || id == 3) continue;
-    int commits_of_1 = 0, runs_of_2 = 0;
-    for (const auto& c : rec->commits) commits_of_1 += c.step == 1;
-    for (const auto& s : rec->steps) runs_of_2 += s.step == 2;
-    CHECK(commits_of_1 == 1);
-    CHECK(runs_of_2 == (rec->assignments.at(3).stages.empty() ? 0 : 1));
+    CHECK(rec->commits_of(1) == 1);
+    CHECK(rec->runs_of(2) == (rec->assignments.at(3).stages.empty() ? 0u : 1u));
   }
   REQUIRE(!f.records.empty());
   CHECK(f.records.back().step == 3);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "planning/synthetic_profile.hpp"
+#include "support/coordinator_probe.hpp"
 
 using namespace oobleck::actors;
 using namespace oobleck::messages;
@@ -68,6 +69,14 @@ bool fake_stage_record::traced(const std::string& what) const {
 }
 std::size_t fake_stage_record::position(const std::string& what) const {
   return static_cast<std::size_t>(std::find(trace.begin(), trace.end(), what) - trace.begin());
+}
+std::size_t fake_stage_record::commits_of(std::uint64_t step) const {
+  return static_cast<std::size_t>(std::count_if(commits.begin(), commits.end(), [&](const commit_step& c) { return c.step == step; }));
+}
+std::size_t fake_stage_record::runs_of(std::uint64_t step, std::optional<std::uint64_t> epoch) const {
+  return static_cast<std::size_t>(std::count_if(steps.begin(), steps.end(), [&](const stage_step& s) {
+    return s.step == step && (!epoch || s.epoch == *epoch);
+  }));
 }
 
 fixture::config::config() {
@@ -158,23 +167,17 @@ void fixture::kill(std::int64_t node) {
   caf::anon_send_exit(stage_actors.at(node), caf::exit_reason::kill);
 }
 
-job_status fixture::status() {
-  std::string nonce;
-  auto n = self->request(coord, caf::infinite, nonce_request{protocol_version});
+void fixture::kill_during_commit(std::int64_t node, std::pair<std::uint64_t, std::uint64_t> commit, setup_map setup) {
+  setup[node] = [commit](fake_stage_record& r) { r.hold_commit = commit; };
+  start(setup);
+  REQUIRE(status().state == "committing");
+  kill(node);
   sched.run();
-  n.receive([&](std::string& x) { nonce = x; }, [](caf::error& e) { FAIL(describe(e)); });
-  job_status s;
-  auto r = self->request(coord, caf::infinite, status_atom_v, control_proof{nonce, control_proof_of(token, nonce)});
-  sched.run();
-  r.receive([&](job_status& x) { s = x; }, [](caf::error& e) { FAIL(describe(e)); });
-  return s;
 }
 
-bool fixture::logged(const std::string& text) const {
-  for (const auto& l : log)
-    if (l.find(text) != std::string::npos) return true;
-  return false;
-}
+job_status fixture::status() { return request_status(self, sched, coord, token); }
+
+bool fixture::logged(const std::string& text) const { return log_contains(log, text); }
 
 std::size_t fixture::log_position(const std::string& text) const {
   for (std::size_t i = 0; i < log.size(); ++i)

@@ -48,6 +48,10 @@ struct fake_stage_record {
   bool traced(const std::string& what) const;
   /// Where `what` first stands in the trace (its size when it is not there).
   std::size_t position(const std::string& what) const;
+  /// How many commits of `step` it received.
+  std::size_t commits_of(std::uint64_t step) const;
+  /// How many times it ran `step` (in `epoch`, if given).
+  std::size_t runs_of(std::uint64_t step, std::optional<std::uint64_t> epoch = std::nullopt) const;
 };
 
 /// Six workers with fake stages; the profile makes n0 = 2 and the first plan two pipelines of
@@ -91,6 +95,9 @@ struct fixture {
   void add_worker(int i, const setup_map& setup = {});
   /// The node's process dies: its monitor and its stage.
   void kill(std::int64_t node);
+  /// Starts the job (`setup` as for start()) with `node` never answering its commit of
+  /// (epoch, step), and kills that node once the coordinator is committing that step.
+  void kill_during_commit(std::int64_t node, std::pair<std::uint64_t, std::uint64_t> commit, setup_map setup = {});
   /// The coordinator's answer to an operator's status request.
   messages::job_status status();
 

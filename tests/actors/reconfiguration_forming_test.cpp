@@ -65,9 +65,7 @@ TEST_CASE("reconfiguration protocol: a copy source lost while the new epoch form
     CHECK(rec->position("abort 1") < rec->position("assign 2"));
     CHECK(rec->position("abort 2") < rec->position("assign 3"));
     for (const auto& s : rec->steps) CHECK(s.epoch != 2);
-    int runs_of_1 = 0;
-    for (const auto& s : rec->steps) runs_of_1 += s.step == 1 && s.epoch == 3;
-    CHECK(runs_of_1 == (rec->assignments.at(3).stages.empty() ? 0 : 1));
+    CHECK(rec->runs_of(1, 3) == (rec->assignments.at(3).stages.empty() ? 0u : 1u));
   }
   // One recovery: from the last commit before the failure to the first commit after it.
   REQUIRE(f.recoveries.size() == 1);

@@ -80,9 +80,7 @@ TEST_CASE("reconfiguration protocol: two losses in a row: the second in the re-r
   // Step 1 ran in all three epochs and committed only in the last; every survivor applied it once.
   for (const auto& [id, rec] : f.stages) {
     if (id <= 1) continue;
-    int commits_of_1 = 0;
-    for (const auto& c : rec->commits) commits_of_1 += c.step == 1;
-    CHECK(commits_of_1 == 1);
+    CHECK(rec->commits_of(1) == 1);
   }
   // One recovery record from the last commit to the next: both losses, both decisions.
   REQUIRE(f.recoveries.size() == 1);

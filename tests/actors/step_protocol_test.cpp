@@ -16,6 +16,7 @@
 #include "actors/coordinator.hpp"
 #include "actors/monitor.hpp"
 #include "planning/synthetic_profile.hpp"
+#include "support/coordinator_probe.hpp"
 
 using namespace oobleck::actors;
 using namespace oobleck::messages;
@@ -154,23 +155,9 @@ struct fixture {
     return monitors.back();
   }
 
-  job_status status() {
-    std::string nonce;
-    auto n = self->request(coord, caf::infinite, nonce_request{protocol_version});
-    sched.run();
-    n.receive([&](std::string& x) { nonce = x; }, [](caf::error& e) { FAIL(describe(e)); });
-    job_status s;
-    auto r = self->request(coord, caf::infinite, status_atom_v, control_proof{nonce, control_proof_of(token, nonce)});
-    sched.run();
-    r.receive([&](job_status& x) { s = x; }, [](caf::error& e) { FAIL(describe(e)); });
-    return s;
-  }
+  job_status status() { return oobleck::testing::request_status(self, sched, coord, token); }
 
-  bool logged(const std::string& text) const {
-    for (const auto& l : log)
-      if (l.find(text) != std::string::npos) return true;
-    return false;
-  }
+  bool logged(const std::string& text) const { return oobleck::testing::log_contains(log, text); }
 };
 
 }  // namespace
