@@ -215,11 +215,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.expected_nodes = nodes;
   deps.log = log;
   deps.profile = job_profile(job);
-  deps.job.nodes = nodes;
-  deps.job.fault_tolerance = fault_tolerance;
-  deps.job.global_batch = job.training.global_batch;
-  deps.job.microbatch = job.training.microbatch;
-  deps.job.device_memory_bytes = job.cluster.device_memory_bytes;
+  deps.job = planner_job(job, nodes, fault_tolerance);
   deps.steps = static_cast<std::uint64_t>(steps);
   const std::string root = !checkpoint_dir.empty() ? checkpoint_dir : job.checkpoint.dir;
   const auto every = static_cast<std::uint64_t>(checkpoint_every.value_or(static_cast<std::int64_t>(job.checkpoint.every)));

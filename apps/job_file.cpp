@@ -292,4 +292,14 @@ planning::synthetic_gpt synthetic_model(const job_file& job) {
           .device_memory_bytes = job.cluster.device_memory_bytes};
 }
 
+planning::job_config planner_job(const job_file& job, int nodes, int fault_tolerance) {
+  planning::job_config c;
+  c.nodes = nodes;
+  c.fault_tolerance = fault_tolerance;
+  c.global_batch = job.training.global_batch;
+  c.microbatch = job.training.microbatch;
+  c.device_memory_bytes = job.cluster.device_memory_bytes;
+  return c;
+}
+
 }  // namespace oobleck::apps

@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 
+#include "planning/planner.hpp"
 #include "planning/synthetic_profile.hpp"
 #include "runtime/gpt_config.hpp"
 #include "runtime/optimizer_options.hpp"
@@ -121,5 +122,9 @@ job_file read_job_file(const std::string& path);
 /// fp32). Modelled, not measured: planning::synthetic_gpt_profile turns it into a profile.
 /// Throws messages::input_error when a model dimension does not fit an int.
 planning::synthetic_gpt synthetic_model(const job_file& job);
+
+/// What the planner needs of the job on `nodes` nodes with fault tolerance `fault_tolerance`: its
+/// global batch, microbatch and slot memory.
+planning::job_config planner_job(const job_file& job, int nodes, int fault_tolerance);
 
 }  // namespace oobleck::apps

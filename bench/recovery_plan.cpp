@@ -9,11 +9,7 @@ namespace oobleck::bench {
 
 job_model::job_model(const std::string& text, int nodes) : job(apps::parse_job(text, "job")) {
   profile = planning::synthetic_gpt_profile(apps::synthetic_model(job));
-  config.nodes = nodes;
-  config.fault_tolerance = job.cluster.fault_tolerance;
-  config.global_batch = job.training.global_batch;
-  config.microbatch = job.training.microbatch;
-  config.device_memory_bytes = job.cluster.device_memory_bytes;
+  config = apps::planner_job(job, nodes, job.cluster.fault_tolerance);
 }
 
 plan_replay::plan_replay(const job_model& m) : m_(m), plan_(planning::plan_job(m.profile, m.config)) {

@@ -14,13 +14,7 @@ namespace oobleck::bench {
 using json = nlohmann::ordered_json;
 
 planning::job_config validation_job::planner_config(int nodes) const {
-  planning::job_config c;
-  c.nodes = nodes;
-  c.fault_tolerance = job.cluster.fault_tolerance;
-  c.global_batch = job.training.global_batch;
-  c.microbatch = job.training.microbatch;
-  c.device_memory_bytes = job.cluster.device_memory_bytes;
-  return c;
+  return apps::planner_job(job, nodes, job.cluster.fault_tolerance);
 }
 
 sim::sim_job validation_job::sim_job_for(const replay_case& c, const std::vector<double>& step_scale) const {

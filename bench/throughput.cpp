@@ -207,13 +207,8 @@ run_result run_cluster(const options& o, const fs::path& dir, const std::string&
 /// coordinator plans it (same function, same inputs): the step's makespan, and the compute time of
 /// its busiest stage (Nb x Σ fwd + bwd of the stage's layers).
 std::pair<double, double> prediction(const planning::profile& profile, const apps::job_file& job, int nodes) {
-  planning::job_config cfg;
-  cfg.nodes = nodes;
-  cfg.fault_tolerance = nodes < 4 ? 0 : job.cluster.fault_tolerance;
-  cfg.global_batch = job.training.global_batch;
-  cfg.microbatch = job.training.microbatch;
-  cfg.device_memory_bytes = job.cluster.device_memory_bytes;
-  const auto plan = planning::plan_job(profile, cfg);
+  // f = 1 needs at least 2 n0 nodes; with 2 nodes the job runs with f = 0, as run_cluster starts it.
+  const auto plan = planning::plan_job(profile, apps::planner_job(job, nodes, nodes < 4 ? 0 : job.cluster.fault_tolerance));
   double busiest = 0;
   for (const auto& p : plan.pipelines) {
     const auto* t = plan.templates.find(p.template_nodes);

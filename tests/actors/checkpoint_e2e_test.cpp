@@ -146,12 +146,7 @@ std::vector<int> first_pipeline(const std::string& text, int nodes) {
   const auto job = apps::parse_job(text, "job");
   auto profile = planning::synthetic_gpt_profile(apps::synthetic_model(job));
   profile.config_hash = job.model.hash();
-  planning::job_config cfg;
-  cfg.nodes = nodes;
-  cfg.fault_tolerance = job.cluster.fault_tolerance;
-  cfg.global_batch = job.training.global_batch;
-  cfg.microbatch = job.training.microbatch;
-  cfg.device_memory_bytes = job.cluster.device_memory_bytes;
+  const auto cfg = apps::planner_job(job, nodes, job.cluster.fault_tolerance);
   const auto plan = planning::plan_job(profile, cfg);
   REQUIRE(plan.pipelines.size() == 2);
   // Losing all of it leaves fewer than (f+1)·n0 nodes, and the other pipeline holds every layer.

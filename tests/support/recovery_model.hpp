@@ -45,11 +45,7 @@ class planner_model {
   explicit planner_model(const job_case& c) {
     profile_ = planning::synthetic_gpt_profile(apps::synthetic_model(c.job));
     profile_.config_hash = c.job.model.hash();
-    job_.nodes = c.nodes;
-    job_.fault_tolerance = c.job.cluster.fault_tolerance;
-    job_.global_batch = c.job.training.global_batch;
-    job_.microbatch = c.job.training.microbatch;
-    job_.device_memory_bytes = c.job.cluster.device_memory_bytes;
+    job_ = apps::planner_job(c.job, c.nodes, c.job.cluster.fault_tolerance);
     plan_ = planning::plan_job(profile_, job_);
     costs_.emplace(profile_, planning::job_memory(profile_, job_));
   }
