@@ -32,7 +32,7 @@
 // this file: the flags, the jobs and scenarios, and the recovery-costs file.
 //
 // usage: recovery [--quick] [--json PATH] [--plot PNG] [--bin DIR] [--trace CSV] [--time-scale X]
-//                 [--transport-json PATH]
+//                 [--transport-json PATH] [--copy-link-only]
 
 #include <algorithm>
 #include <cmath>
@@ -60,7 +60,7 @@ namespace apps = oobleck::apps;
 using namespace oobleck::bench;
 
 int main(int argc, char** argv) try {
-  bool quick = false;
+  bool quick = false, link_only = false;
   std::string json_path, plot_path, bin = OOBLECK_APPS_DIR;
   std::string trace_path = std::string(OOBLECK_TRACES_DIR) + "/bamboo-p3-trace.csv";
   std::string transport_json = std::string(OOBLECK_SOURCE_DIR) + "/bench/results/transport_vs_gloo.json";
@@ -74,6 +74,7 @@ int main(int argc, char** argv) try {
       return argv[++i];
     };
     if (a == "--quick") quick = true;
+    else if (a == "--copy-link-only") link_only = true;
     else if (a == "--json") json_path = value();
     else if (a == "--plot") plot_path = value();
     else if (a == "--bin") bin = value();
@@ -82,10 +83,12 @@ int main(int argc, char** argv) try {
     else if (a == "--time-scale") time_scale = std::stod(value()), scale_given = true;
     else {
       std::cout << "usage: recovery [--quick] [--json PATH] [--plot PNG] [--bin DIR] [--trace CSV] [--time-scale X]\n"
-                   "                [--transport-json PATH]\n"
+                   "                [--transport-json PATH] [--copy-link-only]\n"
                    "  Crash (kill -9) and hang (SIGSTOP) of a worker on the local cluster: detection, decision,\n"
                    "  copy and downtime; then the trace's removals replayed as kills, time-scaled (default 0.005;\n"
-                   "  --quick: 0.001 and fewer scenarios). --json writes oobleck-sim's recovery-costs file.\n";
+                   "  --quick: 0.001 and fewer scenarios). --json writes oobleck-sim's recovery-costs file.\n"
+                   "  --copy-link-only: only the copy path over one link on idle cores against the transport's\n"
+                   "  p2p for the same bytes (seconds; no cluster, nothing written).\n";
       return a == "--help" ? 0 : 2;
     }
   }
@@ -104,6 +107,17 @@ int main(int argc, char** argv) try {
   xl_job = with_key(xl_job, "model", "heads", "4");
   xl_job = with_key(xl_job, "model", "blocks", "8");
   xl_job = with_key(xl_job, "cluster", "device_memory_bytes", "67108864");
+  if (link_only) {  // the large and xl jobs' two-block copies, as their single-link events move them
+    for (const auto& [name, text] : {std::pair{"large", large_job}, std::pair{"xl", xl_job}}) {
+      const copy_link link = measure_copy_link(apps::parse_job(text, "job"), 1, 3, 15);
+      const double p2p_link = measure_p2p_gbps({static_cast<std::int64_t>(link.bytes)}, 3).begin()->second;
+      std::cout << name << " model, layers 1-2, " << fmt("%.0f", link.bytes) << " bytes: copy " << fmt("%.2f", link.copy_ms)
+                << " ms (wait " << fmt("%.2f", link.wait_ms) << "), " << fmt("%.2f", link.bytes / link.copy_ms / 1e6)
+                << " GB/s = " << fmt("%.2f", link.bytes / link.copy_ms / 1e6 / p2p_link) << " of p2p for those bytes ("
+                << fmt("%.2f", p2p_link) << " GB/s now)\n";
+    }
+    return 0;
+  }
   // Every scenario runs the job's default heartbeats (cluster.heartbeat_interval_ms and
   // connection_timeout_ms), in the job file and on the workers' flags alike.
   const apps::cluster_section defaults;
