@@ -6,6 +6,7 @@
 #include "planning/batch_distribution.hpp"
 #include "planning/node_spec.hpp"
 #include "planning/pipeline_template.hpp"
+#include "planning/planner.hpp"
 
 namespace oobleck::sim {
 
@@ -67,7 +68,10 @@ void oobleck_policy::start() {
   state_.pipelines = planning::place_pipelines(inst, ids);
   state_.idle_nodes.assign(ids.begin() + used, ids.end());
   if (started_once_) clock_.pause(activity::restart, restart_ms(rc_, state_bytes_));
-  const double step_ms = scaled(inst.batch.step_ms, used);
+  // As the planner predicts a step (planning::plan_job, and reconfigure after each change): the
+  // slowest pipeline plus the gradient all-reduce and optimizer that follow it.
+  const double step_ms =
+      scaled(inst.batch.step_ms + planning::synchronisation_ms(*costs_, templates_, state_.pipelines), used);
   clock_.run({.step_ms = step_ms, .samples_per_step = static_cast<double>(job_.global_batch), .nodes = used});
   record(started_once_ ? "restart" : "start", used, step_ms,
          std::to_string(state_.pipelines.size()) + " pipelines");
