@@ -40,10 +40,16 @@ double synchronisation_ms(const layer_costs& costs, const template_set& template
   for (const auto& p : pipelines) {
     const auto* t = templates.find(p.template_nodes);
     if (!t) throw std::logic_error("no template of " + std::to_string(p.template_nodes) + " nodes");
-    for (int node = 0; node < t->nodes; ++node) {
-      const auto [u, v] = t->node_layers(node);
-      slowest = std::max(slowest, costs.allreduce_ms(u, v, holders) + costs.optimizer_ms(u, v));
-    }
+    slowest = std::max(slowest, template_synchronisation_ms(costs, *t, holders));
+  }
+  return slowest;
+}
+
+double template_synchronisation_ms(const layer_costs& costs, const pipeline_template& t, int holders) {
+  double slowest = 0;
+  for (int node = 0; node < t.nodes; ++node) {
+    const auto [u, v] = t.node_layers(node);
+    slowest = std::max(slowest, costs.allreduce_ms(u, v, holders) + costs.optimizer_ms(u, v));
   }
   return slowest;
 }

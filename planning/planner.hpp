@@ -62,6 +62,9 @@ job_plan plan_job(const profile& p, const job_config& job);
 /// (DESIGN §4); predicted step times add this. 0 for a profile without link and optimizer costs.
 double synchronisation_ms(const layer_costs& costs, const template_set& templates,
                           const std::vector<pipeline_instance>& pipelines);
+/// The same for the nodes of one pipeline of template `t` when each of its layers has `holders`
+/// holders: the slowest node's all-reduce and AdamW over its layers.
+double template_synchronisation_ms(const layer_costs& costs, const pipeline_template& t, int holders);
 
 /// Places instantiated pipelines on node ids in order; ids left over become idle.
 std::vector<pipeline_instance> place_pipelines(const instantiation& inst, const std::vector<int>& node_ids);

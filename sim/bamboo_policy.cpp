@@ -18,12 +18,13 @@ bamboo_policy::bamboo_policy(const sim_job& job, const recovery_costs& costs, do
   for (auto& l : doubled.layers) l.activation_bytes *= 2;
   planning::job_config config{.nodes = job.nodes, .global_batch = job.global_batch,
                               .microbatch = job.bamboo_microbatch, .state_factor = 2 * job.state_factor};
-  const planning::layer_costs model(doubled, planning::job_memory(doubled, config));
+  const planning::layer_costs& model = costs_.emplace(doubled, planning::job_memory(doubled, config));
   // Bamboo partitions layers uniformly (DeepSpeed's pipeline module), not by memory: the stages
   // near the front, with the most microbatches in flight, run out of memory first.
   const int layers = doubled.num_layers(), width = doubled.gpus_per_node;
   const int most = std::min(layers, job.nodes);
   node_times_.resize(most + 1);
+  stage_layers_.resize(most + 1);
   for (int p = 2; p <= most; ++p) {
     std::vector<std::pair<double, double>> times;
     int u = 0;
@@ -31,9 +32,11 @@ bamboo_policy::bamboo_policy(const sim_job& job, const recovery_costs& costs, do
       const int v = u + layers / p + (k >= p - layers % p ? 1 : 0);
       if (!model.stage_fits(u, v, width, p - k)) {
         times.clear();
+        stage_layers_[p].clear();
         break;
       }
       times.push_back({model.forward_ms(u, v, width), model.backward_ms(u, v, width)});
+      stage_layers_[p].push_back({u, v});
       u = v;
     }
     node_times_[p] = std::move(times);
@@ -83,7 +86,20 @@ double bamboo_policy::step_ms(int depth, const std::vector<pipeline>& ps, bool r
     const int microbatches = num_microbatches_ / d + (i < num_microbatches_ % d ? 1 : 0);
     step = std::max(step, planning::pipeline_time::one_f_one_b(fwd, bwd).at(microbatches));
   }
-  return step;
+  // Then, as Oobleck's predicted steps (planning::synchronisation_ms): every node all-reduces the
+  // gradients of the stages it runs over their d holders and applies AdamW; the slowest node
+  // counts. The successor's replica each node keeps is not charged.
+  double sync = 0;
+  for (const auto& p : ps)
+    for (const auto& m : p) {
+      double t = 0;
+      for (int s : m.stages) {
+        const auto [u, v] = stage_layers_[depth][s];
+        t += costs_->allreduce_ms(u, v, d) + costs_->optimizer_ms(u, v);
+      }
+      sync = std::max(sync, t);
+    }
+  return step + sync;
 }
 
 void bamboo_policy::launch(bool restart) {

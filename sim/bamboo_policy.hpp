@@ -9,7 +9,9 @@
 //
 // Every step each node also runs its successor's forward (times the redundancy factor): the step
 // time is the 1F1B makespan of the stages with those longer forwards, and the difference to the
-// makespan without them is `redundant` time. Microbatches are split evenly across pipelines
+// makespan without them is `redundant` time; then, as in Oobleck's predicted steps, each node's
+// gradient all-reduce over the pipelines and AdamW for the stages it runs (the successor's
+// replica is not charged). Microbatches are split evenly across pipelines
 // (homogeneous). When a node is lost its predecessor takes its stage over (a pause of the takeover
 // cost; the step in progress is lost) and runs both stages from then on, so that pipeline
 // straggles. A loss is fatal, and the job restarts from a checkpoint on a new grid of all ready
@@ -57,6 +59,8 @@ class bamboo_policy : public policy {
   int depth_ = 0;
   double state_bytes_ = 0;
   std::vector<std::vector<std::pair<double, double>>> node_times_;  // [depth][stage] = (fwd, bwd); empty: OOM
+  std::vector<std::vector<std::pair<int, int>>> stage_layers_;     // [depth][stage] = its layers [u, v)
+  std::optional<planning::layer_costs> costs_;                      // Bamboo's profile: all-reduce and AdamW
   std::set<int> alive_;
   std::vector<pipeline> pipelines_;
   bool running_ = false;

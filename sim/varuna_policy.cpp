@@ -8,14 +8,15 @@
 
 namespace oobleck::sim {
 
-grid fastest_grid(const std::vector<std::optional<planning::pipeline_template>>& layouts, int n, int num_microbatches) {
+grid fastest_grid(const std::vector<std::optional<planning::pipeline_template>>& layouts, int n, int num_microbatches,
+                  const planning::layer_costs& costs) {
   grid best;
   for (int p = 1; p < static_cast<int>(layouts.size()) && p <= n; ++p) {
     if (!layouts[p]) continue;
     const int d = std::min(n / p, num_microbatches);
     if (d < 1) continue;
     const int per_pipeline = (num_microbatches + d - 1) / d;
-    const double step = layouts[p]->time_ms(per_pipeline);
+    const double step = layouts[p]->time_ms(per_pipeline) + planning::template_synchronisation_ms(costs, *layouts[p], d);
     if (best.depth == 0 || step < best.step_ms) best = {p, d, step};
   }
   return best;
@@ -27,7 +28,7 @@ varuna_policy::varuna_policy(const sim_job& job, const recovery_costs& costs, do
   num_microbatches_ = planning::microbatches_per_step(job.global_batch, job.microbatch);
   planning::job_config config{.nodes = job.nodes, .global_batch = job.global_batch, .microbatch = job.microbatch,
                               .state_factor = job.state_factor};
-  const planning::layer_costs costs_model(job_.profile, planning::job_memory(job_.profile, config));
+  const planning::layer_costs& costs_model = costs_.emplace(job_.profile, planning::job_memory(job_.profile, config));
   planning::template_generator generator(costs_model);
   const int most = std::min(job_.profile.num_layers(), job.nodes);
   layouts_.resize(most + 1);

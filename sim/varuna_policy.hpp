@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "planning/cost_model.hpp"
 #include "planning/pipeline_template.hpp"
 #include "sim/policy.hpp"
 
@@ -26,8 +27,12 @@ struct grid {
 
 /// Fastest grid on at most n nodes: for every depth p with a layout, D = min(n / p, B / b)
 /// pipelines, the microbatches split evenly (the slowest pipeline takes ceil(B / b / D)).
-/// layouts[p] is the layout of depth p (nullopt: none fits). Ties go to the smaller grid.
-grid fastest_grid(const std::vector<std::optional<planning::pipeline_template>>& layouts, int n, int num_microbatches);
+/// layouts[p] is the layout of depth p (nullopt: none fits). Ties go to the smaller grid. A
+/// grid's step is its pipelines' makespan plus, as Oobleck's predicted steps
+/// (planning::synchronisation_ms), each node's gradient all-reduce over the D pipelines and AdamW
+/// (0 for a profile without link and optimizer costs).
+grid fastest_grid(const std::vector<std::optional<planning::pipeline_template>>& layouts, int n, int num_microbatches,
+                  const planning::layer_costs& costs);
 
 class varuna_policy : public policy {
  public:
@@ -36,7 +41,7 @@ class varuna_policy : public policy {
   const char* name() const override { return "varuna"; }
   void on_change(const std::vector<int>& ready, const std::vector<int>& removed) override;
 
-  grid best_grid(int n) const { return fastest_grid(layouts_, n, num_microbatches_); }
+  grid best_grid(int n) const { return fastest_grid(layouts_, n, num_microbatches_, *costs_); }
   const grid& current() const { return grid_; }
 
  private:
@@ -47,6 +52,7 @@ class varuna_policy : public policy {
   int num_microbatches_ = 0;
   double state_bytes_ = 0;
   std::vector<std::optional<planning::pipeline_template>> layouts_;  // [depth]
+  std::optional<planning::layer_costs> costs_;
   std::set<int> alive_;
   std::set<int> in_grid_;
   grid grid_;

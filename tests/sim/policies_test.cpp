@@ -194,6 +194,35 @@ TEST_CASE("bamboo: redundant forwards lengthen every step, a predecessor takes a
   }
 }
 
+TEST_CASE("every policy's step adds each node's gradient all-reduce over the pipelines and AdamW") {
+  // A link of 10 ms + 1 ms per 100 bytes and 100 ms of AdamW per layer. Oobleck and Varuna: 4
+  // one-node pipelines of the 1000-byte layer, 1 microbatch each (3000 ms), then a ring
+  // all-reduce over 4 holders, 2 x 3 messages of 250 bytes (6 x 12.5 = 75 ms), and AdamW:
+  // 3175 ms. Bamboo: two 2-stage pipelines (12000 ms, as above), each node all-reducing its
+  // layer over 2 holders (2 x 15 = 30 ms) and AdamW: 12130 ms; after the takeover, node 0 runs
+  // both stages: 12000 + 2 x 130 ms.
+  sim_job job = slow_job(4);
+  for (auto* prof : {&job.profile, &job.bamboo_profile}) {
+    prof->link = {.latency_ms = 10, .bytes_per_ms = 100};
+    for (auto& l : prof->layers) l.optimizer_ms = 100;
+  }
+  const auto trace = instant(std::string(kFourNodes) + "15000,remove,n2\n");
+  oobleck_policy o(job, round_costs(), 0);
+  varuna_policy v(job, round_costs(), 0);
+  bamboo_policy b(job, round_costs(), 0);
+  const auto ro = simulate(o, instant(kFourNodes), 10000, 4);
+  const auto rv = simulate(v, instant(kFourNodes), 10000, 4);
+  const auto rb = simulate(b, trace, 40000, 4);
+  REQUIRE(!ro.decisions.empty());
+  REQUIRE(!rv.decisions.empty());
+  REQUIRE(rb.decisions.size() >= 2);
+  CHECK(ro.decisions[0].step_ms == doctest::Approx(3175));
+  CHECK(rv.decisions[0].step_ms == doctest::Approx(3175));
+  CHECK(rb.decisions[0].step_ms == doctest::Approx(12130));
+  CHECK(rb.decisions.back().what == "takeover");
+  CHECK(rb.decisions.back().step_ms == doctest::Approx(12260));
+}
+
 TEST_CASE("bamboo: twice the state that does not fit is out of memory, and it never trains") {
   sim_job job = slow_job(4);
   // 2 layers x 1000 bytes x 4 = 8000 bytes of state: one stage of 4000 fits in 5000 bytes, twice
