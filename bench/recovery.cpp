@@ -112,8 +112,8 @@ int main(int argc, char** argv) try {
       const copy_link link = measure_copy_link(apps::parse_job(text, "job"), 1, 3, 15);
       const double p2p_link = measure_p2p_gbps({static_cast<std::int64_t>(link.bytes)}, 3).begin()->second;
       std::cout << name << " model, layers 1-2, " << fmt("%.0f", link.bytes) << " bytes: copy " << fmt("%.2f", link.copy_ms)
-                << " ms (wait " << fmt("%.2f", link.wait_ms) << "), " << fmt("%.2f", link.bytes / link.copy_ms / 1e6)
-                << " GB/s = " << fmt("%.2f", link.bytes / link.copy_ms / 1e6 / p2p_link) << " of p2p for those bytes ("
+                << " ms (wait " << fmt("%.2f", link.wait_ms) << "), " << fmt("%.2f", link.gb_per_s())
+                << " GB/s = " << fmt("%.2f", link.gb_per_s() / p2p_link) << " of p2p for those bytes ("
                 << fmt("%.2f", p2p_link) << " GB/s now)\n";
     }
     return 0;
@@ -175,9 +175,9 @@ int main(int argc, char** argv) try {
   if (spurious) std::cout << "spurious losses (a healthy node timed out): " << spurious << "\n";
   std::cout << "copy path over one link on idle cores (layers 1-" << probe_end - 1 << " of the " << (quick ? "default" : "xl")
             << " model, " << fmt("%.0f", link.bytes) << " bytes, ranks on threads of this process): " << fmt("%.2f", link.copy_ms)
-            << " ms (wait " << fmt("%.2f", link.wait_ms) << "), " << fmt("%.2f", link.bytes / link.copy_ms / 1e6) << " GB/s";
+            << " ms (wait " << fmt("%.2f", link.wait_ms) << "), " << fmt("%.2f", link.gb_per_s()) << " GB/s";
   const double link_p2p = p2p_now.at(static_cast<std::int64_t>(link.bytes));
-  std::cout << " = " << fmt("%.2f", link.bytes / link.copy_ms / 1e6 / link_p2p) << " of p2p for those bytes ("
+  std::cout << " = " << fmt("%.2f", link.gb_per_s() / link_p2p) << " of p2p for those bytes ("
             << fmt("%.2f", link_p2p) << " GB/s now)";
   std::cout << "\n\n";
 
@@ -244,9 +244,9 @@ int main(int argc, char** argv) try {
   summary["copy_one_link_idle"]["bytes"] = link.bytes;
   summary["copy_one_link_idle"]["copy_ms"] = link.copy_ms;
   summary["copy_one_link_idle"]["copy_wait_ms"] = link.wait_ms;
-  summary["copy_one_link_idle"]["gb_per_s"] = link.bytes / link.copy_ms / 1e6;
+  summary["copy_one_link_idle"]["gb_per_s"] = link.gb_per_s();
   summary["copy_one_link_idle"]["p2p_gb_per_s_for_its_bytes"] = link_p2p;
-  summary["copy_one_link_idle"]["vs_p2p_for_its_bytes"] = link.bytes / link.copy_ms / 1e6 / link_p2p;
+  summary["copy_one_link_idle"]["vs_p2p_for_its_bytes"] = link.gb_per_s() / link_p2p;
   summary["downtime_within_bound"]["met"] = figures.bound_met;
   summary["downtime_within_bound"]["of"] = figures.bound_total;
   summary["spurious_losses"] = spurious;

@@ -23,6 +23,7 @@ namespace oobleck::bench {
 /// its wait for the first message.
 struct copy_link {
   double bytes = 0, copy_ms = 0, wait_ms = 0;
+  [[nodiscard]] double gb_per_s() const { return bytes / copy_ms / 1e6; }
 };
 copy_link measure_copy_link(const apps::job_file& job, int first, int end, int repeats);
 

@@ -1,6 +1,7 @@
 #include "bench/recovery_faults.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <map>
 #include <stdexcept>
@@ -115,6 +116,16 @@ std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s
   return results;
 }
 
+double record_ms(const fault_result& r, const char* key) {
+  return r.record.is_null() || !r.record.contains(key) ? std::nan("") : r.record[key].get<double>();
+}
+
+bool has_copy(const fault_result& r) { return !r.record.is_null() && r.busiest_bytes > 0 && record_ms(r, "copy_ms") > 0; }
+
+double busiest_gbps(const fault_result& r) { return static_cast<double>(r.busiest_bytes) / record_ms(r, "copy_ms") / 1e6; }
+
+double all_links_gbps(const fault_result& r) { return record_ms(r, "copy_bytes") / record_ms(r, "copy_ms") / 1e6; }
+
 json result_json(const fault_result& r) {
   json j;
   j["scenario"] = r.scenario;
@@ -136,14 +147,13 @@ json result_json(const fault_result& r) {
   j["copy_plan_matches_record"] = r.plan_matches;
   if (!r.record.is_null()) {
     const double copy_ms = r.record["copy_ms"].get<double>();
-    const double bytes = r.record["copy_bytes"].get<double>();
-    j["copy_gb_per_s"] = copy_ms > 0 ? bytes / copy_ms / 1e6 : 0;  // all links together
-    j["busiest_link_gb_per_s"] = copy_ms > 0 ? static_cast<double>(r.busiest_bytes) / copy_ms / 1e6 : 0;
+    j["copy_gb_per_s"] = copy_ms > 0 ? all_links_gbps(r) : 0;  // all links together
+    j["busiest_link_gb_per_s"] = copy_ms > 0 ? busiest_gbps(r) : 0;
     j["downtime_steps"] = r.record["downtime_ms"].get<double>() / r.step_ms;
     j["downtime_bound_ms"] = r.detect_ms + r.step_ms + copy_ms + 500;
     if (r.p2p_gb_per_s > 0 && copy_ms > 0) {
       j["p2p_gb_per_s_for_busiest_bytes"] = r.p2p_gb_per_s;
-      j["copy_vs_p2p"] = static_cast<double>(r.busiest_bytes) / copy_ms / 1e6 / r.p2p_gb_per_s;
+      j["copy_vs_p2p"] = busiest_gbps(r) / r.p2p_gb_per_s;
     }
   }
   if (!r.notes.empty()) j["notes"] = r.notes;

@@ -57,4 +57,13 @@ std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s
 /// Every figure of one fault.
 json result_json(const fault_result& r);
 
+/// A figure of the coordinator's record (NaN: no record, or not in it).
+double record_ms(const fault_result& r, const char* key);
+/// An event whose copy bandwidth can be figured: a record, a busiest link and a copy time.
+bool has_copy(const fault_result& r);
+/// The busiest link's bytes over the slowest node's copy time, GB/s (NaN without a record).
+double busiest_gbps(const fault_result& r);
+/// Every link's bytes over the slowest node's copy time, GB/s (NaN without a record).
+double all_links_gbps(const fault_result& r);
+
 }  // namespace oobleck::bench

@@ -11,15 +11,6 @@
 
 namespace oobleck::bench {
 
-namespace {
-
-/// A figure of the coordinator's record (NaN: no record, or not in it).
-double record_ms(const fault_result& r, const char* key) {
-  return r.record.is_null() || !r.record.contains(key) ? std::nan("") : r.record[key].get<double>();
-}
-
-}  // namespace
-
 void print_fault_tables(const std::vector<fault_result>& results) {
   std::cout << "\nper fault (ms unless stated; detect: fault -> the coordinator's first failure notice, bench clock;\n"
                "decide, copy, downtime: the coordinator's record; GB/s: the busiest link's bytes / copy; step: failure-free commit interval before it)\n";
@@ -29,7 +20,7 @@ void print_fault_tables(const std::vector<fault_result>& results) {
     const double copy_ms = record_ms(r, "copy_ms"), down = record_ms(r, "downtime_ms");
     const double bytes = r.record.is_null() ? NAN : r.record["copy_bytes"].get<double>();
     const double bound = r.detect_ms + r.step_ms + copy_ms + 500;
-    const std::string gbps = r.busiest_bytes > 0 ? fmt("%.3f", static_cast<double>(r.busiest_bytes) / copy_ms / 1e6) : "-";
+    const std::string gbps = r.busiest_bytes > 0 ? fmt("%.3f", busiest_gbps(r)) : "-";
     std::printf("%-28s %-8s %-14s %4d %7.1f %8.1f %8.1f %7.3f %10.0f %7.1f %8s %8.1f %9.1f %6.2f %7s\n",
                 r.scenario.c_str(), r.job.c_str(), r.kind.c_str(), r.node, r.step_ms, r.detect_ms, r.loss_notice_ms,
                 record_ms(r, "plan_ms"), bytes, copy_ms, gbps.c_str(), r.resume_ms, down, down / r.step_ms,
@@ -49,11 +40,11 @@ void print_fault_tables(const std::vector<fault_result>& results) {
     if (r.record.is_null()) continue;
     const double copy_ms = record_ms(r, "copy_ms"), wait_ms = record_ms(r, "copy_wait_ms");
     const double bytes = r.record["copy_bytes"].get<double>();
-    const std::string gbps = r.busiest_bytes > 0 ? fmt("%.3f", static_cast<double>(r.busiest_bytes) / copy_ms / 1e6) : "-";
-    const std::string all = bytes > 0 && copy_ms > 0 ? fmt("%.3f", bytes / copy_ms / 1e6) : "-";
+    const std::string gbps = r.busiest_bytes > 0 ? fmt("%.3f", busiest_gbps(r)) : "-";
+    const std::string all = bytes > 0 && copy_ms > 0 ? fmt("%.3f", all_links_gbps(r)) : "-";
     const bool referenced = r.busiest_bytes > 0 && r.p2p_gb_per_s > 0;
     const std::string p2p = referenced ? fmt("%.2f", r.p2p_gb_per_s) : "-";
-    const std::string ratio = referenced ? fmt("%.2f", static_cast<double>(r.busiest_bytes) / copy_ms / 1e6 / r.p2p_gb_per_s) : "-";
+    const std::string ratio = referenced ? fmt("%.2f", busiest_gbps(r) / r.p2p_gb_per_s) : "-";
     std::printf("%-28s %-8s %4d %10.0f %10lld %7.1f %7.1f %7.1f %8s %8s %6s %6s %8.1f %8.1f\n", r.scenario.c_str(),
                 r.job.c_str(), r.node, bytes, static_cast<long long>(r.busiest_bytes), copy_ms, wait_ms, copy_ms - wait_ms,
                 gbps.c_str(), all.c_str(), p2p.c_str(), ratio.c_str(), record_ms(r, "connect_ms"), record_ms(r, "prepare_ms"));
@@ -114,24 +105,17 @@ fault_summary summarize(const std::vector<fault_result>& results) {
   s.decisions = pick(has_record, [](const fault_result& r) { return r.record["plan_ms"].get<double>(); });
   // Per link: the busiest link's bytes over the slowest node's copy time (the links run at once, so
   // all bytes over that time would credit parallelism, not the transport).
-  s.bandwidths = pick([](const fault_result& r) { return !r.record.is_null() && r.busiest_bytes > 0 && r.record["copy_ms"].get<double>() > 0; },
-                      [](const fault_result& r) { return r.busiest_bytes / r.record["copy_ms"].get<double>() / 1e6; });
+  s.bandwidths = pick(has_copy, busiest_gbps);
   // All links together: on one machine they share the same cores, so this is what its cores moved.
-  s.bandwidths_all = pick([](const fault_result& r) { return !r.record.is_null() && r.busiest_bytes > 0 && r.record["copy_ms"].get<double>() > 0; },
-                          [](const fault_result& r) { return r.record["copy_bytes"].get<double>() / r.record["copy_ms"].get<double>() / 1e6; });
-  auto referenced = [](const fault_result& r) {
-    return !r.record.is_null() && r.busiest_bytes > 0 && r.record["copy_ms"].get<double>() > 0 && r.p2p_gb_per_s > 0;
-  };
-  auto ratio = [](const fault_result& r) { return r.busiest_bytes / r.record["copy_ms"].get<double>() / 1e6 / r.p2p_gb_per_s; };
+  s.bandwidths_all = pick(has_copy, all_links_gbps);
+  auto referenced = [](const fault_result& r) { return has_copy(r) && r.p2p_gb_per_s > 0; };
+  auto ratio = [](const fault_result& r) { return busiest_gbps(r) / r.p2p_gb_per_s; };
+  auto all_ratio = [](const fault_result& r) { return all_links_gbps(r) / r.p2p_gb_per_s; };
   s.bandwidth_ratios = pick(referenced, ratio);
-  s.bandwidth_all_ratios = pick(referenced, [](const fault_result& r) {
-    return r.record["copy_bytes"].get<double>() / r.record["copy_ms"].get<double>() / 1e6 / r.p2p_gb_per_s;
-  });
+  s.bandwidth_all_ratios = pick(referenced, all_ratio);
   auto large = [&](const fault_result& r) { return referenced(r) && r.busiest_bytes >= (4 << 20); };
   s.large_bandwidth_ratios = pick(large, ratio);
-  s.large_bandwidth_all_ratios = pick(large, [](const fault_result& r) {
-    return r.record["copy_bytes"].get<double>() / r.record["copy_ms"].get<double>() / 1e6 / r.p2p_gb_per_s;
-  });
+  s.large_bandwidth_all_ratios = pick(large, all_ratio);
   for (const auto& r : results)
     if (!r.record.is_null()) {
       ++s.bound_total;
