@@ -18,7 +18,10 @@
 // every node ready: all of those and the messages). The copy bandwidth is the busiest link's bytes
 // over copy_ms, and every link's bytes over copy_ms beside it (on one machine the links share its cores);
 // each against the host transport's p2p bandwidth for one message of the busiest link's bytes,
-// measured in the same run (4 MiB messages stay in this VM's L3, 16 MiB do not).
+// measured in the same run (4 MiB messages stay in this VM's L3, 16 MiB do not). The target is
+// judged apart for the events where every worker left has a core of its own (the xl model on 3
+// nodes: 2 survivors on this machine's 2 cores, as each node has its own hardware on a cluster) and
+// for those with more workers than cores (6-node jobs: 5 workers forming at once on 2 cores).
 // The planner's copy plan is recomputed here (same synthetic profile, same policy) to find the
 // busiest link's bytes; its total is checked against the record's.
 //
@@ -107,6 +110,14 @@ int main(int argc, char** argv) try {
   xl_job = with_key(xl_job, "model", "heads", "4");
   xl_job = with_key(xl_job, "model", "blocks", "8");
   xl_job = with_key(xl_job, "cluster", "device_memory_bytes", "67108864");
+  // For copies where every worker left has a core of its own (2 on this machine), as each node has
+  // its own hardware on a cluster: the xl model on 3 nodes with room for it on one (n0 = 1) and 2
+  // microbatches per step, so the plan is a 1-node and a 2-node pipeline; losing a node of the
+  // 2-node one leaves two 1-node pipelines, and the survivor of the pair receives the other half
+  // of the model (about 39 MB) over one link.
+  std::string xl3_job = with_key(xl_job, "cluster", "device_memory_bytes", "1073741824");
+  xl3_job = with_key(xl3_job, "training", "global_batch", "8");
+  xl3_job = with_key(xl3_job, "training", "microbatch", "4");
   if (link_only) {  // the large and xl jobs' two-block copies, as their single-link events move them
     for (const auto& [name, text] : {std::pair{"large", large_job}, std::pair{"xl", xl_job}}) {
       const copy_link link = measure_copy_link(apps::parse_job(text, "job"), 1, 3, 15);
@@ -128,12 +139,15 @@ int main(int argc, char** argv) try {
   if (quick) {
     scenarios.push_back({"crash", "default", small_job, 6, 12, hb, to, {{6, 2, SIGKILL}}});
     scenarios.push_back({hang_name, "default", small_job, 6, 12, hb, to, {{6, 2, SIGSTOP}}});
+    scenarios.push_back({"crash", "xl-3n", xl3_job, 3, 6, hb, to, {{4, 1, SIGKILL}}});
   } else {
     scenarios.push_back({"crash", "default", small_job, 6, 50, hb, to, {{15, 2, SIGKILL}, {35, 4, SIGKILL}}});
     scenarios.push_back({"crash", "large", large_job, 6, 16, hb, to, {{5, 2, SIGKILL}, {11, 4, SIGKILL}}});
     scenarios.push_back({"crash", "xl", xl_job, 6, 12, hb, to, {{4, 2, SIGKILL}, {9, 4, SIGKILL}}});
     scenarios.push_back({hang_name, "default", small_job, 6, 50, hb, to, {{15, 2, SIGSTOP}, {35, 4, SIGSTOP}}});
     scenarios.push_back({hang_name, "large", large_job, 6, 10, hb, to, {{5, 2, SIGSTOP}}});
+    for (int victim : {1, 0, 1, 0})  // either node of the 2-node pipeline
+      scenarios.push_back({"crash", "xl-3n", xl3_job, 3, 8, hb, to, {{4, victim, SIGKILL}}});
   }
   std::vector<fault_result> results;
   int spurious = 0;
@@ -159,12 +173,15 @@ int main(int argc, char** argv) try {
   const apps::job_file probe_job = apps::parse_job(quick ? small_job : xl_job, "job");
   const int probe_end = std::min(3, probe_job.model.num_layers() - 1);
   const copy_link link = measure_copy_link(probe_job, 1, probe_end, quick ? 3 : 7);
+  // Links under 1 MiB get no reference: their copies are latency, and so is the p2p time of as many
+  // bytes, which less a small message's round trip comes out near zero.
+  auto referenced = [](const fault_result& r) { return r.busiest_bytes >= (1 << 20); };
   std::vector<std::int64_t> sizes{static_cast<std::int64_t>(link.bytes)};
   for (const auto& r : results)
-    if (r.busiest_bytes > 0) sizes.push_back(r.busiest_bytes);
+    if (referenced(r)) sizes.push_back(r.busiest_bytes);
   const auto p2p_now = measure_p2p_gbps(sizes, quick ? 1 : 3);  // bytes -> GB/s
   for (auto& r : results)
-    if (r.busiest_bytes > 0) r.p2p_gb_per_s = p2p_now.at(r.busiest_bytes);
+    if (referenced(r)) r.p2p_gb_per_s = p2p_now.at(r.busiest_bytes);
   print_fault_tables(results);
   const copy_fit fit = fit_copy_time(results);
   const fault_summary figures = summarize(results);
@@ -238,9 +255,10 @@ int main(int argc, char** argv) try {
     summary["host_p2p"]["from"] = transport_label;
   }
   summary["copy_vs_p2p_for_busiest_bytes"] = stats(figures.bandwidth_ratios);
-  summary["copy_vs_p2p_for_busiest_bytes_large_events"] = stats(figures.large_bandwidth_ratios);
+  summary["copy_vs_p2p_for_busiest_bytes_large_events_more_workers_than_cores"] = stats(figures.large_bandwidth_ratios);
   summary["copy_all_links_vs_p2p_for_busiest_bytes"] = stats(figures.bandwidth_all_ratios);
-  summary["copy_all_links_vs_p2p_for_busiest_bytes_large_events"] = stats(figures.large_bandwidth_all_ratios);
+  summary["copy_all_links_vs_p2p_for_busiest_bytes_large_events_more_workers_than_cores"] = stats(figures.large_bandwidth_all_ratios);
+  summary["copy_vs_p2p_for_busiest_bytes_large_events_core_per_worker"] = stats(figures.own_core_bandwidth_ratios);
   summary["copy_one_link_idle"]["bytes"] = link.bytes;
   summary["copy_one_link_idle"]["copy_ms"] = link.copy_ms;
   summary["copy_one_link_idle"]["copy_wait_ms"] = link.wait_ms;

@@ -46,6 +46,7 @@ std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s
     r.heartbeat = std::to_string(s.heartbeat_ms) + "/" + std::to_string(s.timeout_ms);
     r.node = f.node;
     r.step = f.step;
+    r.workers_after = s.nodes - static_cast<int>(results.size()) - 1;
     r.step_ms = median(intervals);
     const auto last_commit = c.line(*at).t;
     std::this_thread::sleep_until(last_commit + std::chrono::duration_cast<clock_type::duration>(
@@ -126,6 +127,10 @@ double busiest_gbps(const fault_result& r) { return static_cast<double>(r.busies
 
 double all_links_gbps(const fault_result& r) { return record_ms(r, "copy_bytes") / record_ms(r, "copy_ms") / 1e6; }
 
+int machine_cores() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+
+bool own_cores(const fault_result& r) { return r.workers_after <= machine_cores(); }
+
 json result_json(const fault_result& r) {
   json j;
   j["scenario"] = r.scenario;
@@ -134,6 +139,8 @@ json result_json(const fault_result& r) {
   j["heartbeat_ms"] = r.heartbeat;
   j["node"] = r.node;
   j["step"] = r.step;
+  j["workers_after_fault"] = r.workers_after;
+  j["machine_cores"] = machine_cores();
   j["failure_free_step_ms"] = r.step_ms;
   j["fault_after_commit_ms"] = r.fault_after_commit_ms;
   j["detect_ms"] = r.detect_ms;

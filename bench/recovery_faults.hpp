@@ -33,6 +33,7 @@ struct scenario {
 struct fault_result {
   std::string scenario, job, kind, heartbeat;
   int node = 0, step = 0;
+  int workers_after = 0;            ///< worker processes still running once this fault's node is gone
   double step_ms = 0;               ///< failure-free step: median commit interval before the fault
   double fault_after_commit_ms = 0;
   double detect_ms = NAN;           ///< fault -> first failure notice
@@ -65,5 +66,10 @@ bool has_copy(const fault_result& r);
 double busiest_gbps(const fault_result& r);
 /// Every link's bytes over the slowest node's copy time, GB/s (NaN without a record).
 double all_links_gbps(const fault_result& r);
+/// Whether every worker left after the fault had a core of this machine to itself (as each node has
+/// its own hardware on a cluster); otherwise they shared the cores while forming and copying.
+bool own_cores(const fault_result& r);
+/// This machine's cores (std::thread::hardware_concurrency, at least 1).
+int machine_cores();
 
 }  // namespace oobleck::bench

@@ -32,10 +32,11 @@ void print_fault_tables(const std::vector<fault_result>& results) {
                "up, to the source's last message arrived; plus installing); wait = the longest ready -> first message of a\n"
                "source (senders' skew); rest = copy - wait; GB/s: the busiest link's bytes / copy; all: every link's bytes /\n"
                "copy (the links share this machine's two cores); p2p: the host transport's p2p GB/s for one message of the\n"
-               "busiest link's bytes, measured after the scenarios on idle cores; /p2p: GB/s over it; connect = the whole mesh;\n"
-               "prepare = allocating and pre-faulting the incoming layers (before the mesh connects)\n";
-  std::printf("%-28s %-8s %4s %10s %10s %7s %7s %7s %8s %8s %6s %6s %8s %8s\n", "scenario", "job", "node", "copy B",
-              "busiest B", "copy", "wait", "rest", "GB/s", "all", "p2p", "/p2p", "connect", "prepare");
+               "busiest link's bytes (links of 1 MiB or more), measured after the scenarios on idle cores; /p2p: GB/s over it;\n"
+               "connect = the whole mesh; prepare = allocating and pre-faulting the incoming layers (before the mesh\n"
+               "connects); wk = the workers left after the fault\n";
+  std::printf("%-28s %-8s %4s %3s %10s %10s %7s %7s %7s %8s %8s %6s %6s %8s %8s\n", "scenario", "job", "node", "wk",
+              "copy B", "busiest B", "copy", "wait", "rest", "GB/s", "all", "p2p", "/p2p", "connect", "prepare");
   for (const auto& r : results) {
     if (r.record.is_null()) continue;
     const double copy_ms = record_ms(r, "copy_ms"), wait_ms = record_ms(r, "copy_wait_ms");
@@ -45,8 +46,8 @@ void print_fault_tables(const std::vector<fault_result>& results) {
     const bool referenced = r.busiest_bytes > 0 && r.p2p_gb_per_s > 0;
     const std::string p2p = referenced ? fmt("%.2f", r.p2p_gb_per_s) : "-";
     const std::string ratio = referenced ? fmt("%.2f", busiest_gbps(r) / r.p2p_gb_per_s) : "-";
-    std::printf("%-28s %-8s %4d %10.0f %10lld %7.1f %7.1f %7.1f %8s %8s %6s %6s %8.1f %8.1f\n", r.scenario.c_str(),
-                r.job.c_str(), r.node, bytes, static_cast<long long>(r.busiest_bytes), copy_ms, wait_ms, copy_ms - wait_ms,
+    std::printf("%-28s %-8s %4d %3d %10.0f %10lld %7.1f %7.1f %7.1f %8s %8s %6s %6s %8.1f %8.1f\n", r.scenario.c_str(),
+                r.job.c_str(), r.node, r.workers_after, bytes, static_cast<long long>(r.busiest_bytes), copy_ms, wait_ms, copy_ms - wait_ms,
                 gbps.c_str(), all.c_str(), p2p.c_str(), ratio.c_str(), record_ms(r, "connect_ms"), record_ms(r, "prepare_ms"));
   }
 
@@ -114,8 +115,10 @@ fault_summary summarize(const std::vector<fault_result>& results) {
   s.bandwidth_ratios = pick(referenced, ratio);
   s.bandwidth_all_ratios = pick(referenced, all_ratio);
   auto large = [&](const fault_result& r) { return referenced(r) && r.busiest_bytes >= (4 << 20); };
-  s.large_bandwidth_ratios = pick(large, ratio);
-  s.large_bandwidth_all_ratios = pick(large, all_ratio);
+  auto large_shared = [&](const fault_result& r) { return large(r) && !own_cores(r); };
+  s.large_bandwidth_ratios = pick(large_shared, ratio);
+  s.large_bandwidth_all_ratios = pick(large_shared, all_ratio);
+  s.own_core_bandwidth_ratios = pick([&](const fault_result& r) { return large(r) && own_cores(r); }, ratio);
   for (const auto& r : results)
     if (!r.record.is_null()) {
       ++s.bound_total;
@@ -131,7 +134,9 @@ json print_targets(const fault_summary& s, std::optional<std::pair<double, std::
     std::printf("  %-58s %-22s %10.2f  %s\n", what.c_str(), goal.c_str(), value, met ? "met" : "NOT MET");
   };
   std::cout << "\ntargets (worst case over the events above; the copy bandwidth: the median of the events whose busiest\n"
-               "link moved >= 4 MiB, against the host transport's p2p for as many bytes measured in this run)\n";
+               "link moved >= 4 MiB, against the host transport's p2p for as many bytes measured in this run; the events\n"
+               "whose workers each had a core of their own apart from those with more workers than this machine's "
+            << machine_cores() << " cores)\n";
   target("crash detected (kill -9 -> first failure notice), ms", "<= 100", max_of(s.crash_detect), max_of(s.crash_detect) <= 100);
   if (!s.hang_default.empty())
     target("hang detected, default heartbeat " + default_heartbeat() + " ms, ms", "<= 2000", max_of(s.hang_default), max_of(s.hang_default) <= 2000);
@@ -140,10 +145,16 @@ json print_targets(const fault_summary& s, std::optional<std::pair<double, std::
   target("reconfiguration decision, ms", "<= 10", max_of(s.decisions), max_of(s.decisions) <= 10);
   target("events with downtime <= detect + step + copy + 500 ms", "all " + std::to_string(s.bound_total), s.bound_met,
          s.bound_met == s.bound_total && s.bound_total > 0);
+  if (!s.own_core_bandwidth_ratios.empty()) {
+    const double m = median(s.own_core_bandwidth_ratios);
+    target("copy bandwidth / p2p, same bytes, a core per worker", ">= 0.5", m, m >= 0.5);
+    std::printf("  (busiest link / p2p over those %zu events: %.2f-%.2f)\n", s.own_core_bandwidth_ratios.size(),
+                min_of(s.own_core_bandwidth_ratios), max_of(s.own_core_bandwidth_ratios));
+  }
   if (!s.large_bandwidth_ratios.empty()) {
     const double m = median(s.large_bandwidth_ratios), all = median(s.large_bandwidth_all_ratios);
-    target("copy bandwidth (busiest link / copy_ms) / p2p, same bytes", ">= 0.5", m, m >= 0.5);
-    target("  the same with every link's bytes (links share the 2 cores)", ">= 0.5", all, all >= 0.5);
+    target("copy bandwidth / p2p, same bytes, more workers than cores", ">= 0.5", m, m >= 0.5);
+    target("  the same with every link's bytes (links share the cores)", ">= 0.5", all, all >= 0.5);
     std::printf("  (busiest link / p2p over those %zu events: %.2f-%.2f; best of every event %.2f)\n",
                 s.large_bandwidth_ratios.size(), min_of(s.large_bandwidth_ratios), max_of(s.large_bandwidth_ratios),
                 max_of(s.bandwidth_ratios));

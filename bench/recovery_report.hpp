@@ -35,8 +35,12 @@ struct fault_summary {
   /// The same two over the host transport's p2p bandwidth for the event's busiest link's bytes
   /// (events with a reference only).
   std::vector<double> bandwidth_ratios, bandwidth_all_ratios;
-  /// The same two of the events whose busiest link moved >= 4 MiB (the rest are mostly latency).
+  /// The same two of the events whose busiest link moved >= 4 MiB (the rest are mostly latency) and
+  /// whose workers outnumbered this machine's cores.
   std::vector<double> large_bandwidth_ratios, large_bandwidth_all_ratios;
+  /// The busiest link's ratio of the events whose busiest link moved >= 4 MiB and whose workers each
+  /// had a core of their own (own_cores).
+  std::vector<double> own_core_bandwidth_ratios;
   int bound_met = 0, bound_total = 0;
 };
 fault_summary summarize(const std::vector<fault_result>& results);
