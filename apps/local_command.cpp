@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <thread>
 
 #include "actors/admission.hpp"
@@ -140,12 +141,19 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   std::atomic<std::int64_t> last_step{-1};  // the newest "step K:" line of the coordinator
   std::atomic<bool> formed{false};          // the first "epoch N formed:" line (trace time 0)
   std::atomic<int> registered{0};           // "node K joined:" lines
+  std::set<std::string> registered_names;   // their worker names; read once the echo thread ended
   std::chrono::steady_clock::time_point formed_at{};
   std::string address;
-  std::thread echo([&coordinator_out, &address, &have_address, &last_step, &formed, &formed_at, &registered, &out] {
+  std::thread echo([&coordinator_out, &address, &have_address, &last_step, &formed, &formed_at, &registered,
+                    &registered_names, &out] {
     coordinator_out.read_lines([&](const std::string& line) {
       out << line << std::endl;
-      if (line.rfind("[coordinator] node ", 0) == 0 && line.find(" joined: ") != std::string::npos) ++registered;
+      if (const auto joined = line.find(" joined: ");
+          line.rfind("[coordinator] node ", 0) == 0 && joined != std::string::npos) {
+        const auto name = joined + 9;
+        registered_names.insert(line.substr(name, line.find(' ', name) - name));
+        ++registered;
+      }
       if (!formed && line.rfind("[coordinator] epoch ", 0) == 0 && line.find(" formed: ") != std::string::npos) {
         formed_at = std::chrono::steady_clock::now();
         formed = true;  // after formed_at: the reader sees both
@@ -275,6 +283,18 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  for (const auto& [step, count] : joins)
+    out << "[local] --join-at " << step << ":" << count << " started no worker: the job ended before it saw step " << step
+        << " commit" << std::endl;
+  // The coordinator is gone, so its pipe is at its end: every line has been read.
+  echo.join();
+  // A worker that never registered (one started by --join-at or a trace near the end) would wait
+  // for the coordinator until its own connect timeout: it holds nothing, so it goes now.
+  for (std::size_t i = 0; i < workers.size(); ++i)
+    if (!workers[i].reaped() && !registered_names.count("node" + std::to_string(i))) {
+      workers[i].kill_and_reap();
+      out << "[local] worker node" << i << " had not registered when the job ended: stopped it" << std::endl;
+    }
   // The workers leave once the coordinator told them; give them a moment, then make sure.
   const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   auto running = [&] { return std::any_of(workers.begin(), workers.end(), [](const auto& w) { return !w.reaped(); }); };

@@ -157,6 +157,22 @@ TEST_CASE("oobleck-local: workers that join during training enter at a step boun
   CHECK(!last_events.empty());
 }
 
+TEST_CASE("oobleck-local: a worker started by --join-at that has not registered when the job ends is stopped at once") {
+  // The worker started after step 30 of 40 needs about a second to start (LibTorch), and the last
+  // 9 steps take 0.1-0.4 s: the job ends before it registers. It used to keep waiting for the
+  // gone coordinator, and oobleck-local for it, 10 s after the job had finished.
+  // A --join-at past the job's end starts nothing, and says so.
+  const auto r =
+      run_process(bin + "/oobleck-local", {"--nodes", "4", "--steps", "40", "--join-at", "30:1", "--join-at", "50:2"});
+  INFO(r.out);
+  CHECK(r.exit_status == 0);
+  CHECK(r.out.find("training finished: 40 step(s) committed") != std::string::npos);
+  REQUIRE(r.out.find("[local] step 30 committed: starting 1 more worker(s)") != std::string::npos);
+  CHECK(r.out.find("[local] worker node4 had not registered when the job ended: stopped it") != std::string::npos);
+  CHECK(r.out.find("[local] --join-at 50:2 started no worker: the job ended before it saw step 50 commit") !=
+        std::string::npos);
+}
+
 TEST_CASE("oobleck-local: a bad job file is refused before any process starts") {
   const auto dir = std::filesystem::temp_directory_path() / ("oobleck-local-bad-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
