@@ -127,6 +127,8 @@ double busiest_gbps(const fault_result& r) { return static_cast<double>(r.busies
 
 double all_links_gbps(const fault_result& r) { return record_ms(r, "copy_bytes") / record_ms(r, "copy_ms") / 1e6; }
 
+double downtime_bound_ms(const fault_result& r) { return r.detect_ms + r.step_ms + record_ms(r, "copy_ms") + 500; }
+
 int machine_cores() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
 
 bool own_cores(const fault_result& r) { return r.workers_after <= machine_cores(); }
@@ -157,7 +159,7 @@ json result_json(const fault_result& r) {
     j["copy_gb_per_s"] = copy_ms > 0 ? all_links_gbps(r) : 0;  // all links together
     j["busiest_link_gb_per_s"] = copy_ms > 0 ? busiest_gbps(r) : 0;
     j["downtime_steps"] = r.record["downtime_ms"].get<double>() / r.step_ms;
-    j["downtime_bound_ms"] = r.detect_ms + r.step_ms + copy_ms + 500;
+    j["downtime_bound_ms"] = downtime_bound_ms(r);
     if (r.p2p_gb_per_s > 0 && copy_ms > 0) {
       j["p2p_gb_per_s_for_busiest_bytes"] = r.p2p_gb_per_s;
       j["copy_vs_p2p"] = busiest_gbps(r) / r.p2p_gb_per_s;

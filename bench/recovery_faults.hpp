@@ -66,6 +66,9 @@ bool has_copy(const fault_result& r);
 double busiest_gbps(const fault_result& r);
 /// Every link's bytes over the slowest node's copy time, GB/s (NaN without a record).
 double all_links_gbps(const fault_result& r);
+/// The downtime the target allows: detection + one failure-free step + the copy (the record's
+/// copy_ms) + 0.5 s (NaN without a record).
+double downtime_bound_ms(const fault_result& r);
 /// Whether every worker left after the fault had a core of this machine to itself (as each node has
 /// its own hardware on a cluster); otherwise they shared the cores while forming and copying.
 bool own_cores(const fault_result& r);

@@ -19,7 +19,7 @@ void print_fault_tables(const std::vector<fault_result>& results) {
   for (const auto& r : results) {
     const double copy_ms = record_ms(r, "copy_ms"), down = record_ms(r, "downtime_ms");
     const double bytes = r.record.is_null() ? NAN : r.record["copy_bytes"].get<double>();
-    const double bound = r.detect_ms + r.step_ms + copy_ms + 500;
+    const double bound = downtime_bound_ms(r);
     const std::string gbps = r.busiest_bytes > 0 ? fmt("%.3f", busiest_gbps(r)) : "-";
     std::printf("%-28s %-8s %-14s %4d %7.1f %8.1f %8.1f %7.3f %10.0f %7.1f %8s %8.1f %9.1f %6.2f %7s\n",
                 r.scenario.c_str(), r.job.c_str(), r.kind.c_str(), r.node, r.step_ms, r.detect_ms, r.loss_notice_ms,
@@ -122,7 +122,7 @@ fault_summary summarize(const std::vector<fault_result>& results) {
   for (const auto& r : results)
     if (!r.record.is_null()) {
       ++s.bound_total;
-      s.bound_met += r.record["downtime_ms"].get<double>() <= r.detect_ms + r.step_ms + r.record["copy_ms"].get<double>() + 500;
+      s.bound_met += r.record["downtime_ms"].get<double>() <= downtime_bound_ms(r);
     }
   return s;
 }

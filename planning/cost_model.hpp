@@ -48,6 +48,9 @@ class layer_costs {
   /// another: 2 (g - 1) messages of param_bytes / g each (reduce-scatter then all-gather).
   /// 0 for g <= 1 or a free link.
   double allreduce_ms(int u, int v, int holders) const;
+  /// What a node does for layers [u, v) after its pipeline's schedule: their gradient all-reduce
+  /// over `holders` ranks (allreduce_ms), then AdamW (optimizer_ms).
+  double synchronisation_ms(int u, int v, int holders) const { return allreduce_ms(u, v, holders) + optimizer_ms(u, v); }
 
   /// Prefix sums of forward + backward at width d: stage_ms(u, v, d) == pre[v] - pre[u].
   const std::vector<double>& time_prefix(int d) const { return time_prefix_[width_index(d)]; }

@@ -49,7 +49,7 @@ double template_synchronisation_ms(const layer_costs& costs, const pipeline_temp
   double slowest = 0;
   for (int node = 0; node < t.nodes; ++node) {
     const auto [u, v] = t.node_layers(node);
-    slowest = std::max(slowest, costs.allreduce_ms(u, v, holders) + costs.optimizer_ms(u, v));
+    slowest = std::max(slowest, costs.synchronisation_ms(u, v, holders));
   }
   return slowest;
 }

@@ -95,7 +95,7 @@ double bamboo_policy::step_ms(int depth, const std::vector<pipeline>& ps, bool r
       double t = 0;
       for (int s : m.stages) {
         const auto [u, v] = stage_layers_[depth][s];
-        t += costs_->allreduce_ms(u, v, d) + costs_->optimizer_ms(u, v);
+        t += costs_->synchronisation_ms(u, v, d);
       }
       sync = std::max(sync, t);
     }
