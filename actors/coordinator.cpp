@@ -40,6 +40,7 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   if (auto err = check_registration(r, st.deps.policy, st.nonces, st.deps.now())) {
     ++st.refused;
     st.deps.log("refused worker '" + r.name + "': " + describe(err));
+    publish(self, {event_kind::node_refused, st.epoch, st.step, -1, 0, r.name + ": " + describe(err)});
     return err;
   }
   auto monitor = caf::actor_cast<monitor_actor>(self->current_sender());
@@ -178,7 +179,7 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
       },
       [self](shutdown_atom, std::string& reason, control_proof& p) -> caf::result<std::string> {
         if (auto err = check_operator(self, p)) return err;
-        stop_job(self, reason, false);
+        stop_job(self, stop_outcome::shutdown, reason);
         return std::string("shutting down");
       },
   };

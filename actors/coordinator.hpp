@@ -121,6 +121,8 @@ struct coordinator_deps {
   std::uint64_t steps = 0;
   std::function<void(const step_record&)> on_step = [](const step_record&) {};
   std::function<void(const reconfiguration_record&)> on_reconfigured = [](const reconfiguration_record&) {};
+  /// Every event published to subscribers, as it is published (--events-out writes them).
+  std::function<void(const messages::job_event&)> on_event = [](const messages::job_event&) {};
   checkpoint_deps checkpoint;
 };
 

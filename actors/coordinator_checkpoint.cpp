@@ -63,7 +63,7 @@ void finish_stop(coordinator_pointer self, const std::string& reason, const std:
   }
   ck.on_stop(rec);
   st.checkpointing.reset();
-  stop_job(self, "checkpoint and stop: " + reason, true);
+  stop_job(self, stop_outcome::checkpoint_and_stop, "checkpoint and stop: " + reason);
 }
 
 /// The checkpoint failed: its directory goes; a fallback stops without one, a periodic one lets
@@ -117,6 +117,7 @@ void complete(coordinator_pointer self) {
   std::uint64_t bytes = 0;
   for (const auto& f : progress.files) bytes += f.bytes;
   const double ms = std::chrono::duration<double, std::milli>(st.deps.now() - progress.started).count();
+  publish(self, {event_kind::checkpoint_written, st.epoch, progress.step, -1, 0, dir});
   if (progress.stop_after) return finish_stop(self, progress.reason, dir, {});
   st.deps.log("checkpoint of step " + std::to_string(progress.step) + " written to " + dir + " (" +
               std::to_string(progress.files.size()) + " layer files, " + std::to_string(bytes) + " bytes, " +

@@ -101,17 +101,22 @@ void start_training(coordinator_pointer self) {
 }  // namespace
 
 void publish(coordinator_pointer self, const job_event& event) {
+  self->state.deps.on_event(event);
   // Subscribers are untyped (users write them); typed actors reach them anonymously.
   for (auto& s : self->state.subscribers) caf::anon_send(s, event);
 }
 
-void stop_job(coordinator_pointer self, const std::string& reason, bool failed) {
+void stop_job(coordinator_pointer self, stop_outcome outcome, const std::string& reason) {
   auto& st = self->state;
+  const bool failed = outcome != stop_outcome::finished && outcome != stop_outcome::shutdown;
   st.job_state = failed ? "failed" : "stopped";
   st.deps.log((failed ? "stopping (failed): " : "stopping: ") + reason);
   for (auto& [id, n] : st.nodes)
     if (n.state != "lost") self->send(n.monitor, shutdown_atom_v, reason);
-  publish(self, {event_kind::stopped, st.epoch, st.step, -1, st.last_loss, reason});
+  job_event e{event_kind::stopped, st.epoch, st.step, -1, st.last_loss, reason};
+  e.outcome = outcome;
+  e.committed = st.committed;
+  publish(self, e);
   for (auto& p : st.pipelines)
     if (p.actor) self->send_exit(p.actor, caf::exit_reason::user_shutdown);
   if (failed)
@@ -186,8 +191,8 @@ void form_epoch(coordinator_pointer self) {
   try {
     plan = planning::plan_job(st.deps.profile, job);
   } catch (const std::exception& e) {
-    return stop_job(self, std::string("cannot plan the job on ") + std::to_string(live.size()) +
-                              " node(s): " + e.what(), true);
+    return stop_job(self, stop_outcome::failed, std::string("cannot plan the job on ") + std::to_string(live.size()) +
+                              " node(s): " + e.what());
   }
   for (auto& p : plan.pipelines)
     for (auto& n : p.nodes) n = static_cast<int>(live.at(static_cast<std::size_t>(n)));
@@ -196,6 +201,7 @@ void form_epoch(coordinator_pointer self) {
   st.formed = st.forming = {plan.pipelines, plan.idle_nodes};
   st.lost_since_formed.clear();
   send_epoch(self, planning::map_epoch(plan), live);
+  publish(self, {event_kind::epoch_forming, st.epoch, st.step, -1, 0, {}});
   st.deps.log("forming epoch " + std::to_string(st.epoch) + " on " + std::to_string(live.size()) +
               " node(s), " + std::to_string(st.pipelines.size()) + " pipeline(s), predicted step " +
               std::to_string(plan.step_ms) + " ms");
@@ -214,6 +220,7 @@ void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
     // arrived (the lost node's never will).
     st.deps.log("step " + std::to_string(st.step) + " was committed before " +
                 (lost_node ? "node " + std::to_string(*lost_node) + " was lost" : "the failure"));
+    publish(self, {event_kind::commit_stood, st.epoch, st.step, lost_node.value_or(-1), 0, {}});
     record_committed_step(self, " (committed before the failure; digests of the nodes that replied)");
     st.last_commit = st.deps.now();
   }
@@ -239,7 +246,7 @@ void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
   }
   if (st.step >= st.deps.steps) {
     st.deps.log("training finished: " + std::to_string(st.committed) + " step(s) committed");
-    return stop_job(self, "training finished", false);
+    return stop_job(self, stop_outcome::finished, "training finished");
   }
 
   const auto started = st.deps.now();
@@ -309,7 +316,10 @@ void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
               std::to_string(st.pipelines.size()) + " pipeline(s), " + std::to_string(r.copies.size()) +
               " layer copies (" + std::to_string(bytes) + " bytes); step " + std::to_string(st.step) +
               (lost.empty() && !joined.empty() ? " is next" : " runs again"));
-  publish(self, {event_kind::epoch_formed, st.epoch, st.step, -1, 0, "reconfigured: " + rules});
+  job_event forming{event_kind::epoch_forming, st.epoch, st.step, -1, 0, rules};
+  forming.lost.assign(lost.begin(), lost.end());
+  forming.joined.assign(joined.begin(), joined.end());
+  publish(self, forming);
 }
 
 void on_node_ready(coordinator_pointer self, node_ready& r) {
@@ -331,11 +341,12 @@ namespace {
 /// peer's crash before CAF's down message arrived; sometimes a real stage error. The epoch is
 /// formed again on the same nodes (a dead one then never reports ready, and its loss, when it
 /// arrives, starts the recovery over); a failure that repeats without any loss stops the job.
-void retry_epoch(coordinator_pointer self, const std::string& what) {
+void retry_epoch(coordinator_pointer self, const std::string& what, std::int64_t failed_node) {
   auto& st = self->state;
+  publish(self, {event_kind::step_failed, st.epoch, st.step, failed_node, 0, what});
   if (++st.failures_without_loss > coordinator_state::max_failures_without_loss)
-    return stop_job(self, what + " (" + std::to_string(st.failures_without_loss) +
-                              " failures in a row without a lost node)", true);
+    return stop_job(self, stop_outcome::failed,
+                    what + " (" + std::to_string(st.failures_without_loss) + " failures in a row without a lost node)");
   st.deps.log(what + "; forming the epoch again");
   recover(self, std::nullopt);
 }
@@ -350,7 +361,7 @@ void on_node_fault(coordinator_pointer self, node_fault& f) {
     ++st.dropped;
     return;
   }
-  retry_epoch(self, "node " + std::to_string(f.node) + " failed in epoch " + std::to_string(f.epoch) + ": " + f.what);
+  retry_epoch(self, "node " + std::to_string(f.node) + " failed in epoch " + std::to_string(f.epoch) + ": " + f.what, f.node);
 }
 
 void on_pipeline_done(coordinator_pointer self, pipeline_done& d) {
@@ -361,7 +372,7 @@ void on_pipeline_done(coordinator_pointer self, pipeline_done& d) {
   }
   if (!d.error.empty())
     return retry_epoch(self, "step " + std::to_string(d.step) + " failed in pipeline " + std::to_string(d.pipeline) +
-                                 ": " + d.error);
+                                 ": " + d.error, -1);
   st.loss_sum += d.loss_sum;
   st.timing.on_pipeline_done(d, st.deps.now());
   if (--st.pipelines_pending > 0) return;
@@ -444,7 +455,7 @@ void after_commit(coordinator_pointer self) {
   auto& st = self->state;
   if (st.step >= st.deps.steps) {
     st.deps.log("training finished: " + std::to_string(st.committed) + " step(s) committed");
-    return stop_job(self, "training finished", false);
+    return stop_job(self, stop_outcome::finished, "training finished");
   }
   st.job_state = "training";
   // Nodes that registered during the step enter now, at the step boundary.

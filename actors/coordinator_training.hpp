@@ -23,8 +23,9 @@ void on_step_committed(coordinator_pointer self, messages::step_committed& c);
 /// The step boundary after a commit (and its checkpoint, if one was due): the job finishes, joined
 /// nodes enter, or the next step runs.
 void after_commit(coordinator_pointer self);
-/// Ends the job: tells every live worker, publishes `stopped`, quits (with an error if `failed`).
-void stop_job(coordinator_pointer self, const std::string& reason, bool failed);
+/// Ends the job: tells every live worker, publishes `stopped`, quits (with an error unless the
+/// outcome is `finished` or `shutdown`).
+void stop_job(coordinator_pointer self, messages::stop_outcome outcome, const std::string& reason);
 /// Publishes an event to every subscriber.
 void publish(coordinator_pointer self, const messages::job_event& event);
 

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "apps/flags.hpp"
 #include "apps/http_status.hpp"
 #include "apps/job_file.hpp"
+#include "messages/event_json.hpp"
 #include "messages/input_error.hpp"
 #include "messages/profile_file.hpp"
 #include "planning/synthetic_profile.hpp"
@@ -142,7 +144,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   std::string listen, config, token_file = "oobleck.token";
   std::optional<int> nodes_flag, fault_tolerance_flag;
   std::optional<std::int64_t> steps_flag;
-  std::string metrics_out, http, checkpoint_dir, resume, resume_command;
+  std::string metrics_out, events_out, address_file, http, checkpoint_dir, resume, resume_command;
   std::optional<std::int64_t> checkpoint_every;
   add_text(app, "--listen", listen, "HOST:PORT to accept workers and operators on (PORT 0: any free port)")
       ->required();
@@ -157,6 +159,12 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   add_integer(app, "--fault-tolerance", fault_tolerance_flag, 0, 64,
               "f: the plan keeps at least f+1 pipelines (default: the job's cluster.fault_tolerance)");
   add_text(app, "--metrics-out", metrics_out, "append one JSON line per committed step to FILE");
+  add_text(app, "--events-out", events_out,
+           "append one JSON line per job event to FILE (node joined or lost, epoch forming or formed, step "
+           "committed or failed, checkpoint written, stopped), flushed as it happens: what programs read "
+           "instead of the log lines");
+  add_text(app, "--address-file", address_file,
+           "once listening, write HOST:PORT (and a newline) to FILE (written whole, by a rename)");
   add_text(app, "--http", http,
            "HOST:PORT to serve GET /status (JSON) and GET /metrics (Prometheus) on (PORT 0: any free "
            "port; default: the job's http.port on the --listen host, off when it is 0)");
@@ -260,6 +268,13 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
       *metrics << j.dump() << std::endl;
     };
   }
+  if (!events_out.empty()) {
+    auto events = std::make_shared<std::ofstream>(events_out, std::ios::app);
+    if (!*events) throw messages::input_error("--events-out: cannot write " + events_out);
+    deps.on_event = [events](const messages::job_event& e) {
+      *events << messages::event_json({e, messages::unix_ms_now()}).dump() << std::endl;
+    };
+  }
   deps.checkpoint.on_stop = [metrics, stopped_by_policy](const actors::checkpoint_stop_record& r) {
     *stopped_by_policy = true;
     if (!metrics) return;
@@ -284,6 +299,13 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   log("listening on " + at.host + ":" + std::to_string(*port) + " (job " +
       deps.policy.job_hash.substr(0, 12) + ", protocol " + std::to_string(messages::protocol_version) +
       "), waiting for " + std::to_string(nodes) + " node(s)");
+  if (!address_file.empty()) {
+    const std::string temp = address_file + ".tmp";
+    std::ofstream(temp) << at.host << ":" << *port << "\n";
+    std::error_code ec;
+    std::filesystem::rename(temp, address_file, ec);
+    if (ec) log("cannot write the address file " + address_file + ": " + ec.message());
+  }
   if (http_server) {
     http_server->start([&sys, coord, token](std::function<void(status_reply)> done) {
       request_status(sys, coord, token, std::chrono::seconds(5), std::move(done));

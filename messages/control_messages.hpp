@@ -81,23 +81,51 @@ typename Inspector::result_type inspect(Inspector& f, job_status& x) {
            x.samples_per_second, x.dropped_messages, x.nodes, x.pipelines);
 }
 
-enum class event_kind : std::uint8_t { node_joined, node_lost, epoch_formed, step_committed, stopped };
+/// What happened, as subscribers (and --events-out files) learn it. Programs, benchmarks and tests
+/// learn what a job did from these, never from the coordinator's log lines, which are for people.
+enum class event_kind : std::uint8_t {
+  node_joined,         ///< node admitted; detail: its worker name
+  node_lost,           ///< node declared lost; detail: why
+  epoch_formed,        ///< every node of `epoch` is ready; step: the step it runs first; detail: its shape
+  step_committed,      ///< `step` committed everywhere; loss: its mean loss
+  stopped,             ///< the job ended; outcome: how; detail: why; committed: steps committed by this run
+  epoch_forming,       ///< `epoch` assigned; lost / joined: the nodes since the last formed epoch;
+                       ///< detail: the policy's rules ("" for a first plan); step: the step it runs first
+  commit_stood,        ///< `step`'s commit was decided before a failure: it stands (survivors apply it)
+  step_failed,         ///< `step` failed without a lost node (node: who reported it; -1: a pipeline); detail
+  checkpoint_written,  ///< a checkpoint of `step` is complete; detail: its directory
+  node_refused,        ///< a registration was refused; detail: the worker's name and why
+};
+
+/// How a job ended (job_event::outcome of `stopped`).
+enum class stop_outcome : std::uint8_t {
+  none,                 ///< not a `stopped` event
+  finished,             ///< every step committed
+  shutdown,             ///< an operator (or a signal) asked
+  failed,               ///< it could not go on (repeated failures, cannot plan)
+  checkpoint_and_stop,  ///< too few nodes or layers left: checkpoint (if possible) and stop
+};
 
 /// Published to every subscriber actor.
 struct job_event {
   event_kind kind = event_kind::node_joined;
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;
-  std::int64_t node = -1;  ///< node_joined, node_lost
+  std::int64_t node = -1;  ///< node_joined, node_lost, step_failed
   wire_double loss = 0;    ///< step_committed
   std::string detail;
+  std::vector<std::int64_t> lost;    ///< epoch_forming
+  std::vector<std::int64_t> joined;  ///< epoch_forming
+  stop_outcome outcome = stop_outcome::none;  ///< stopped
+  std::uint64_t committed = 0;                ///< stopped: steps this run committed
 
   bool operator==(const job_event&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, job_event& x) {
-  return f(caf::meta::type_name("job_event"), x.kind, x.epoch, x.step, x.node, x.loss, x.detail);
+  return f(caf::meta::type_name("job_event"), x.kind, x.epoch, x.step, x.node, x.loss, x.detail, x.lost, x.joined,
+           x.outcome, x.committed);
 }
 
 }  // namespace oobleck::messages

@@ -45,8 +45,24 @@ std::string to_string(event_kind x) {
     case event_kind::epoch_formed: return "epoch_formed";
     case event_kind::step_committed: return "step_committed";
     case event_kind::stopped: return "stopped";
+    case event_kind::epoch_forming: return "epoch_forming";
+    case event_kind::commit_stood: return "commit_stood";
+    case event_kind::step_failed: return "step_failed";
+    case event_kind::checkpoint_written: return "checkpoint_written";
+    case event_kind::node_refused: return "node_refused";
   }
   return "event_kind(" + std::to_string(static_cast<int>(x)) + ")";
+}
+
+std::string to_string(stop_outcome x) {
+  switch (x) {
+    case stop_outcome::none: return "none";
+    case stop_outcome::finished: return "finished";
+    case stop_outcome::shutdown: return "shutdown";
+    case stop_outcome::failed: return "failed";
+    case stop_outcome::checkpoint_and_stop: return "checkpoint_and_stop";
+  }
+  return "stop_outcome(" + std::to_string(static_cast<int>(x)) + ")";
 }
 
 bool is_protocol_error(const caf::error& e) { return e && e.category() == error_category; }

@@ -21,7 +21,7 @@
 namespace oobleck::messages {
 
 /// Bumped on every incompatible change of a message; nodes of another version are refused.
-constexpr std::uint32_t protocol_version = 6;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing
+constexpr std::uint32_t protocol_version = 7;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing; 7: typed job events (epoch_forming, commit_stood, step_failed, checkpoint_written, node_refused; stop outcome)
 
 /// Expected failures returned as values (caf::error with category "oobleck").
 enum class protocol_error : std::uint8_t {
@@ -41,6 +41,7 @@ caf::error make_error(protocol_error x, std::string context);
 std::string to_string(protocol_error x);
 std::string to_string(fault_kind x);
 std::string to_string(event_kind x);
+std::string to_string(stop_outcome x);
 /// True for errors made by make_error above (category "oobleck").
 bool is_protocol_error(const caf::error& e);
 /// "bad_proof: <context>" for ours, CAF's own rendering for the others.

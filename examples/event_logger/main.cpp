@@ -38,7 +38,19 @@ std::string describe(const job_event& e) {
     case event_kind::step_committed:
       return "step committed: " + std::to_string(e.step) + ", loss " + std::to_string(e.loss) + at;
     case event_kind::stopped:
-      return "stopped: " + e.detail + " (epoch " + std::to_string(e.epoch) + ", step " + std::to_string(e.step) + ")";
+      return "stopped (" + to_string(e.outcome) + "): " + e.detail + " (epoch " + std::to_string(e.epoch) + ", " +
+             std::to_string(e.committed) + " step(s) committed)";
+    case event_kind::epoch_forming:
+      return "epoch forming: " + std::to_string(e.epoch) + (e.detail.empty() ? "" : " (" + e.detail + ")") +
+             ", step " + std::to_string(e.step) + " next";
+    case event_kind::commit_stood:
+      return "commit stood: step " + std::to_string(e.step) + at;
+    case event_kind::step_failed:
+      return "step failed: " + std::to_string(e.step) + ": " + e.detail + at;
+    case event_kind::checkpoint_written:
+      return "checkpoint written: step " + std::to_string(e.step) + " in " + e.detail;
+    case event_kind::node_refused:
+      return "node refused: " + e.detail;
   }
   return "unknown event";
 }

@@ -142,6 +142,8 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: control messages round-trip, enum
   check(js);
   check(job_event{event_kind::node_lost, 2, 30, 1, 0, "down_msg"});
   CHECK(round_trip(job_event{event_kind::stopped, 0, 0, -1, 0, ""}).kind == event_kind::stopped);
+  check(job_event{event_kind::epoch_forming, 4, 12, -1, 0, "simple+join", {3, 5}, {8}, stop_outcome::none, 0});
+  check(job_event{event_kind::stopped, 4, 20, -1, 1.5, "training finished", {}, {}, stop_outcome::finished, 20});
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: errors carry their category, code and sentence") {
