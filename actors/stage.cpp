@@ -14,11 +14,11 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/stage_checkpoint.hpp"
-#include "actors/stage_copies.hpp"
 #include "planning/profile.hpp"
 #include "runtime/dataset.hpp"
 #include "runtime/device.hpp"
 #include "runtime/host_communicator.hpp"
+#include "runtime/layer_copies.hpp"
 #include "runtime/loopback_communicator.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/stage_executor.hpp"
@@ -203,8 +203,10 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   // before its links come up: a copy starts as soon as its link is up, and the pages would
   // otherwise be faulted in during the transfer, on the transport's I/O thread.
   const auto preparing = std::chrono::steady_clock::now();
-  auto incoming = prepare_incoming(rt.store, a);
-  t.prepare_us = micros_since(preparing);
+  std::vector<runtime::copy_entry> copy_plan;
+  for (const auto& c : a.copies) copy_plan.push_back({c.layer, c.source, c.target});
+  runtime::layer_copies copies(rt.store, a.rank, !a.stages.empty(), std::move(copy_plan));
+  t.prepare_us = runtime::micros_since(preparing);
   const auto phase = std::chrono::steady_clock::now();
   for (const auto& p : a.peers) cfg.peers.push_back({p.host, p.port});
   {
@@ -221,7 +223,7 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
     } catch (...) {
       connect_failed = std::current_exception();
     }
-    t.connect_us = micros_since(phase);
+    t.connect_us = runtime::micros_since(phase);
   });
   try {
     // Layers are built from their seed only at the job's first epoch (or installed from the
@@ -231,7 +233,11 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
       if (!a.resume_dir.empty()) install_from_checkpoint(rt.store, a.resume_dir, s.first_layer, s.end_layer);
       else if (!rt.formed_once) rt.store.ensure(s.first_layer, s.end_layer);
     }
-    run_copies(rt.store, *rt.transport, *rt.comm, a, std::move(incoming), t);
+    const runtime::copy_timing copied = copies.run(*rt.transport, *rt.comm);
+    t.copies_us = copied.copies_us;
+    t.copy_wait_us = copied.copy_wait_us;
+    t.bytes_sent = copied.bytes_sent;
+    t.bytes_received = copied.bytes_received;
   } catch (...) {
     // The epoch cannot form here: end a connect() that still waits for peers. A connect() that
     // failed first has aborted the transport with its reason, which the copy's error names.
@@ -256,7 +262,7 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
     runtime::stage_position pos{s.first_layer, s.end_layer, s.stage, s.num_stages, s.prev_rank, s.next_rank};
     rt.executors.push_back(std::make_unique<runtime::stage_executor>(rt.store, pos, *rt.local, options_of(rt.job)));
   }
-  t.views_us = micros_since(views_started);
+  t.views_us = runtime::micros_since(views_started);
   rt.formed_once = true;
   for (const auto& g : a.layer_groups) rt.layer_groups.emplace_back(g.begin(), g.end());
   return t;

@@ -11,10 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "actors/stage_copies.hpp"
 #include "bench/recovery_stats.hpp"
 #include "runtime/device.hpp"
 #include "runtime/host_communicator.hpp"
+#include "runtime/layer_copies.hpp"
 #include "runtime/layer_store.hpp"
 #include "runtime/link_profiler.hpp"
 #include "runtime/transport/host_transport.hpp"
@@ -25,9 +25,8 @@ copy_link measure_copy_link(const apps::job_file& job, int first, int end, int r
   runtime::use_one_compute_thread();
   runtime::layer_store sender(job.model), receiver(job.model);
   sender.ensure(first, end);
-  messages::epoch_assignment plan;
-  plan.stages.push_back({.first_layer = first, .end_layer = end});
-  for (int l = first; l < end; ++l) plan.copies.push_back({.layer = l, .source = 0, .target = 1});
+  std::vector<runtime::copy_entry> plan;
+  for (int l = first; l < end; ++l) plan.push_back({.layer = l, .source = 0, .target = 1});
   std::vector<double> copy_ms, wait_ms;
   double bytes = 0;
   for (int i = 0; i < repeats; ++i) {
@@ -38,7 +37,7 @@ copy_link measure_copy_link(const apps::job_file& job, int first, int end, int r
                                     .epoch = static_cast<std::uint64_t>(i + 1)}));
     std::vector<runtime::peer_endpoint> eps(2);
     for (int r = 0; r < 2; ++r) eps[static_cast<std::size_t>(r)].port = ts[static_cast<std::size_t>(r)]->listen_port();
-    std::vector<messages::form_timing> timing(2);
+    std::vector<runtime::copy_timing> timing(2);
     std::vector<std::exception_ptr> failed(2);
     {
       std::vector<std::jthread> ranks;
@@ -48,11 +47,8 @@ copy_link measure_copy_link(const apps::job_file& job, int first, int end, int r
             auto& t = *ts[static_cast<std::size_t>(r)];
             runtime::host_communicator comm(t);
             std::jthread connecting([&] { t.connect(eps); });
-            auto a = plan;
-            a.epoch = static_cast<std::uint64_t>(i + 1);
-            a.rank = r;
-            auto& store = r == 0 ? sender : receiver;
-            actors::run_copies(store, t, comm, a, actors::prepare_incoming(store, a), timing[static_cast<std::size_t>(r)]);
+            runtime::layer_copies copies(r == 0 ? sender : receiver, r, true, plan);
+            timing[static_cast<std::size_t>(r)] = copies.run(t, comm);
           } catch (...) {
             failed[static_cast<std::size_t>(r)] = std::current_exception();
             for (auto& t : ts) t->abort("the copy probe failed");

@@ -17,9 +17,9 @@ namespace oobleck::bench {
 /// The copy path itself over one link, with nothing else running: two ranks on threads of this
 /// process, each with its own host transport on loopback, run their parts of a copy plan that
 /// moves layers [first, end) of the job's model (full state) from rank 0 to rank 1, exactly as
-/// forming stages do (actors::run_copies: the mesh connects meanwhile, the receiver tells its
+/// forming stages do (runtime::layer_copies: the mesh connects meanwhile, the receiver tells its
 /// source it is ready, the layers are received straight into pre-faulted buffers). Medians over
-/// `repeats` copies, each on a new mesh: the receiver's copy time (form_timing::copies_us) and
+/// `repeats` copies, each on a new mesh: the receiver's copy time (copy_timing::copies_us) and
 /// its wait for the first message.
 struct copy_link {
   double bytes = 0, copy_ms = 0, wait_ms = 0;

@@ -1,4 +1,4 @@
-#include "actors/stage_copies.hpp"
+#include "runtime/layer_copies.hpp"
 
 #include <torch/torch.h>
 
@@ -13,9 +13,8 @@
 #include "runtime/host_communicator.hpp"
 #include "runtime/transport/host_transport.hpp"
 
-namespace oobleck::actors {
+namespace oobleck::runtime {
 
-using namespace oobleck::messages;
 using time_point = std::chrono::steady_clock::time_point;
 
 namespace {
@@ -42,21 +41,22 @@ std::int64_t micros(time_point from, time_point to) {
 struct receive_plan {
   std::vector<torch::Tensor> headers;  ///< one per incoming layer, in plan order
   std::vector<int> sources;            ///< in the order of their first layer in the plan
-  std::vector<std::vector<runtime::host_communicator::tensor_recv>> from;  ///< per source
+  std::vector<std::vector<host_communicator::tensor_recv>> from;  ///< per source
 };
 
-receive_plan plan_receives(const epoch_assignment& a, const std::vector<runtime::layer_store::incoming>& incoming) {
+receive_plan plan_receives(const std::vector<copy_entry>& plan, std::int32_t rank, bool runs_stages,
+                           const std::vector<layer_store::incoming>& incoming) {
   receive_plan p;
   std::size_t next = 0;
-  for (const auto& c : a.copies) {
-    if (c.target != a.rank) continue;
-    if (a.stages.empty())
+  for (const auto& c : plan) {
+    if (c.target != rank) continue;
+    if (!runs_stages)
       throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " to rank " +
-                             std::to_string(a.rank) + ", which runs no stage");
+                             std::to_string(rank) + ", which runs no stage");
     if (next >= incoming.size() || incoming[next].layer() != c.layer)
-      throw std::logic_error("run_copies: the incoming layers do not follow the copy plan");
+      throw std::logic_error("layer_copies::run: the incoming layers do not follow the copy plan");
     p.headers.push_back(
-        torch::empty({static_cast<std::int64_t>(runtime::layer_store::copy_header_bytes())}, torch::kUInt8));
+        torch::empty({static_cast<std::int64_t>(layer_store::copy_header_bytes())}, torch::kUInt8));
     auto s = std::find(p.sources.begin(), p.sources.end(), c.source);
     if (s == p.sources.end()) {
       p.sources.push_back(c.source);
@@ -69,18 +69,19 @@ receive_plan plan_receives(const epoch_assignment& a, const std::vector<runtime:
     for (const auto& buffer : incoming[next].buffers()) items.push_back({buffer, c.source, copy_tag(c.layer, part++)});
     ++next;
   }
-  if (next != incoming.size()) throw std::logic_error("run_copies: more incoming layers than the copy plan sends");
+  if (next != incoming.size()) throw std::logic_error("layer_copies::run: more incoming layers than the copy plan sends");
   return p;
 }
 
 /// What a rank sends: target rank -> the layers it gets from this rank, in plan order.
-std::map<int, std::vector<int>> plan_sends(const runtime::layer_store& store, const epoch_assignment& a) {
+std::map<int, std::vector<int>> plan_sends(const layer_store& store, const std::vector<copy_entry>& plan,
+                                          std::int32_t rank) {
   std::map<int, std::vector<int>> to_target;
-  for (const auto& c : a.copies) {
-    if (c.source != a.rank) continue;
+  for (const auto& c : plan) {
+    if (c.source != rank) continue;
     if (!store.holds(c.layer))
       throw std::logic_error("the copy plan sends layer " + std::to_string(c.layer) + " from rank " +
-                             std::to_string(a.rank) + ", which does not hold it");
+                             std::to_string(rank) + ", which does not hold it");
     to_target[c.target].push_back(c.layer);
   }
   return to_target;
@@ -113,18 +114,18 @@ std::int64_t covered_micros(std::vector<std::pair<time_point, time_point>> spans
   return total;
 }
 
-std::vector<runtime::layer_store::incoming> prepare_incoming(const runtime::layer_store& store,
-                                                             const epoch_assignment& a) {
-  std::vector<runtime::layer_store::incoming> out;
-  for (const auto& c : a.copies)
-    if (c.target == a.rank) out.push_back(store.prepare_incoming(c.layer));
-  return out;
+layer_copies::layer_copies(layer_store& store, std::int32_t rank, bool runs_stages, std::vector<copy_entry> plan)
+    : store_(store), rank_(rank), runs_stages_(runs_stages), plan_(std::move(plan)) {
+  for (const auto& c : plan_)
+    if (c.target == rank_) incoming_.push_back(store_.prepare_incoming(c.layer));
 }
 
-void run_copies(runtime::layer_store& store, runtime::host_transport& transport, runtime::host_communicator& comm,
-                const epoch_assignment& a, std::vector<runtime::layer_store::incoming> incoming, form_timing& t) {
-  const receive_plan in = plan_receives(a, incoming);
-  const std::map<int, std::vector<int>> to_target = plan_sends(store, a);
+copy_timing layer_copies::run(host_transport& transport, host_communicator& comm) {
+  layer_store& store = store_;
+  std::vector<layer_store::incoming> incoming = std::move(incoming_);
+  const receive_plan in = plan_receives(plan_, rank_, runs_stages_, incoming);
+  const std::map<int, std::vector<int>> to_target = plan_sends(store, plan_, rank_);
+  copy_timing t;
 
   // A thread per source and one per target, so that each link runs as soon as it is up,
   // whatever the rest of the mesh does. A source's thread posts every receive of its layers,
@@ -148,7 +149,7 @@ void run_copies(runtime::layer_store& store, runtime::host_transport& transport,
         std::lock_guard lock(mu);
         if (!failed) failed = std::current_exception();
       }
-      transport.abort("a layer copy of rank " + std::to_string(a.rank) + " failed");
+      transport.abort("a layer copy of rank " + std::to_string(rank_) + " failed");
     }
   };
   auto mark_ready_sent = [&](std::size_t s) {
@@ -236,6 +237,7 @@ void run_copies(runtime::layer_store& store, runtime::host_transport& transport,
     t.copy_wait_us = std::max(t.copy_wait_us, micros(*l.ready, *l.first));
   }
   t.copies_us = covered_micros(std::move(spans)) + (last_arrival ? micros(*last_arrival, installed) : 0);
+  return t;
 }
 
-}  // namespace oobleck::actors
+}  // namespace oobleck::runtime

@@ -1,4 +1,4 @@
-// A node's part of a new epoch's layer copies (actors/stage_copies), with ranks on threads of one
+// A rank's part of a new epoch's layer copies (runtime/layer_copies), with ranks on threads of one
 // process over loopback: what the copies deliver, and that each link runs as soon as it is up.
 
 // LibTorch first: its logging's CHECK must not replace doctest's.
@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "actors/stage_copies.hpp"
 #include "runtime/host_communicator.hpp"
+#include "runtime/layer_copies.hpp"
 #include "runtime/transport_test_support.hpp"
 
 using namespace oobleck;
@@ -22,16 +22,6 @@ namespace {
 
 runtime::gpt_config tiny_model() {
   return {.vocab = 64, .d_model = 16, .heads = 2, .blocks = 3, .seq_len = 8};
-}
-
-/// Rank `rank`'s assignment: one stage over its layers, and the whole copy plan.
-messages::epoch_assignment assignment(int rank, std::pair<int, int> layers, std::vector<messages::layer_copy> copies) {
-  messages::epoch_assignment a;
-  a.epoch = 1;
-  a.rank = rank;
-  a.stages.push_back({.first_layer = layers.first, .end_layer = layers.second});
-  a.copies = std::move(copies);
-  return a;
 }
 
 /// A layer whose whole state (parameters and both moments) differs from its seeded values.
@@ -53,12 +43,12 @@ bool same_state(const runtime::layer_store& a, const runtime::layer_store& b, in
 TEST_CASE("covered_micros counts the union of spans once") {
   const auto t0 = clock_type::now();
   auto at = [&](int us) { return t0 + std::chrono::microseconds(us); };
-  CHECK(actors::covered_micros({}) == 0);
-  CHECK(actors::covered_micros({{at(0), at(10)}}) == 10);
-  CHECK(actors::covered_micros({{at(0), at(10)}, {at(5), at(20)}}) == 20);   // overlapping
-  CHECK(actors::covered_micros({{at(30), at(40)}, {at(0), at(10)}}) == 20);  // a gap is not counted
-  CHECK(actors::covered_micros({{at(0), at(50)}, {at(10), at(20)}}) == 50);  // nested
-  CHECK(actors::covered_micros({{at(10), at(10)}, {at(20), at(5)}}) == 0);   // empty, reversed
+  CHECK(runtime::covered_micros({}) == 0);
+  CHECK(runtime::covered_micros({{at(0), at(10)}}) == 10);
+  CHECK(runtime::covered_micros({{at(0), at(10)}, {at(5), at(20)}}) == 20);   // overlapping
+  CHECK(runtime::covered_micros({{at(30), at(40)}, {at(0), at(10)}}) == 20);  // a gap is not counted
+  CHECK(runtime::covered_micros({{at(0), at(50)}, {at(10), at(20)}}) == 50);  // nested
+  CHECK(runtime::covered_micros({{at(10), at(10)}, {at(20), at(5)}}) == 0);   // empty, reversed
 }
 
 TEST_CASE("layer copies run link by link: two ranks copying both ways do not wait for a third rank") {
@@ -73,23 +63,21 @@ TEST_CASE("layer copies run link by link: two ranks copying both ways do not wai
     stores.back()->ensure(first, end);
     for (int l = first; l < end; ++l) perturb(*stores.back(), l);
   }
-  const std::vector<messages::layer_copy> plan{{.layer = 0, .source = 0, .target = 1},
+  const std::vector<runtime::copy_entry> plan{{.layer = 0, .source = 0, .target = 1},
                                                {.layer = 2, .source = 1, .target = 0},
                                                {.layer = 4, .source = 2, .target = 0}};
-  const std::vector<std::pair<int, int>> stages{{0, 5}, {0, 4}, {4, 5}};
 
   auto ts = runtime::testing::make_transports(3, 1);
   const auto eps = runtime::testing::endpoints_of(ts);
   std::vector<std::unique_ptr<runtime::host_communicator>> comms;
   for (auto& t : ts) comms.push_back(std::make_unique<runtime::host_communicator>(*t));
-  std::vector<messages::form_timing> timing(3);
+  std::vector<runtime::copy_timing> timing(3);
   std::promise<void> rank1_done;
   constexpr auto late = 300ms;  // how long after rank 1 is done rank 2 joins
   auto rank = [&](int r) {
     auto& store = *stores[static_cast<std::size_t>(r)];
-    const auto a = assignment(r, stages[static_cast<std::size_t>(r)], plan);
-    actors::run_copies(store, *ts[static_cast<std::size_t>(r)], *comms[static_cast<std::size_t>(r)], a,
-                       actors::prepare_incoming(store, a), timing[static_cast<std::size_t>(r)]);
+    runtime::layer_copies copies(store, r, true, plan);  // every rank runs a stage
+    timing[static_cast<std::size_t>(r)] = copies.run(*ts[static_cast<std::size_t>(r)], *comms[static_cast<std::size_t>(r)]);
   };
   // As in a forming stage, the mesh connects on threads of its own while the copies run; ranks 0
   // and 1's connect() returns only once rank 2 is there.
