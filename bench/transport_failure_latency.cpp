@@ -22,16 +22,15 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include "runtime/transport/forked_ranks.hpp"
 #include "runtime/transport/host_transport.hpp"
-// Ranks as forked processes that talk to the benchmark over pipes (no doctest in it).
-#include "tests/runtime/process_harness.hpp"
 
 using namespace oobleck;
 using runtime::host_transport;
 using runtime::transport_error;
-using runtime::testing::join_mesh;
-using runtime::testing::parent_line;
-using runtime::testing::process_group;
+using runtime::forked_ranks::join_mesh;
+using runtime::forked_ranks::parent_line;
+using runtime::forked_ranks::process_group;
 using ordered_json = nlohmann::ordered_json;
 using namespace std::chrono_literals;
 

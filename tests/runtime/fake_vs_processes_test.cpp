@@ -7,7 +7,7 @@
 #include <future>
 #include <sstream>
 
-#include "runtime/process_harness.hpp"
+#include "runtime/transport/forked_ranks.hpp"
 #include "runtime/transport_test_support.hpp"
 #include "support/deadline.hpp"
 #include "support/fake_communicator.hpp"
@@ -15,6 +15,7 @@
 using namespace oobleck;
 using namespace std::chrono_literals;
 namespace rt = runtime::testing;
+namespace forked = runtime::forked_ranks;
 
 namespace {
 
@@ -45,8 +46,8 @@ TEST_CASE("processes: the fake's all-reduce is bitwise the host transport's for 
   const std::vector<std::vector<int>> groups{{0, 1, 2}, {0, 1, 2, 3}, {2, 0, 3, 1}};
   const int world = 4;
   // Children first: the harness forks before this process starts any thread of its own.
-  rt::process_group ranks(world, [&](int rank, rt::parent_line& line) {
-    auto t = rt::join_mesh(line, rank, world, 1);
+  forked::process_group ranks(world, [&](int rank, forked::parent_line& line) {
+    auto t = forked::join_mesh(line, rank, world, 1);
     for (const auto& group : groups) {
       const auto pos = std::find(group.begin(), group.end(), rank) - group.begin();
       if (pos == static_cast<std::ptrdiff_t>(group.size())) continue;

@@ -11,11 +11,12 @@
 #include <sstream>
 #include <thread>
 
-#include "runtime/process_harness.hpp"
+#include "runtime/transport/forked_ranks.hpp"
 #include "runtime/transport_test_support.hpp"
 
 using namespace oobleck::runtime;
 using namespace oobleck::runtime::testing;
+using namespace oobleck::runtime::forked_ranks;
 using namespace std::chrono_literals;
 
 namespace {

@@ -1,7 +1,10 @@
 #pragma once
-// Ranks as real processes for the end-to-end transport tests. The test process forks every
-// child before any transport (hence any thread) exists; each child talks to the test through
-// two pipes, one text line at a time, and ends with _exit so doctest never runs twice.
+// Ranks of the host transport as real processes, for the tests and benchmarks that kill
+// (SIGKILL) and freeze (SIGSTOP) them: tests/runtime/transport_process_test.cpp,
+// tests/runtime/fake_vs_processes_test.cpp, bench/transport_failure_latency.cpp. The parent
+// forks every child before any transport (hence any thread) exists; each child talks to the
+// parent through two pipes, one text line at a time, and ends with _exit, so that nothing of the
+// parent's (a test framework's runner, a benchmark's report) runs twice. No test framework here.
 
 #include <poll.h>
 #include <signal.h>
@@ -20,9 +23,9 @@
 
 #include "runtime/transport/host_transport.hpp"
 
-namespace oobleck::runtime::testing {
+namespace oobleck::runtime::forked_ranks {
 
-/// The child's end: blocking line I/O with the test process.
+/// The child's end: blocking line I/O with the parent process.
 class parent_line {
  public:
   parent_line(int in, int out) : in_(in), out_(out) {}
@@ -31,7 +34,7 @@ class parent_line {
     std::size_t done = 0;
     while (done < framed.size()) {
       const ssize_t n = ::write(out_, framed.data() + done, framed.size() - done);
-      if (n <= 0) throw std::runtime_error("child: the test process went away");
+      if (n <= 0) throw std::runtime_error("child: the parent process went away");
       done += static_cast<std::size_t>(n);
     }
   }
@@ -44,7 +47,7 @@ class parent_line {
       }
       char chunk[256];
       const ssize_t n = ::read(in_, chunk, sizeof chunk);
-      if (n <= 0) throw std::runtime_error("child: the test process went away");
+      if (n <= 0) throw std::runtime_error("child: the parent process went away");
       buffer_.append(chunk, static_cast<std::size_t>(n));
     }
   }
@@ -54,7 +57,7 @@ class parent_line {
   std::string buffer_;
 };
 
-/// The test's end: `n` forked children running body(rank, line).
+/// The parent's end: `n` forked children running body(rank, line).
 class process_group {
  public:
   process_group(int n, const std::function<void(int, parent_line&)>& body) {
@@ -147,7 +150,7 @@ class process_group {
   void signal(int rank, int sig) { ::kill(at(rank).pid, sig); }
 
   /// Waits for `rank` to end; returns its exit code, or 128 + signal. A rank still running
-  /// after `timeout` is killed and the call throws: a test fails instead of hanging.
+  /// after `timeout` is killed and the call throws: the caller fails instead of hanging.
   int wait(int rank, std::chrono::milliseconds timeout = std::chrono::seconds(15)) {
     auto& c = at(rank);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -209,4 +212,4 @@ inline std::unique_ptr<host_transport> join_mesh(parent_line& line, int rank, in
   return t;
 }
 
-}  // namespace oobleck::runtime::testing
+}  // namespace oobleck::runtime::forked_ranks
