@@ -6,33 +6,70 @@
 #include <algorithm>
 
 #include <caf/actor_cast.hpp>
-#include <caf/system_messages.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/result.hpp>
 #include <caf/send.hpp>
+#include <caf/system_messages.hpp>
 
 namespace oobleck::actors {
 
 using namespace oobleck::messages;
 
+bool epoch_layout::contains(std::int64_t node) const {
+  return std::find(nodes.begin(), nodes.end(), node) != nodes.end();
+}
+
 namespace {
 
-void update_job_state(coordinator_pointer self) {
+template <class... Fs>
+struct overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <class... Fs>
+overloaded(Fs...) -> overloaded<Fs...>;
+
+/// The one place a node-side message meets the phase: the phase that handles it decides (false:
+/// of another epoch or step); every other phase drops it. Both count in `dropped`.
+template <class Message>
+void dispatch(coordinator_pointer self, Message& m) {
   auto& st = self->state;
-  if (st.job_state != "registering" && st.job_state != "ready") return;  // training owns it
+  const bool accepted = std::visit(
+      [&](auto& ph) -> bool {
+        if constexpr (requires { handle(self, ph, m); })
+          return handle(self, ph, m);  // may enter another phase: `ph` is not used after
+        else
+          return false;
+      },
+      st.phase);
+  if (!accepted) ++st.dropped;
+}
+
+std::int32_t alive_nodes(const coordinator_state& st) {
   std::int32_t alive = 0;
-  for (auto& [id, n] : st.nodes)
-    if (n.state != "lost") ++alive;
-  const std::string next = alive >= st.deps.expected_nodes ? "ready" : "registering";
-  if (next == st.job_state) return;
-  st.job_state = next;
-  if (next == "ready") {
+  for (const auto& [id, n] : st.nodes)
+    if (n.state != node_state::lost) ++alive;
+  return alive;
+}
+
+/// Before training: the job is ready once every expected node is admitted (and plans its first
+/// epoch at once when it has steps to run); a loss before that makes it wait again.
+void update_admission(coordinator_pointer self) {
+  auto& st = self->state;
+  const std::int32_t alive = alive_nodes(st);
+  const bool enough = alive >= st.deps.expected_nodes;
+  if (std::holds_alternative<phase::registering>(st.phase) && enough) {
     st.deps.log("ready: " + std::to_string(alive) + " node(s) admitted");
-    if (st.deps.steps > 0) form_epoch(self);
+    if (st.deps.steps > 0) return plan_first_epoch(self);
+    enter(self, phase::ready{});
+  } else if (std::holds_alternative<phase::ready>(st.phase) && !enough) {
+    enter(self, phase::registering{});
+    st.deps.log("waiting for nodes: " + std::to_string(alive) + " of " + std::to_string(st.deps.expected_nodes) +
+                " admitted");
   }
-  else
-    st.deps.log("waiting for nodes: " + std::to_string(alive) + " of " +
-                std::to_string(st.deps.expected_nodes) + " admitted");
+}
+
+bool before_training(const job_phase& p) {
+  return std::holds_alternative<phase::registering>(p) || std::holds_alternative<phase::ready>(p);
 }
 
 caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
@@ -47,13 +84,13 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   if (!monitor) return make_error(protocol_error::bad_request, "registration without a sender");
   const std::int64_t id = st.next_node++;
   self->monitor(monitor);
-  const bool training = st.job_state != "registering" && st.job_state != "ready";
-  st.nodes[id] = node_entry{r.name, r.slots, r.data, monitor, training ? "joining" : "registered", {}};
+  const bool training = !before_training(st.phase);
+  st.nodes[id] = node_entry{r.name, r.slots, r.data, monitor, training ? node_state::joining : node_state::registered, {}};
   if (training) st.joining.push_back(id);
   st.deps.log("node " + std::to_string(id) + " joined: " + r.name + " (" + std::to_string(r.slots) +
               " slot(s), data plane " + r.data.host + ":" + std::to_string(r.data.port) + ")" +
               (training ? "; it enters at the next step boundary" : ""));
-  publish(self, {event_kind::node_joined, 0, 0, id, 0, r.name});
+  publish(self, {event_kind::node_joined, st.epoch, st.step, id, 0, r.name});
   // The admission must reach the node before its first epoch assignment, which this very
   // registration may trigger: deliver it now, then update the job.
   auto promise = self->make_response_promise<admission>();
@@ -65,28 +102,33 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
                   std::to_string(id) + " (" + r.name + ") on its admission");
     }
   }
-  update_job_state(self);
+  update_admission(self);
   return promise;
 }
 
 void on_down(coordinator_pointer self, const caf::down_msg& dm) {
   auto& st = self->state;
   for (auto& [id, n] : st.nodes) {
-    if (n.state == "lost" || n.monitor.address() != dm.source) continue;
-    n.state = "lost";
+    if (n.state == node_state::lost || n.monitor.address() != dm.source) continue;
+    n.state = node_state::lost;
     n.lost_reason = self->system().render(dm.reason);
     st.deps.log("node " + std::to_string(id) + " lost: " + n.name + " (" + n.lost_reason + ")");
     publish(self, {event_kind::node_lost, st.epoch, st.step, id, 0, n.lost_reason});
     std::erase(st.joining, id);
-    const bool in_epoch = std::find(st.in_epoch.begin(), st.in_epoch.end(), id) != st.in_epoch.end();
-    if (in_epoch && st.job_state != "registering" && st.job_state != "ready")
-      return recover(self, id);
-    update_job_state(self);
+    const std::int64_t node = id;
+    std::visit(overloaded{
+                   [&](phase::registering&) { update_admission(self); },
+                   [&](phase::ready&) { update_admission(self); },
+                   [&](phase::stopped&) {},
+                   [&](auto&) {
+                     if (st.current.contains(node)) on_loss(self, node);
+                   },
+               },
+               st.phase);
     return;
   }
   auto& subs = st.subscribers;
-  subs.erase(std::remove_if(subs.begin(), subs.end(),
-                            [&](const caf::actor& a) { return a.address() == dm.source; }),
+  subs.erase(std::remove_if(subs.begin(), subs.end(), [&](const caf::actor& a) { return a.address() == dm.source; }),
              subs.end());
 }
 
@@ -107,12 +149,11 @@ caf::result<std::string> on_inject(coordinator_pointer self, const inject_fault&
     st.deps.log(what);
     return what;
   }
-  if (it == st.nodes.end() || it->second.state == "lost")
-    return make_error(protocol_error::unknown_node,
-                      "node " + std::to_string(f.node) + " is not a live node of this job");
+  if (it == st.nodes.end() || it->second.state == node_state::lost)
+    return make_error(protocol_error::unknown_node, "node " + std::to_string(f.node) + " is not a live node of this job");
   self->send(it->second.monitor, f);
-  const std::string what = "sent " + to_string(f.kind) + " to node " + std::to_string(f.node) +
-                           " (" + it->second.name + ")";
+  const std::string what =
+      "sent " + to_string(f.kind) + " to node " + std::to_string(f.node) + " (" + it->second.name + ")";
   st.deps.log(what);
   return what;
 }
@@ -121,7 +162,10 @@ caf::result<std::string> on_inject(coordinator_pointer self, const inject_fault&
 
 job_status make_status(const coordinator_state& st) {
   job_status s;
-  s.state = st.job_state;
+  s.state = std::string(phase_name(st.phase));
+  if (const auto* stop = std::get_if<phase::stopped>(&st.phase);
+      stop && stop->outcome != stop_outcome::finished && stop->outcome != stop_outcome::shutdown)
+    s.state = "failed";
   s.epoch = st.epoch;
   s.committed_steps = st.committed;
   s.last_loss = st.last_loss;
@@ -129,16 +173,18 @@ job_status make_status(const coordinator_state& st) {
   s.dropped_messages = st.dropped;
   for (const auto& [id, n] : st.nodes) {
     std::int32_t rank = -1;
-    for (std::size_t p = 0, r = 0; p < st.pipelines.size(); ++p)
-      for (auto node : st.pipelines[p].nodes) {
-        if (node == id && n.state != "lost") rank = static_cast<std::int32_t>(r);
+    for (std::size_t p = 0, r = 0; p < st.current.pipelines.size(); ++p)
+      for (auto node : st.current.pipelines[p].nodes) {
+        if (node == id && n.state != node_state::lost) rank = static_cast<std::int32_t>(r);
         ++r;
       }
-    std::string state = n.state;
-    if (state != "lost" && state != "joining" && st.epoch > 0) state = rank >= 0 ? "training" : "idle";
+    std::string state = n.state == node_state::lost      ? "lost"
+                        : n.state == node_state::joining ? "joining"
+                                                         : "registered";
+    if (n.state == node_state::registered && st.epoch > 0) state = rank >= 0 ? "training" : "idle";
     s.nodes.push_back({id, n.name, state, rank});
   }
-  for (const auto& p : st.pipelines) s.pipelines.push_back({p.nodes, {}, p.microbatches});
+  for (const auto& p : st.current.pipelines) s.pipelines.push_back({p.nodes, {}, p.microbatches});
   return s;
 }
 
@@ -157,12 +203,12 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
         return st.nonces.issue(st.deps.now());
       },
       [self](register_node& r) -> caf::result<admission> { return on_register(self, r); },
-      [self](node_ready& r) { on_node_ready(self, r); },
-      [self](node_fault& f) { on_node_fault(self, f); },
+      [self](node_ready& r) { dispatch(self, r); },
+      [self](node_fault& f) { dispatch(self, f); },
       [](epoch_aborted&) {},  // survivors confirm the abort; the new epoch does not wait for it
-      [self](pipeline_done& d) { on_pipeline_done(self, d); },
-      [self](step_committed& c) { on_step_committed(self, c); },
-      [self](checkpoint_written& w) { on_checkpoint_written(self, w); },
+      [self](pipeline_done& d) { dispatch(self, d); },
+      [self](step_committed& c) { dispatch(self, c); },
+      [self](checkpoint_written& w) { dispatch(self, w); },
       [self](status_atom, control_proof& p) -> caf::result<job_status> {
         if (auto err = check_operator(self, p)) return err;
         return make_status(self->state);

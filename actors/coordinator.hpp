@@ -1,19 +1,12 @@
 #pragma once
-// The coordinator actor (DESIGN §5): the job's node registry and the operators' entry point. It
-// admits workers (admission.hpp), monitors each admitted node's monitor actor, so that a node's
-// loss (its process crashed, or the connection timed out) arrives here as a down message, and
-// publishes what happens to subscriber actors (the extension point for users' own actors).
-//
-//   registering --(every expected node admitted)--> ready --(steps > 0)--> forming
-//        ^                                            |                      | every node_ready
-//        +------------(a node is lost)----------------+                      v
-//                                                                  training: run_step{e,k} to
-//   finished <--(k == steps)-- committing <--(every pipeline_done)-- every pipeline actor;
-//                                  | every step_committed: digests checked, next step
-//   committing --(next step a multiple of checkpoint.every)--> checkpointing --(written)--> next step
-//   A node lost while forming or training: reconfiguration (coordinator_training.hpp); when the
-//   policy says "checkpoint and stop", the survivors write a checkpoint (checkpointing, then
-//   stopped, coordinator_checkpoint.hpp).
+// The coordinator actor (ARCHITECTURE.md §10): the job's node registry, its plan and step counters,
+// the commit decisions, and the operators' entry point. It admits workers (admission.hpp),
+// monitors each admitted node's monitor actor, so that a node's loss (its process crashed, or the
+// connection timed out) arrives here as a down message, and publishes what happens as typed
+// job_events to subscriber actors (the extension point for users' own actors) and to
+// deps.on_event. Its phases, each a type holding only its own fields, and the machine they form
+// are in coordinator_phase.hpp; the training protocol is in coordinator_training.hpp, checkpoints
+// in coordinator_checkpoint.hpp.
 
 #include <chrono>
 #include <cstdint>
@@ -26,6 +19,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/admission.hpp"
+#include "actors/coordinator_phase.hpp"
 #include "actors/step_breakdown.hpp"
 #include "messages/actor_interfaces.hpp"
 #include "planning/epoch.hpp"
@@ -34,18 +28,6 @@
 #include "planning/reconfiguration.hpp"
 
 namespace oobleck::actors {
-
-/// One committed step, for metrics (--metrics-out writes one JSON line each).
-struct step_record {
-  std::uint64_t step = 0;
-  std::uint64_t epoch = 0;
-  double loss = 0;  ///< mean over the global batch
-  std::int64_t samples = 0;
-  std::vector<std::pair<std::vector<std::int64_t>, std::int32_t>> pipelines;  ///< nodes, microbatches
-  std::map<std::int32_t, std::vector<std::uint64_t>> layer_digests;  ///< per layer: every holder's
-  double wall_ms = 0;
-  step_breakdown breakdown;  ///< where wall_ms went (step_breakdown.hpp)
-};
 
 /// One reconfiguration, for metrics: written once the first step after it has committed.
 struct reconfiguration_record {
@@ -126,13 +108,20 @@ struct coordinator_deps {
   checkpoint_deps checkpoint;
 };
 
+/// Where an admitted node stands in the job.
+enum class node_state : std::uint8_t {
+  registered,  ///< admitted before training, or part of a formed epoch
+  joining,     ///< admitted during training: enters at the next step boundary
+  lost,        ///< its monitor is gone (crash, timeout): never trusted again
+};
+
 /// One admitted node.
 struct node_entry {
   std::string name;
   std::int32_t slots = 1;
   messages::endpoint data;
   messages::monitor_actor monitor;
-  std::string state = "registered";  ///< "registered" or "lost"
+  node_state state = node_state::registered;
   std::string lost_reason;
 };
 
@@ -144,64 +133,56 @@ struct running_pipeline {
   messages::pipeline_actor actor;
 };
 
-/// A checkpoint being written: which node writes which layers, what came back.
-struct checkpoint_progress {
-  std::uint64_t request = 0;
-  std::uint64_t step = 0;
-  std::string temp;
-  nonce_book::clock::time_point started;
-  std::int32_t num_layers = 0;
-  std::map<std::int32_t, std::vector<std::int64_t>> candidates;  ///< per layer: holders not asked yet
-  std::map<std::int64_t, std::vector<std::int32_t>> asked;       ///< node -> layers it has not answered for
-  std::vector<messages::checkpoint_layer_file> files;
-  bool stop_after = false;  ///< the fallback: the job stops when it is written (or not)
-  std::string reason;       ///< why the job stops
+/// The epoch in force (assigned, forming or formed): who is in it and what each pipeline runs.
+struct epoch_layout {
+  std::vector<std::int64_t> nodes;  ///< every node assigned in this epoch (ranked or idle)
+  std::vector<running_pipeline> pipelines;
+  /// [pipeline][stage]: the node running it and the stage's index in that node's node_ready.
+  std::vector<std::vector<std::pair<std::int64_t, std::int32_t>>> stages;
+
+  bool contains(std::int64_t node) const;
 };
 
 struct coordinator_state {
   coordinator_deps deps;
-  // training
-  std::uint64_t epoch = 0;
-  std::uint64_t step = 0;  ///< the step running or next to run
-  std::uint64_t committed = 0;
-  std::vector<std::int64_t> in_epoch;  ///< nodes assigned in this epoch (ranked or idle)
-  std::map<std::int64_t, std::vector<caf::actor>> ready;  ///< node_ready so far: stage handles
-  std::map<std::int64_t, messages::form_timing> ready_timing;  ///< node_ready so far: where forming went
-  std::vector<std::vector<std::pair<std::int64_t, std::int32_t>>> stage_nodes;  ///< [pipeline][stage]: node, index in its node_ready
-  std::vector<running_pipeline> pipelines;
-  std::size_t pipelines_pending = 0;
-  double loss_sum = 0;
-  std::map<std::int64_t, bool> commits_pending;
-  step_record record;
-  step_clock timing;  ///< the step in progress: T0, T1 and the slowest reports
-  nonce_book::clock::time_point step_started;
-  nonce_book::clock::time_point last_commit;  ///< when the last step committed (or training began)
-  std::optional<reconfiguration_record> recovering;  ///< until the first commit after it
-  nonce_book::clock::time_point assignments_sent;
-  double last_loss = 0;
-  double samples_per_second = 0;
-  std::uint64_t dropped = 0;  ///< messages of another epoch or step
-  // reconfiguration
-  planning::template_set templates;        ///< of the job, from the first plan
-  planning::cluster_state formed;          ///< the last epoch that formed everywhere: where layers are
-  bool formed_once = false;                ///< some epoch has formed everywhere (layers exist)
-  planning::cluster_state forming;         ///< the configuration of the epoch being formed
-  std::vector<std::int64_t> lost_since_formed;
-  std::vector<std::int64_t> joining;  ///< admitted during training: enter at the next step boundary
-  std::uint64_t reconfigurations = 0;
-  int failures_without_loss = 0;  ///< failed steps or epochs since the last commit or loss
-  static constexpr int max_failures_without_loss = 3;
-  nonce_book nonces;
+  job_phase phase;  ///< where the job is; each phase's own fields live in it
+
+  // The node registry.
   std::map<std::int64_t, node_entry> nodes;
   std::int64_t next_node = 0;
+  nonce_book nonces;
   /// Faults asked for nodes that have not joined yet: delivered to each node's monitor right after
   /// its admission, before any epoch assignment, so a fault for step K is armed before step K.
   std::map<std::int64_t, std::vector<messages::inject_fault>> pending_faults;
-  std::string job_state = "registering";
   std::vector<caf::actor> subscribers;
   std::uint64_t refused = 0;  ///< registrations refused so far
-  // checkpoints
-  std::optional<checkpoint_progress> checkpointing;
+
+  // Counters.
+  std::uint64_t epoch = 0;
+  std::uint64_t step = 0;  ///< the step running or next to run
+  std::uint64_t committed = 0;
+  std::uint64_t dropped = 0;              ///< messages of another epoch, step or phase
+  std::uint64_t illegal_transitions = 0;  ///< bugs: a phase entered along an edge not drawn
+  std::uint64_t reconfigurations = 0;
+  int failures_without_loss = 0;  ///< failed steps or epochs since the last commit or loss
+  static constexpr int max_failures_without_loss = 3;
+
+  // The epoch in force and where the layers are.
+  epoch_layout current;
+  planning::template_set templates;  ///< of the job, from the first plan
+  planning::cluster_state formed;    ///< the last epoch that formed everywhere: where layers are
+  bool formed_once = false;          ///< some epoch has formed everywhere (layers exist)
+  std::vector<std::int64_t> lost_since_formed;
+  std::vector<std::int64_t> joining;  ///< admitted during training: enter at the next step boundary
+
+  // Timing and metrics.
+  std::chrono::steady_clock::time_point step_started;  ///< of the step in progress (or the last one)
+  std::chrono::steady_clock::time_point last_commit;   ///< when the last step committed (or training began)
+  std::optional<reconfiguration_record> recovering;    ///< until the first commit after it
+  double last_loss = 0;
+  double samples_per_second = 0;
+
+  // Checkpoints.
   std::uint64_t checkpoint_requests = 0;
   std::string last_checkpoint;  ///< written by this run (or the one it resumed from)
 

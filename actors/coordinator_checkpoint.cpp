@@ -24,7 +24,7 @@ std::map<std::int32_t, std::vector<std::int64_t>> surviving_holders(const coordi
     for (auto r : ep.holders(planning::layer_index{l})) {
       const std::int64_t node = ep.node(r).value;
       const auto it = st.nodes.find(node);
-      if (it != st.nodes.end() && it->second.state != "lost") list.push_back(node);
+      if (it != st.nodes.end() && it->second.state != node_state::lost) list.push_back(node);
     }
   }
   return out;
@@ -62,16 +62,14 @@ void finish_stop(coordinator_pointer self, const std::string& reason, const std:
     }
   }
   ck.on_stop(rec);
-  st.checkpointing.reset();
   stop_job(self, stop_outcome::checkpoint_and_stop, "checkpoint and stop: " + reason);
 }
 
 /// The checkpoint failed: its directory goes; a fallback stops without one, a periodic one lets
-/// training go on.
-void fail(coordinator_pointer self, const std::string& why) {
+/// training go on. The phase is left.
+void fail(coordinator_pointer self, phase::checkpointing& ph, const std::string& why) {
   auto& st = self->state;
-  auto progress = std::move(*st.checkpointing);
-  st.checkpointing.reset();
+  const auto progress = std::move(ph.progress);
   try {
     st.deps.checkpoint.discard(progress.temp);
   } catch (const std::exception&) {
@@ -81,15 +79,19 @@ void fail(coordinator_pointer self, const std::string& why) {
   after_commit(self);
 }
 
-/// Asks the least loaded remaining candidate of each layer in `layers` to write it.
-void ask(coordinator_pointer self, const std::vector<std::int32_t>& layers) {
+/// Asks the least loaded remaining candidate of each layer in `layers` to write it. False when a
+/// layer has no candidate left: the checkpoint failed and the phase was left.
+bool ask(coordinator_pointer self, phase::checkpointing& ph, const std::vector<std::int32_t>& layers) {
   auto& st = self->state;
-  auto& ck = *st.checkpointing;
+  auto& ck = ph.progress;
   std::map<std::int64_t, std::vector<std::int32_t>> orders;
   for (auto layer : layers) {
     auto& cands = ck.candidates[layer];
-    std::erase_if(cands, [&](std::int64_t n) { return st.nodes.at(n).state == "lost"; });
-    if (cands.empty()) return fail(self, "layer " + std::to_string(layer) + " has no surviving holder that could write it");
+    std::erase_if(cands, [&](std::int64_t n) { return st.nodes.at(n).state == node_state::lost; });
+    if (cands.empty()) {
+      fail(self, ph, "layer " + std::to_string(layer) + " has no surviving holder that could write it");
+      return false;
+    }
     const auto best = std::min_element(cands.begin(), cands.end(), [&](std::int64_t a, std::int64_t b) {
       return ck.asked[a].size() < ck.asked[b].size();
     });
@@ -100,19 +102,25 @@ void ask(coordinator_pointer self, const std::vector<std::int32_t>& layers) {
   }
   for (auto& [node, ls] : orders)
     self->send(st.nodes.at(node).monitor, write_checkpoint{ck.request, ck.step, ck.temp, std::move(ls)});
+  return true;
+}
+
+bool all_written(const checkpoint_progress& ck) {
+  for (const auto& [node, layers] : ck.asked)
+    if (!layers.empty()) return false;
+  return static_cast<std::int32_t>(ck.files.size()) == ck.num_layers;
 }
 
 /// Every layer written: the manifest, the rename; then the stop or the next step.
-void complete(coordinator_pointer self) {
+void complete(coordinator_pointer self, phase::checkpointing& ph) {
   auto& st = self->state;
-  auto progress = *st.checkpointing;
   std::string dir;
   try {
-    dir = st.deps.checkpoint.finish(progress.temp, progress.step, progress.files);
+    dir = st.deps.checkpoint.finish(ph.progress.temp, ph.progress.step, ph.progress.files);
   } catch (const std::exception& e) {
-    return fail(self, e.what());
+    return fail(self, ph, e.what());
   }
-  st.checkpointing.reset();
+  const auto progress = std::move(ph.progress);
   st.last_checkpoint = dir;
   std::uint64_t bytes = 0;
   for (const auto& f : progress.files) bytes += f.bytes;
@@ -159,13 +167,12 @@ void start(coordinator_pointer self, bool stop_after, const std::string& reason)
     return after_commit(self);
   }
   ck.candidates = std::move(holders);
-  st.job_state = "checkpointing";
-  st.checkpointing = std::move(ck);
   std::vector<std::int32_t> all;
-  for (std::int32_t l = 0; l < st.checkpointing->num_layers; ++l) all.push_back(l);
+  for (std::int32_t l = 0; l < ck.num_layers; ++l) all.push_back(l);
   st.deps.log(std::string(stop_after ? "writing a checkpoint of step " : "periodic checkpoint of step ") +
               std::to_string(st.step) + " (" + std::to_string(all.size()) + " layers) to " + st.deps.checkpoint.root);
-  ask(self, all);
+  auto& ph = enter(self, phase::checkpointing{std::move(ck)});
+  ask(self, ph, all);
 }
 
 }  // namespace
@@ -187,15 +194,15 @@ void checkpoint_and_stop(coordinator_pointer self, const std::string& reason) {
   start(self, true, reason);
 }
 
-void on_checkpoint_written(coordinator_pointer self, checkpoint_written& w) {
+bool handle(coordinator_pointer self, phase::checkpointing& ph, checkpoint_written& w) {
   auto& st = self->state;
-  if (!st.checkpointing || w.request != st.checkpointing->request) {
-    ++st.dropped;
-    return;
+  auto& ck = ph.progress;
+  if (w.request != ck.request) return false;
+  if (!w.error.empty()) {
+    fail(self, ph, "node " + std::to_string(w.node) + ": " + w.error);
+    return true;
   }
-  auto& ck = *st.checkpointing;
   auto& asked = ck.asked[w.node];
-  if (!w.error.empty()) return fail(self, "node " + std::to_string(w.node) + ": " + w.error);
   for (const auto& f : w.files) {
     if (std::erase(asked, f.layer) == 0) continue;  // not asked of this node (a bug): ignore it
     ck.files.push_back(f);
@@ -205,44 +212,32 @@ void on_checkpoint_written(coordinator_pointer self, checkpoint_written& w) {
     if (std::erase(asked, l) > 0) again.push_back(l);
   if (!again.empty()) {
     st.deps.log("node " + std::to_string(w.node) + " no longer holds layer(s) " + list(again) + ": asking another holder");
-    ask(self, again);
-    if (!st.checkpointing) return;  // failed
+    if (!ask(self, ph, again)) return true;  // failed: the phase is gone
   }
-  for (const auto& [node, layers] : st.checkpointing->asked)
-    if (!layers.empty()) return;
-  if (static_cast<std::int32_t>(st.checkpointing->files.size()) == st.checkpointing->num_layers) complete(self);
+  if (all_written(ck)) complete(self, ph);
+  return true;
 }
 
-bool checkpoint_interrupted(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
+void fallback_writer_lost(coordinator_pointer self, phase::checkpointing& ph, std::int64_t node) {
   auto& st = self->state;
-  auto& ck = *st.checkpointing;
-  if (!ck.stop_after) {
-    const auto temp = ck.temp;
-    const auto step = ck.step;
-    st.checkpointing.reset();
-    try {
-      st.deps.checkpoint.discard(temp);
-    } catch (const std::exception&) {
-    }
-    st.deps.log("checkpoint of step " + std::to_string(step) + " abandoned: " +
-                (lost_node ? "node " + std::to_string(*lost_node) + " was lost" : std::string("the epoch failed")));
-    st.job_state = "training";  // what recover() expects of a job between steps
-    return false;
-  }
-  if (!lost_node) return true;  // a stage fault while stopping: the replies still come
-  const auto it = ck.asked.find(*lost_node);
-  if (it == ck.asked.end() || it->second.empty()) return true;
+  auto& ck = ph.progress;
+  const auto it = ck.asked.find(node);
+  if (it == ck.asked.end() || it->second.empty()) return;
   auto again = std::move(it->second);
   ck.asked.erase(it);
-  st.deps.log("node " + std::to_string(*lost_node) + " was lost while writing layer(s) " + list(again) +
+  st.deps.log("node " + std::to_string(node) + " was lost while writing layer(s) " + list(again) +
               ": asking another holder");
-  ask(self, again);
-  if (st.checkpointing) {
-    bool done = true;
-    for (const auto& [node, layers] : st.checkpointing->asked) done = done && layers.empty();
-    if (done && static_cast<std::int32_t>(st.checkpointing->files.size()) == st.checkpointing->num_layers) complete(self);
+  if (!ask(self, ph, again)) return;
+  if (all_written(ck)) complete(self, ph);
+}
+
+void abandon_periodic_checkpoint(coordinator_pointer self, phase::checkpointing& ph, const std::string& why) {
+  auto& st = self->state;
+  try {
+    st.deps.checkpoint.discard(ph.progress.temp);
+  } catch (const std::exception&) {
   }
-  return true;
+  st.deps.log("checkpoint of step " + std::to_string(ph.progress.step) + " abandoned: " + why);
 }
 
 }  // namespace oobleck::actors

@@ -1,13 +1,13 @@
 #pragma once
-// The coordinator's checkpoints (DESIGN §5 "Checkpoint"), split from the training protocol. One
-// holder of each layer writes that layer's file (the state of the last committed step) into a
-// temporary directory on the shared filesystem; the holders are spread so that each writes a
-// similar number of layers; a holder that no longer has a layer (or is lost while writing) is
-// replaced by another; once every layer is written, the composition root's `finish` writes the
-// manifest and renames the directory. Private to actors/.
+// The coordinator's checkpoints (ARCHITECTURE.md §13), split from the training protocol. One holder
+// of each layer writes that layer's file (the state of the last committed step) into a temporary
+// directory on the shared filesystem; the holders are spread so that each writes a similar number
+// of layers; a holder that no longer has a layer (or is lost while writing) is replaced by another;
+// once every layer is written, the composition root's `finish` writes the manifest and renames the
+// directory. Private to actors/. In the phase machine (coordinator_phase.hpp):
 //
 //   committing --(next step % every == 0)--> checkpointing --(written or failed)--> next step
-//   recover: policy says stop --> checkpointing (stop_after) --(written / impossible)--> stopped
+//   the policy says stop --> checkpointing (stop_after) --(written / impossible)--> stopped
 
 #include <cstdint>
 #include <optional>
@@ -27,12 +27,14 @@ bool maybe_periodic_checkpoint(coordinator_pointer self);
 /// the resume command are logged, deps.checkpoint.on_stop is called, and the coordinator quits.
 void checkpoint_and_stop(coordinator_pointer self, const std::string& reason);
 
-void on_checkpoint_written(coordinator_pointer self, messages::checkpoint_written& w);
+bool handle(coordinator_pointer self, phase::checkpointing& ph, messages::checkpoint_written& w);
 
-/// A node was lost (or the epoch failed) while a checkpoint is being written. The fallback
-/// checkpoint absorbs it (another holder writes the lost node's layers, or the job stops without
-/// a checkpoint) and true is returned; a periodic checkpoint is abandoned (its temporary directory
-/// removed) and false is returned: the caller recovers as usual.
-bool checkpoint_interrupted(coordinator_pointer self, std::optional<std::int64_t> lost_node);
+/// The fallback checkpoint lost a writer: another holder writes its layers, or the job stops
+/// without a checkpoint.
+void fallback_writer_lost(coordinator_pointer self, phase::checkpointing& ph, std::int64_t node);
+
+/// A periodic checkpoint is abandoned (its temporary directory removed) because `why`; the caller
+/// then leaves the phase (a reconfiguration).
+void abandon_periodic_checkpoint(coordinator_pointer self, phase::checkpointing& ph, const std::string& why);
 
 }  // namespace oobleck::actors

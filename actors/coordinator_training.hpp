@@ -1,7 +1,13 @@
 #pragma once
-// The coordinator's training protocol (epoch formation, transactional steps), split from the
-// registry and operator handlers in coordinator.cpp. Private to actors/.
+// The coordinator's training protocol (ARCHITECTURE.md §11): epoch formation, transactional steps
+// and the three transitions into `forming` (a loss, a retry, a join), split from the registry and
+// operator handlers in coordinator.cpp. Private to actors/.
+//
+// `handle(self, phase, message)` is the handler of a node-side message in the one phase it is
+// valid in (coordinator.cpp dispatches; every other phase drops it). It returns false for a message
+// of another epoch or step (fencing), which the dispatcher counts as dropped.
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -9,24 +15,43 @@
 
 namespace oobleck::actors {
 
-/// Plans the job on the live nodes and sends every node its epoch assignment.
-void form_epoch(coordinator_pointer self);
-void on_node_ready(coordinator_pointer self, messages::node_ready& r);
-/// A node of the running epoch is lost: epoch bump, every survivor aborts its data plane, the
-/// reconfiguration policy decides the new pipelines and the copy plan, the uncommitted step
-/// re-runs in the new epoch (DESIGN §5 "Reconfiguration"). A commit already decided stands.
-/// Without a lost node: the epoch is formed again on the same configuration.
-void recover(coordinator_pointer self, std::optional<std::int64_t> lost_node);
-void on_node_fault(coordinator_pointer self, messages::node_fault& f);
-void on_pipeline_done(coordinator_pointer self, messages::pipeline_done& d);
-void on_step_committed(coordinator_pointer self, messages::step_committed& c);
-/// The step boundary after a commit (and its checkpoint, if one was due): the job finishes, joined
-/// nodes enter, or the next step runs.
-void after_commit(coordinator_pointer self);
+/// Records that the coordinator leaves its current phase for `to`; an edge the machine does not
+/// draw (coordinator_phase.hpp) is a bug: logged and counted in illegal_transitions.
+void check_transition(coordinator_pointer self, std::string_view to);
+
+/// Enters phase `next` (the current phase's fields are gone afterwards).
+template <class Phase>
+Phase& enter(coordinator_pointer self, Phase next) {
+  check_transition(self, Phase::name);
+  return self->state.phase.template emplace<Phase>(std::move(next));
+}
+
+/// Publishes an event to deps.on_event and every subscriber.
+void publish(coordinator_pointer self, const messages::job_event& event);
+
 /// Ends the job: tells every live worker, publishes `stopped`, quits (with an error unless the
 /// outcome is `finished` or `shutdown`).
 void stop_job(coordinator_pointer self, messages::stop_outcome outcome, const std::string& reason);
-/// Publishes an event to every subscriber.
-void publish(coordinator_pointer self, const messages::job_event& event);
+
+/// registering -> forming: plans the job on the live nodes and assigns its first epoch (also
+/// forming -> forming, when a node is lost before any epoch formed everywhere).
+void plan_first_epoch(coordinator_pointer self);
+
+/// A node of the epoch in force was lost (DESIGN §5 "Reconfiguration"): a commit already decided
+/// stands, every survivor aborts its data plane, the reconfiguration policy decides the new
+/// pipelines and the copy plan, and the uncommitted step runs again in the new epoch. During a
+/// checkpoint: the fallback asks another holder; a periodic one is abandoned first.
+void on_loss(coordinator_pointer self, std::int64_t node);
+
+/// The step boundary after a commit (and its checkpoint, if one was due): the job finishes, joined
+/// nodes enter (a join: a new epoch), or the next step runs.
+void after_commit(coordinator_pointer self);
+
+bool handle(coordinator_pointer self, phase::forming& ph, messages::node_ready& r);
+bool handle(coordinator_pointer self, phase::forming& ph, messages::node_fault& f);
+bool handle(coordinator_pointer self, phase::training& ph, messages::node_fault& f);
+bool handle(coordinator_pointer self, phase::committing& ph, messages::node_fault& f);
+bool handle(coordinator_pointer self, phase::training& ph, messages::pipeline_done& d);
+bool handle(coordinator_pointer self, phase::committing& ph, messages::step_committed& c);
 
 }  // namespace oobleck::actors

@@ -1,0 +1,165 @@
+#pragma once
+// The coordinator's phases as types (ARCHITECTURE.md §10): the job is in exactly one phase, a
+// std::variant alternative that holds only that phase's own fields. What lives across phases (the
+// node registry, the epoch in force, the step counters) stays in coordinator_state. A message is
+// handled by the phase it is valid in and dropped (and counted) everywhere else, in one place
+// (coordinator.cpp, dispatch). The machine, checked against `transitions` below by a test
+// (coordinator_phase_test.cpp), one edge per line, `any` standing for every phase:
+//
+// BEGIN PHASES
+//   registering -> ready          every expected node admitted, a job with no steps (admission only)
+//   ready -> registering          a node lost
+//   registering -> forming        every expected node admitted: the first epoch is planned and assigned
+//   forming -> forming            a node lost or failed while forming: planned again (the next epoch)
+//   forming -> training           every node of the epoch reported node_ready
+//   training -> committing        every pipeline reported pipeline_done: commit_step to every node
+//   training -> forming           a node lost (loss), or a step failed without a loss (retry)
+//   committing -> training        every node confirmed step_committed: the next step
+//   committing -> forming         a node lost during the commit (it stands), or nodes join at the step boundary
+//   committing -> checkpointing   a periodic checkpoint is due
+//   checkpointing -> training     the periodic checkpoint written, or failed (training goes on)
+//   checkpointing -> forming      a node lost during a periodic checkpoint (abandoned), or nodes join
+//   forming -> checkpointing      the reconfiguration policy says "checkpoint and stop"
+//   training -> checkpointing     the reconfiguration policy says "checkpoint and stop"
+//   committing -> checkpointing   the reconfiguration policy says "checkpoint and stop"
+//   checkpointing -> checkpointing   a node lost during a periodic checkpoint, and the policy says "checkpoint and stop"
+//   any -> stopped                training finished, an operator's shutdown, the fallback checkpoint
+//                                 written or impossible, failures that repeat, a job that cannot be planned
+// END PHASES
+//
+// Entering `forming` is one step (coordinator_training.cpp, enter_forming) shared by the three
+// transitions that lead there: a loss, a retry and a join.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <caf/actor.hpp>
+
+#include "actors/step_breakdown.hpp"
+#include "messages/checkpoint_messages.hpp"
+#include "messages/control_messages.hpp"
+#include "messages/epoch_messages.hpp"
+#include "planning/reconfiguration.hpp"
+
+namespace oobleck::actors {
+
+/// One committed step, for metrics (--metrics-out writes one JSON line each).
+struct step_record {
+  std::uint64_t step = 0;
+  std::uint64_t epoch = 0;
+  double loss = 0;  ///< mean over the global batch
+  std::int64_t samples = 0;
+  std::vector<std::pair<std::vector<std::int64_t>, std::int32_t>> pipelines;  ///< nodes, microbatches
+  std::map<std::int32_t, std::vector<std::uint64_t>> layer_digests;  ///< per layer: every holder's
+  double wall_ms = 0;
+  step_breakdown breakdown;  ///< where wall_ms went (step_breakdown.hpp)
+};
+
+/// The step in progress, from run_step to its last step_committed.
+struct step_progress {
+  step_record record;
+  double loss_sum = 0;
+  step_clock timing;  ///< T0, T1 and the slowest reports
+};
+
+/// A checkpoint being written: which node writes which layers, what came back.
+struct checkpoint_progress {
+  std::uint64_t request = 0;
+  std::uint64_t step = 0;
+  std::string temp;
+  std::chrono::steady_clock::time_point started;
+  std::int32_t num_layers = 0;
+  std::map<std::int32_t, std::vector<std::int64_t>> candidates;  ///< per layer: holders not asked yet
+  std::map<std::int64_t, std::vector<std::int32_t>> asked;       ///< node -> layers it has not answered for
+  std::vector<messages::checkpoint_layer_file> files;
+  bool stop_after = false;  ///< the fallback: the job stops when it is written (or not)
+  std::string reason;       ///< why the job stops
+};
+
+namespace phase {
+
+/// Waiting for the expected nodes (again, when one is lost before training starts).
+struct registering {
+  static constexpr std::string_view name = "registering";
+};
+
+/// Every expected node admitted in a job with no steps: it serves status and events only.
+struct ready {
+  static constexpr std::string_view name = "ready";
+};
+
+/// An epoch's assignments were sent; waiting for every node of it to report node_ready.
+struct forming {
+  static constexpr std::string_view name = "forming";
+  planning::cluster_state configuration;                         ///< what the epoch runs
+  std::map<std::int64_t, std::vector<caf::actor>> ready;         ///< node_ready so far: stage handles
+  std::map<std::int64_t, messages::form_timing> timing;          ///< node_ready so far: where forming went
+  std::chrono::steady_clock::time_point assignments_sent;
+};
+
+/// A step runs: each pipeline actor drives its stages and reports pipeline_done.
+struct training {
+  static constexpr std::string_view name = "training";
+  step_progress step;
+  std::size_t pipelines_pending = 0;
+};
+
+/// Every pipeline reported: the step is decided; waiting for every node's step_committed.
+struct committing {
+  static constexpr std::string_view name = "committing";
+  step_progress step;
+  std::set<std::int64_t> pending;  ///< nodes whose step_committed has not arrived
+};
+
+/// A checkpoint is being written (periodic, between steps; or the fallback before stopping).
+struct checkpointing {
+  static constexpr std::string_view name = "checkpointing";
+  checkpoint_progress progress;
+};
+
+/// The job ended; the actor quits.
+struct stopped {
+  static constexpr std::string_view name = "stopped";
+  messages::stop_outcome outcome = messages::stop_outcome::none;
+  std::string reason;
+};
+
+}  // namespace phase
+
+using job_phase = std::variant<phase::registering, phase::ready, phase::forming, phase::training,
+                               phase::committing, phase::checkpointing, phase::stopped>;
+
+/// The name of the phase `p` is in.
+std::string_view phase_name(const job_phase& p);
+
+/// Every phase's name, in the variant's order.
+std::vector<std::string_view> phase_names();
+
+/// One allowed edge of the machine.
+struct phase_transition {
+  std::string_view from;  ///< a phase's name, or "any"
+  std::string_view to;
+};
+
+/// The machine drawn above, as the code checks it: entering a phase along an edge that is not here
+/// is a bug (logged and counted in coordinator_state::illegal_transitions).
+inline constexpr phase_transition transitions[] = {
+    {"registering", "ready"},      {"ready", "registering"},        {"registering", "forming"},
+    {"forming", "forming"},        {"forming", "training"},         {"training", "committing"},
+    {"training", "forming"},       {"committing", "training"},      {"committing", "forming"},
+    {"committing", "checkpointing"}, {"checkpointing", "training"}, {"checkpointing", "forming"},
+    {"forming", "checkpointing"},  {"training", "checkpointing"},   {"committing", "checkpointing"},
+    {"checkpointing", "checkpointing"}, {"any", "stopped"},
+};
+
+/// Whether `transitions` allows from -> to.
+bool transition_allowed(std::string_view from, std::string_view to);
+
+}  // namespace oobleck::actors
