@@ -51,7 +51,7 @@ value template_to_json(const planning::pipeline_template& t) {
     value stage = object();
     stage["node"] = s.node;
     stage["gpus"] = s.gpus;
-    stage["layers"] = {s.first_layer, s.end_layer};
+    stage["layers"] = {s.first_layer.value, s.end_layer.value};
     stage["ms"] = s.ms;
     stages.push_back(std::move(stage));
   }
@@ -136,7 +136,7 @@ void print_template(std::ostream& out, const planning::pipeline_template& t) {
   for (std::size_t k = 0; k < t.stages.size(); ++k) {
     const auto& s = t.stages[k];
     out << "      stage " << k << ": node " << s.node << ", " << s.gpus << " GPU" << (s.gpus > 1 ? "s" : " ")
-        << ", layers [" << s.first_layer << ", " << s.end_layer << "), " << s.ms << " ms\n";
+        << ", layers [" << s.first_layer.value << ", " << s.end_layer.value << "), " << s.ms << " ms\n";
   }
 }
 

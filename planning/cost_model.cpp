@@ -29,34 +29,34 @@ layer_costs::layer_costs(const profile& p, memory_model memory)
   }
 }
 
-double layer_costs::allreduce_ms(int u, int v, int holders) const {
+double layer_costs::allreduce_ms(layer_index u, layer_index v, int holders) const {
   if (holders <= 1 || link_ == link_profile{}) return 0;
   double t = 0;
-  for (int l = u; l < v; ++l) {
+  for (int l = u.value; l < v.value; ++l) {
     const auto layer_bytes = param_prefix_[l + 1] - param_prefix_[l];
     t += 2.0 * (holders - 1) * link_.message_ms((layer_bytes + holders - 1) / holders);
   }
   return t;
 }
 
-double layer_costs::stage_ms(int u, int v, int d) const {
+double layer_costs::stage_ms(layer_index u, layer_index v, int d) const {
   const auto& pre = time_prefix_[width_index(d)];
-  return pre[v] - pre[u];
+  return pre[v.value] - pre[u.value];
 }
 
-double layer_costs::forward_ms(int u, int v, int d) const {
+double layer_costs::forward_ms(layer_index u, layer_index v, int d) const {
   const auto& pre = forward_prefix_[width_index(d)];
-  return pre[v] - pre[u];
+  return pre[v.value] - pre[u.value];
 }
 
-double layer_costs::backward_ms(int u, int v, int d) const {
+double layer_costs::backward_ms(layer_index u, layer_index v, int d) const {
   const auto& pre = backward_prefix_[width_index(d)];
-  return pre[v] - pre[u];
+  return pre[v.value] - pre[u.value];
 }
 
-bool layer_costs::stage_fits(int u, int v, int d, int in_flight) const {
-  const double state = state_prefix_[v] - state_prefix_[u];
-  const double act = act_prefix_[v] - act_prefix_[u];
+bool layer_costs::stage_fits(layer_index u, layer_index v, int d, int in_flight) const {
+  const double state = state_prefix_[v.value] - state_prefix_[u.value];
+  const double act = act_prefix_[v.value] - act_prefix_[u.value];
   return (state + in_flight * act) / d <= memory_.device_memory_bytes;
 }
 

@@ -5,6 +5,7 @@
 #include <span>
 #include <vector>
 
+#include "planning/ids.hpp"
 #include "planning/profile.hpp"
 
 namespace oobleck::planning {
@@ -28,29 +29,33 @@ class layer_costs {
   const memory_model& memory() const { return memory_; }
 
   /// w = sum over layers [u, v) of forward + backward at width d.
-  double stage_ms(int u, int v, int d) const;
+  double stage_ms(layer_index u, layer_index v, int d) const;
   /// The forward and the backward part of w, each summed over the layers (for the 1F1B makespan).
-  double forward_ms(int u, int v, int d) const;
-  double backward_ms(int u, int v, int d) const;
+  double forward_ms(layer_index u, layer_index v, int d) const;
+  double backward_ms(layer_index u, layer_index v, int d) const;
 
   /// Whether stage [u, v) on d GPUs fits when `in_flight` = S - k microbatches are retained:
   /// state/d + in_flight * activations/d <= device memory.
-  bool stage_fits(int u, int v, int d, int in_flight) const;
+  bool stage_fits(layer_index u, layer_index v, int d, int in_flight) const;
 
-  std::int64_t param_bytes(int u, int v) const { return param_prefix_[v] - param_prefix_[u]; }
+  std::int64_t param_bytes(layer_index u, layer_index v) const { return param_prefix_[v.value] - param_prefix_[u.value]; }
   /// AdamW over the parameters of layers [u, v) (the profile's optimizer_ms, summed).
-  double optimizer_ms(int u, int v) const { return optimizer_prefix_[v] - optimizer_prefix_[u]; }
+  double optimizer_ms(layer_index u, layer_index v) const {
+    return optimizer_prefix_[v.value] - optimizer_prefix_[u.value];
+  }
   /// Bytes of layer l's output per microbatch (and of its gradient).
-  std::int64_t output_bytes(int l) const { return output_bytes_[l]; }
+  std::int64_t output_bytes(layer_index l) const { return output_bytes_[l.value]; }
   /// The link between two nodes (all zero: communication is free).
   const link_profile& link() const { return link_; }
   /// Per layer of [u, v): a ring all-reduce of its gradient over `holders` ranks, one after
   /// another: 2 (g - 1) messages of param_bytes / g each (reduce-scatter then all-gather).
   /// 0 for g <= 1 or a free link.
-  double allreduce_ms(int u, int v, int holders) const;
+  double allreduce_ms(layer_index u, layer_index v, int holders) const;
   /// What a node does for layers [u, v) after its pipeline's schedule: their gradient all-reduce
   /// over `holders` ranks (allreduce_ms), then AdamW (optimizer_ms).
-  double synchronisation_ms(int u, int v, int holders) const { return allreduce_ms(u, v, holders) + optimizer_ms(u, v); }
+  double synchronisation_ms(layer_index u, layer_index v, int holders) const {
+    return allreduce_ms(u, v, holders) + optimizer_ms(u, v);
+  }
 
   /// Prefix sums of forward + backward at width d: stage_ms(u, v, d) == pre[v] - pre[u].
   const std::vector<double>& time_prefix(int d) const { return time_prefix_[width_index(d)]; }

@@ -23,7 +23,7 @@ std::optional<rank> epoch::rank_of(node_id n) const {
 epoch map_epoch(const template_set& templates, std::span<const pipeline_instance> pipelines,
                 std::span<const layer_copy> copies) {
   if (templates.templates.empty() || templates.templates.front().stages.empty()) refuse("no templates");
-  const int num_layers = templates.templates.front().stages.back().end_layer;
+  const int num_layers = templates.templates.front().stages.back().end_layer.value;
   epoch e;
   std::map<node_id, rank> rank_of;
   auto add_rank = [&](node_id n) {
@@ -62,8 +62,8 @@ epoch map_epoch(const template_set& templates, std::span<const pipeline_instance
       a.pipeline = static_cast<int>(p);
       a.stage = k;
       a.num_stages = S;
-      a.first_layer = layer_index{spec.first_layer};
-      a.end_layer = layer_index{spec.end_layer};
+      a.first_layer = spec.first_layer;
+      a.end_layer = spec.end_layer;
       a.first_gpu = gpu;
       a.gpus = spec.gpus;
       if (k > 0) a.prev = ranks[t.stages[k - 1].node];
@@ -72,7 +72,7 @@ epoch map_epoch(const template_set& templates, std::span<const pipeline_instance
       gpu += spec.gpus;
       const rank r = ranks[spec.node];
       e.stages_[r.value].push_back(a);
-      for (int l = spec.first_layer; l < spec.end_layer; ++l) e.holders_[l].push_back(r);
+      for (int l = spec.first_layer.value; l < spec.end_layer.value; ++l) e.holders_[l].push_back(r);
     }
   }
   for (auto& h : e.holders_) std::sort(h.begin(), h.end());

@@ -39,7 +39,7 @@ layout_dp::layout_dp(const layer_costs& costs, int max_nodes)
       int hi = L;
       for (int u = L - 1; u >= 0; --u) {
         hi = std::max(hi, u);
-        while (hi > u && !costs_.stage_fits(u, hi, widths_[i], r)) --hi;
+        while (hi > u && !costs_.stage_fits(layer_index{u}, layer_index{hi}, widths_[i], r)) --hi;
         memory_hi_[(i * (max_r_ + 1) + r) * L + u] = static_cast<std::uint16_t>(hi);
       }
     }
@@ -196,7 +196,7 @@ std::vector<stage_spec> layout_dp::trace_full(int nodes, int stages) const {
     const int v = phase->next_layer[i];
     const int d = 1 << phase->width_tag[i];
     const int position = total - g;
-    out.push_back({position / gpus_per_node_, d, u, v, costs_.stage_ms(u, v, d)});
+    out.push_back({position / gpus_per_node_, d, layer_index{u}, layer_index{v}, costs_.stage_ms(layer_index{u}, layer_index{v}, d)});
     if (phase == &at_) phase = &after_;
     u = v;
     g -= d;

@@ -26,23 +26,24 @@ pipeline_time predicted_time(const layer_costs& costs, const std::vector<stage_s
   for (std::size_t k = 0; k < stages.size(); ++k) {
     const auto& s = stages[k];
     double f = s.forward_ms, b = s.backward_ms;
-    if (k > 0 && stages[k - 1].node != s.node) f += costs.link().message_ms(costs.output_bytes(s.first_layer - 1));
-    if (k + 1 < stages.size() && stages[k + 1].node != s.node) b += costs.link().message_ms(costs.output_bytes(s.end_layer - 1));
+    if (k > 0 && stages[k - 1].node != s.node) f += costs.link().message_ms(costs.output_bytes(layer_index{s.first_layer.value - 1}));
+    if (k + 1 < stages.size() && stages[k + 1].node != s.node) b += costs.link().message_ms(costs.output_bytes(layer_index{s.end_layer.value - 1}));
     forward.push_back(f);
     backward.push_back(b);
   }
   return pipeline_time::one_f_one_b(forward, backward);
 }
 
-std::pair<int, int> pipeline_template::node_layers(int node) const {
-  int first = -1, end = -1;
+std::pair<layer_index, layer_index> pipeline_template::node_layers(int position) const {
+  std::optional<layer_index> first;
+  layer_index end;
   for (const auto& s : stages) {
-    if (s.node != node) continue;
-    if (first < 0) first = s.first_layer;
+    if (s.node != position) continue;
+    if (!first) first = s.first_layer;
     end = s.end_layer;
   }
-  if (first < 0) return {0, 0};
-  return {first, end};
+  if (!first) return {};
+  return {*first, end};
 }
 
 std::optional<pipeline_template> template_generator::generate(int nodes) {
@@ -68,7 +69,8 @@ std::vector<double> candidate_caps(const layer_costs& costs) {
   const int L = costs.num_layers();
   for (int d : stage_widths(costs.gpus_per_node()))
     for (int u = 0; u < L; ++u)
-      for (int v = u + 1; v <= L && costs.stage_fits(u, v, d, 1); ++v) caps.push_back(costs.stage_ms(u, v, d));
+      for (int v = u + 1; v <= L && costs.stage_fits(layer_index{u}, layer_index{v}, d, 1); ++v)
+        caps.push_back(costs.stage_ms(layer_index{u}, layer_index{v}, d));
   std::sort(caps.begin(), caps.end());
   caps.erase(std::unique(caps.begin(), caps.end()), caps.end());
   return caps;

@@ -9,13 +9,14 @@
 
 namespace oobleck::planning {
 
-/// One stage: layers [first_layer, end_layer) on `gpus` GPUs of node `node` (0-based within the
-/// pipeline), taking `ms` per microbatch forward + backward (`forward_ms` + `backward_ms`).
+/// One stage: layers [first_layer, end_layer) on `gpus` GPUs of the pipeline's node at position
+/// `node` (0-based within the pipeline: not a node id, which a template does not know), taking `ms`
+/// per microbatch forward + backward (`forward_ms` + `backward_ms`).
 struct stage_spec {
   int node = 0;
   int gpus = 0;
-  int first_layer = 0;
-  int end_layer = 0;
+  layer_index first_layer;
+  layer_index end_layer;
   double ms = 0;
   double forward_ms = 0;
   double backward_ms = 0;
@@ -30,8 +31,8 @@ struct pipeline_template {
 
   std::vector<double> stage_ms() const;
   double time_ms(int num_microbatches) const { return time.at(num_microbatches); }
-  /// Layers [u, v) held by pipeline node i (union of its stages; empty range if none).
-  std::pair<int, int> node_layers(int node) const;
+  /// Layers [u, v) held by the pipeline's node at `position` (union of its stages; [0, 0) if none).
+  std::pair<layer_index, layer_index> node_layers(int position) const;
 };
 
 /// The predicted time of a pipeline of these stages (their forward_ms and backward_ms set): the

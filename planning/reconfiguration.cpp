@@ -24,7 +24,7 @@ int smallest_size(const template_set& t) { return t.templates.front().nodes; }
 int largest_size(const template_set& t) { return t.templates.back().nodes; }
 
 /// Layers [u, v) each node holds in a configuration.
-using holding_map = std::map<int, std::pair<int, int>>;
+using holding_map = std::map<int, std::pair<layer_index, layer_index>>;
 
 /// Precondition: inconsistency() found nothing, so every pipeline has its template.
 holding_map holdings(const template_set& templates, const std::vector<pipeline_instance>& ps) {
@@ -176,7 +176,7 @@ std::vector<std::vector<int>> surviving_holders(const holding_map& old_hold, con
   std::vector<std::vector<int>> holders(layers);
   for (const auto& [node, range] : old_hold)
     if (!lost.count(node))
-      for (int l = range.first; l < range.second; ++l) holders[l].push_back(node);
+      for (int l = range.first.value; l < range.second.value; ++l) holders[l].push_back(node);
   return holders;
 }
 
@@ -187,14 +187,14 @@ std::vector<layer_copy> plan_copies(const reconfiguration_context& ctx, const ho
   std::vector<layer_copy> copies;
   for (const auto& [node, range] : holdings(ctx.templates, after)) {
     auto it = old_hold.find(node);
-    for (int l = range.first; l < range.second; ++l) {
+    for (layer_index l = range.first; l < range.second; l = layer_index{l.value + 1}) {
       if (it != old_hold.end() && l >= it->second.first && l < it->second.second) continue;
       int source = -1;
-      for (int h : holders[l])
+      for (int h : holders[static_cast<std::size_t>(l.value)])
         if (source < 0 || sent[h] < sent[source]) source = h;
       const auto bytes = layer_copy_bytes(ctx.costs, l);
       sent[source] += bytes;
-      copies.push_back({l, source, node, bytes});
+      copies.push_back({l.value, source, node, bytes});
     }
   }
   return copies;
@@ -202,10 +202,11 @@ std::vector<layer_copy> plan_copies(const reconfiguration_context& ctx, const ho
 
 }  // namespace
 
-std::int64_t layer_copy_bytes(const layer_costs& costs, int layer) {
+std::int64_t layer_copy_bytes(const layer_costs& costs, layer_index layer) {
   // state_factor counts weights, gradients and optimizer moments; gradients are not copied.
   const double factor = std::max(1.0, costs.memory().state_factor - 1.0);
-  return static_cast<std::int64_t>(std::llround(static_cast<double>(costs.param_bytes(layer, layer + 1)) * factor));
+  return static_cast<std::int64_t>(
+      std::llround(static_cast<double>(costs.param_bytes(layer, layer_index{layer.value + 1})) * factor));
 }
 
 const char* to_string(reconfiguration_action a) {

@@ -68,7 +68,7 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
                             std::span<const int> lost, std::span<const int> joined);
 
 /// Bytes moved to give a node one layer: parameters and optimizer state, not gradients.
-std::int64_t layer_copy_bytes(const layer_costs& costs, int layer);
+std::int64_t layer_copy_bytes(const layer_costs& costs, layer_index layer);
 
 const char* to_string(reconfiguration_action a);
 const char* to_string(reconfiguration_rule r);

@@ -27,9 +27,9 @@ bamboo_policy::bamboo_policy(const sim_job& job, const recovery_costs& costs, do
   stage_layers_.resize(most + 1);
   for (int p = 2; p <= most; ++p) {
     std::vector<std::pair<double, double>> times;
-    int u = 0;
+    planning::layer_index u{0};
     for (int k = 0; k < p; ++k) {
-      const int v = u + layers / p + (k >= p - layers % p ? 1 : 0);
+      const planning::layer_index v{u.value + layers / p + (k >= p - layers % p ? 1 : 0)};
       if (!model.stage_fits(u, v, width, p - k)) {
         times.clear();
         stage_layers_[p].clear();

@@ -59,7 +59,7 @@ class bamboo_policy : public policy {
   int depth_ = 0;
   double state_bytes_ = 0;
   std::vector<std::vector<std::pair<double, double>>> node_times_;  // [depth][stage] = (fwd, bwd); empty: OOM
-  std::vector<std::vector<std::pair<int, int>>> stage_layers_;     // [depth][stage] = its layers [u, v)
+  std::vector<std::vector<std::pair<planning::layer_index, planning::layer_index>>> stage_layers_;     // [depth][stage] = its layers [u, v)
   std::optional<planning::layer_costs> costs_;                      // Bamboo's profile: all-reduce and AdamW
   std::set<int> alive_;
   std::vector<pipeline> pipelines_;

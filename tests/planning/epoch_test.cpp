@@ -46,7 +46,10 @@ using holding = std::map<int, std::pair<int, int>>;  // node id -> layers [u, v)
 holding holdings_of(const template_set& t, const std::vector<pipeline_instance>& ps) {
   holding out;
   for (const auto& p : ps)
-    for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) out[p.nodes[i]] = t.find(p.template_nodes)->node_layers(i);
+    for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) {
+      const auto [u, v] = t.find(p.template_nodes)->node_layers(i);
+      out[p.nodes[i]] = {u.value, v.value};
+    }
   return out;
 }
 

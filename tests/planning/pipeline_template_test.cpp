@@ -23,14 +23,14 @@ void check_layout(const pipeline_template& t, const layer_costs& costs) {
   int layer = 0, gpu = 0;
   for (int k = 0; k < S; ++k) {
     const auto& s = t.stages[k];
-    CHECK(s.first_layer == layer);
+    CHECK(s.first_layer == layer_index{layer});
     CHECK(s.end_layer > s.first_layer);
     CHECK(is_power_of_two(s.gpus));
     CHECK(s.node == gpu / M);
     CHECK(gpu % M + s.gpus <= M);  // never crosses a node
     CHECK(costs.stage_fits(s.first_layer, s.end_layer, s.gpus, S - k));
     CHECK(s.ms == costs.stage_ms(s.first_layer, s.end_layer, s.gpus));
-    layer = s.end_layer;
+    layer = s.end_layer.value;
     gpu += s.gpus;
   }
   CHECK(layer == L);
@@ -103,9 +103,9 @@ TEST_CASE("with a link, a stage's ops are charged for receiving from another nod
     p.layers.push_back({"l" + std::to_string(l), {1.0 + l, 0.75 + l}, {2.0 + l, 1.5 + l}, 100, 10, 1000 * (l + 1), 0});
   p.link = {0.5, 1000};  // a message of l's output: 0.5 + (l + 1) ms
   const layer_costs costs(p, {static_cast<double>(p.device_memory_bytes), 4.0});
-  const std::vector<stage_spec> stages{{0, 1, 0, 2, 0, costs.forward_ms(0, 2, 1), costs.backward_ms(0, 2, 1)},
-                                       {0, 1, 2, 3, 0, costs.forward_ms(2, 3, 1), costs.backward_ms(2, 3, 1)},
-                                       {1, 2, 3, 6, 0, costs.forward_ms(3, 6, 2), costs.backward_ms(3, 6, 2)}};
+  const std::vector<stage_spec> stages{{0, 1, 0, 2, 0, costs.forward_ms(layer_index{0}, layer_index{2}, 1), costs.backward_ms(layer_index{0}, layer_index{2}, 1)},
+                                       {0, 1, 2, 3, 0, costs.forward_ms(layer_index{2}, layer_index{3}, 1), costs.backward_ms(layer_index{2}, layer_index{3}, 1)},
+                                       {1, 2, 3, 6, 0, costs.forward_ms(layer_index{3}, layer_index{6}, 2), costs.backward_ms(layer_index{3}, layer_index{6}, 2)}};
   // Stage 0 -> 1: same node, free. Stage 1 -> 2: layer 2's output, 0.5 + 3 ms, charged to the
   // forward of stage 2 and to the backward of stage 1.
   const std::vector<double> f{stages[0].forward_ms, stages[1].forward_ms, stages[2].forward_ms + 3.5};

@@ -42,7 +42,10 @@ struct fixture {
 std::map<int, std::pair<int, int>> holdings_of(const template_set& t, const std::vector<pipeline_instance>& ps) {
   std::map<int, std::pair<int, int>> out;
   for (const auto& p : ps)
-    for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) out[p.nodes[i]] = t.find(p.template_nodes)->node_layers(i);
+    for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) {
+      const auto [u, v] = t.find(p.template_nodes)->node_layers(i);
+      out[p.nodes[i]] = {u.value, v.value};
+    }
   return out;
 }
 
@@ -312,7 +315,7 @@ TEST_CASE("reconfiguration properties over random failure and join sequences") {
       for (const auto& c : r.copies) {
         CHECK(after_alive.count(c.from_node) == 1);
         CHECK(holds(before, c.from_node, c.layer));
-        CHECK(c.bytes == layer_copy_bytes(fx->costs, c.layer));
+        CHECK(c.bytes == layer_copy_bytes(fx->costs, layer_index{c.layer}));
         have[c.to_node].insert(c.layer);
       }
       for (const auto& [node, range] : holdings_of(templates, r.pipelines))
@@ -344,7 +347,7 @@ TEST_CASE("predicted steps add the synchronisation of the slowest node to the sl
     for (int i = 0; i < t->nodes; ++i) {
       const auto [u, v] = t->node_layers(i);
       double node = 0;
-      for (int l = u; l < v; ++l)  // ring: 2 (g - 1) messages of ceil(100 / g) bytes, then AdamW
+      for (int l = u.value; l < v.value; ++l)  // ring: 2 (g - 1) messages of ceil(100 / g) bytes, then AdamW
         node += 2.0 * (holders - 1) * (0.125 + ((100 + holders - 1) / holders) / 100.0) + p.layers[l].optimizer_ms;
       slowest_node = std::max(slowest_node, node);
     }

@@ -68,8 +68,8 @@ inline std::optional<double> brute_force_best_time(const planning::layer_costs& 
     for_each_layer_split(L, s, [&](const std::vector<int>& b) {
       std::vector<double> w(s);
       for (int k = 0; k < s; ++k) {
-        if (!costs.stage_fits(b[k], b[k + 1], widths[k], s - k)) return;
-        w[k] = costs.stage_ms(b[k], b[k + 1], widths[k]);
+        if (!costs.stage_fits(planning::layer_index{b[k]}, planning::layer_index{b[k + 1]}, widths[k], s - k)) return;
+        w[k] = costs.stage_ms(planning::layer_index{b[k]}, planning::layer_index{b[k + 1]}, widths[k]);
       }
       const double t = planning::ranking_time(w);
       if (!best || t < *best) best = t;
