@@ -48,7 +48,7 @@ struct register_node {
   std::int32_t slots = 1;
   endpoint data;         ///< where this node's data plane listens
   std::string nonce;     ///< from nonce_request
-  std::string proof;     ///< hex HMAC-SHA256(token, nonce + name)
+  std::string proof;     ///< hex HMAC-SHA256(token, "register\n" + nonce + "\n" + name)
   /// A restarted or woken worker that was declared lost registers as a new node.
   std::int64_t previous_node = -1;
 
@@ -76,7 +76,7 @@ typename Inspector::result_type inspect(Inspector& f, admission& x) {
 }
 
 /// Authenticates an operator's request (oobleck-ctl, an injector actor): a nonce from
-/// nonce_request and hex HMAC-SHA256(token, nonce + "\n" + "control").
+/// nonce_request and hex HMAC-SHA256(token, "control\n" + nonce).
 struct control_proof {
   std::string nonce;
   std::string proof;

@@ -37,7 +37,7 @@ typename Inspector::result_type inspect(Inspector& f, inject_fault& x) {
 struct node_status {
   std::int64_t node = -1;
   std::string name;
-  std::string state;  ///< "registered", "training", "idle", "lost"
+  std::string state;  ///< "registered", "joining", "training", "idle", "lost"
   std::int32_t rank = -1;
 
   bool operator==(const node_status&) const = default;
@@ -63,7 +63,8 @@ typename Inspector::result_type inspect(Inspector& f, pipeline_status& x) {
 }
 
 struct job_status {
-  std::string state;  ///< "registering", "forming", "training", "reconfiguring", "stopped"
+  std::string state;  ///< the coordinator's phase: "registering", "ready", "forming", "training", "committing",
+                      ///< "checkpointing", "stopped"; or "failed" (stopped by a failure)
   std::uint64_t epoch = 0;
   std::uint64_t committed_steps = 0;
   wire_double last_loss = 0;
