@@ -3,13 +3,15 @@
 //
 // The benchmark starts the processes itself (one oobleck-coordinator, N oobleck-worker, as
 // tests/actors/local_training_e2e_test.cpp's fencing test does) so that it knows when a fault
-// happens: it reads the coordinator's stdout through a pipe, stamps every line with its own
-// steady clock as it arrives (the coordinator flushes each line), and sends SIGKILL / SIGSTOP to a
-// worker itself half a failure-free step after a commit line. Then, on one clock:
-//   detection   = fault -> the coordinator's first failure notice ("node V lost: ..." or a step /
-//                 epoch failure it answers by forming the epoch again, when the data plane saw the
-//                 crash first); the loss notice itself is reported too;
-//   resume      = fault -> the commit line of the first step after it;
+// happens. It learns what the job does from the coordinator's job events (--events-out, read as
+// the file grows; never its log lines) and sends SIGKILL / SIGSTOP to a worker itself half a
+// failure-free step after a step_committed event. Every time is on one clock, the system clock
+// of this machine in unix ms: the events' unix_ms (when the coordinator published them) against
+// the clock read just before the signal:
+//   detection   = fault -> the coordinator's first failure notice (a node_lost event, or a
+//                 step_failed one that it answers by forming the epoch again, when the data plane
+//                 saw the crash first); the faulted node's node_lost is reported too;
+//   resume      = fault -> the step_committed event of the first step after it;
 //   downtime    = the coordinator's own figure (last commit before the failure -> first commit
 //                 after), and the same in failure-free steps;
 // and from the coordinator's "reconfigured" metrics record: the decision (plan_ms), the bytes the
@@ -48,8 +50,10 @@
 #include <vector>
 
 #include "apps/job_file.hpp"
+#include "bench/bench_flags.hpp"
 #include "bench/bench_text.hpp"
 #include "bench/cluster_programs.hpp"
+#include "bench/job_toml.hpp"
 #include "bench/recovery_copy_probe.hpp"
 #include "bench/recovery_faults.hpp"
 #include "bench/recovery_plan.hpp"
@@ -69,55 +73,48 @@ int main(int argc, char** argv) try {
   std::string transport_json = std::string(OOBLECK_SOURCE_DIR) + "/bench/results/transport_vs_gloo.json";
   std::string transport_label = "bench/results/transport_vs_gloo.json";
   double time_scale = 0.005;
-  bool scale_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--quick") quick = true;
-    else if (a == "--copy-link-only") link_only = true;
-    else if (a == "--json") json_path = value();
-    else if (a == "--plot") plot_path = value();
-    else if (a == "--bin") bin = value();
-    else if (a == "--trace") trace_path = value();
-    else if (a == "--transport-json") transport_json = transport_label = value();
-    else if (a == "--time-scale") time_scale = std::stod(value()), scale_given = true;
-    else {
-      std::cout << "usage: recovery [--quick] [--json PATH] [--plot PNG] [--bin DIR] [--trace CSV] [--time-scale X]\n"
-                   "                [--transport-json PATH] [--copy-link-only]\n"
-                   "  Crash (kill -9) and hang (SIGSTOP) of a worker on the local cluster: detection, decision,\n"
-                   "  copy and downtime; then the trace's removals replayed as kills, time-scaled (default 0.005;\n"
-                   "  --quick: 0.001 and fewer scenarios). --json writes oobleck-sim's recovery-costs file.\n"
-                   "  --copy-link-only: only the copy path over one link on idle cores against the transport's\n"
-                   "  p2p for the same bytes (seconds; no cluster, nothing written).\n";
-      return a == "--help" ? 0 : 2;
-    }
-  }
+  CLI::App app{"recovery: crash (kill -9) and hang (SIGSTOP) of a worker on the local cluster: detection, decision,\n"
+               "copy and downtime; then the trace's removals replayed as kills, time-scaled. --json writes\n"
+               "oobleck-sim's recovery-costs file.",
+               "recovery"};
+  app.add_flag("--quick", quick, "a smoke run: fewer scenarios, time scale 0.001 unless --time-scale is given");
+  add_text(app, "--json", json_path, "write oobleck-sim's recovery-costs file (every figure under \"measured\") to PATH");
+  add_text(app, "--plot", plot_path, "draw the trace replay's throughput over time to PNG (gnuplot)");
+  add_text(app, "--bin", bin, "the folder of oobleck-coordinator, oobleck-worker and oobleck-local (default: the build's)");
+  add_text(app, "--trace", trace_path, "the node availability trace to replay (default: bamboo-p3-trace.csv of the traces folder)");
+  auto* scale_flag = add_number(app, "--time-scale", time_scale, 0, "trace time x this = local time (default 0.005; --quick: 0.001)");
+  auto* transport_flag =
+      add_text(app, "--transport-json", transport_json,
+               "transport_vs_gloo's JSON, for the single p2p reference of earlier runs (default bench/results/transport_vs_gloo.json)");
+  app.add_flag("--copy-link-only", link_only,
+               "only the copy path over one link on idle cores against the transport's p2p for the same bytes (seconds; "
+               "no cluster, nothing written)");
+  if (const auto exit = parse_bench_flags(app, argc, argv)) return *exit;
+  const bool scale_given = scale_flag->count() > 0;
+  if (transport_flag->count() > 0) transport_label = transport_json;
   if (quick && !scale_given) time_scale = 0.001;
   const auto bench_started = clock_type::now();
   const std::string load_start = load_average();
   std::cout << "recovery benchmark" << (quick ? " (quick)" : "") << ", load average " << load_start << "\n";
 
   const std::string small_job = default_job_text(bin);
-  std::string large_job = with_key(small_job, "model", "d_model", "128");
-  large_job = with_key(large_job, "model", "heads", "4");
-  large_job = with_key(large_job, "model", "blocks", "12");
-  large_job = with_key(large_job, "cluster", "device_memory_bytes", "25165824");
+  const std::string large_job = with_keys(small_job, {{"model", "d_model", 128},
+                                                      {"model", "heads", 4},
+                                                      {"model", "blocks", 12},
+                                                      {"cluster", "device_memory_bytes", 25165824}});
   // For the copy bandwidth: a model whose copies are tens of MB (per block 9.4 MB of state).
-  std::string xl_job = with_key(small_job, "model", "d_model", "256");
-  xl_job = with_key(xl_job, "model", "heads", "4");
-  xl_job = with_key(xl_job, "model", "blocks", "8");
-  xl_job = with_key(xl_job, "cluster", "device_memory_bytes", "67108864");
+  const std::string xl_job = with_keys(small_job, {{"model", "d_model", 256},
+                                                   {"model", "heads", 4},
+                                                   {"model", "blocks", 8},
+                                                   {"cluster", "device_memory_bytes", 67108864}});
   // For copies where every worker left has a core of its own (2 on this machine), as each node has
   // its own hardware on a cluster: the xl model on 3 nodes with room for it on one (n0 = 1) and 2
   // microbatches per step, so the plan is a 1-node and a 2-node pipeline; losing a node of the
   // 2-node one leaves two 1-node pipelines, and the survivor of the pair receives the other half
   // of the model (about 39 MB) over one link.
-  std::string xl3_job = with_key(xl_job, "cluster", "device_memory_bytes", "1073741824");
-  xl3_job = with_key(xl3_job, "training", "global_batch", "8");
-  xl3_job = with_key(xl3_job, "training", "microbatch", "4");
+  const std::string xl3_job = with_keys(xl_job, {{"cluster", "device_memory_bytes", 1073741824},
+                                                 {"training", "global_batch", 8},
+                                                 {"training", "microbatch", 4}});
   if (link_only) {  // the large and xl jobs' two-block copies, as their single-link events move them
     for (const auto& [name, text] : {std::pair{"large", large_job}, std::pair{"xl", xl_job}}) {
       const copy_link link = measure_copy_link(apps::parse_job(text, "job"), 1, 3, 15);
@@ -225,9 +222,10 @@ int main(int argc, char** argv) try {
   measured["machine_load_average"] = {{"start", load_start}, {"end", load_average()}};
   measured["quick"] = quick;
   measured["method"] =
-      "the bench starts oobleck-coordinator and oobleck-worker processes, stamps the coordinator's stdout lines on "
-      "arrival and sends SIGKILL / SIGSTOP to a worker half a failure-free step after a commit; detect = fault -> first "
-      "failure notice; the decision, copy and downtime come from the coordinator's 'reconfigured' record";
+      "the bench starts oobleck-coordinator and oobleck-worker processes, reads the coordinator's job events "
+      "(--events-out) and sends SIGKILL / SIGSTOP to a worker half a failure-free step after a step_committed event; "
+      "detect = fault -> first failure notice (node_lost or step_failed; the event's unix_ms against the system clock "
+      "read just before the signal); the decision, copy and downtime come from the coordinator's 'reconfigured' record";
   measured["events"] = json::array();
   for (const auto& r : results) measured["events"].push_back(result_json(r));
   json summary;

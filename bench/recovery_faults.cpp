@@ -19,26 +19,28 @@ std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s
   const auto started = clock_type::now();
   local_cluster c({bin, s.job_text, s.nodes, s.steps, s.heartbeat_ms, s.timeout_ms});
   std::vector<fault_result> results;
-  std::map<long long, clock_type::time_point> commits;  // first commit line of each step
-  std::size_t cursor = 0;
+  // Every time below is a unix_ms: the coordinator's events carry the system clock of when it
+  // published them, and the fault's time is the same clock read just before the signal.
+  std::map<std::uint64_t, double> commits;  // the first commit event of each step
+  auto committed = [](const timed_event& e) { return e.event.kind == event_kind::step_committed; };
   auto note_commits = [&](std::size_t upto) {
-    for (std::size_t i = 0; i < upto; ++i) {
-      const auto l = c.line(i);
-      if (auto k = commit_step(l.text); k && !commits.count(*k)) commits[*k] = l.t;
-    }
+    for (std::size_t i = 0; i < upto; ++i)
+      if (const auto& e = c.events()[i]; committed(e) && !commits.count(e.event.step)) commits[e.event.step] = e.unix_ms;
   };
+  std::size_t cursor = 0;
   auto fail = [&](const std::string& what) {
     c.keep_files();
     throw std::runtime_error(s.name + ": " + what + " (files in " + c.dir().string() + ")\n" + c.transcript());
   };
   const double patience = s.timeout_ms / 1000.0 + 60;
   for (const auto& f : s.faults) {
-    const auto at = c.wait_for([&](const std::string& l) { return commit_step(l) == f.step - 1; }, cursor, 120);
+    const auto step_before = static_cast<std::uint64_t>(f.step - 1);
+    const auto at = c.wait_for([&](const timed_event& e) { return committed(e) && e.event.step == step_before; }, cursor, 120);
     if (!at) fail("step " + std::to_string(f.step - 1) + " never committed");
     note_commits(*at + 1);
     std::vector<double> intervals;
-    for (long long k = 2; k < f.step; ++k)
-      if (commits.count(k) && commits.count(k - 1)) intervals.push_back(ms_between(commits[k - 1], commits[k]));
+    for (std::uint64_t k = 2; k < static_cast<std::uint64_t>(f.step); ++k)
+      if (commits.count(k) && commits.count(k - 1)) intervals.push_back(commits[k] - commits[k - 1]);
     fault_result r;
     r.scenario = s.name;
     r.job = s.job_name;
@@ -48,29 +50,33 @@ std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s
     r.step = f.step;
     r.workers_after = s.nodes - static_cast<int>(results.size()) - 1;
     r.step_ms = median(intervals);
-    const auto last_commit = c.line(*at).t;
-    std::this_thread::sleep_until(last_commit + std::chrono::duration_cast<clock_type::duration>(
-                                                    std::chrono::duration<double, std::milli>(r.step_ms / 2)));
-    const std::size_t before = c.size();
-    const auto t_fault = c.signal(f.node, f.sig);
-    r.fault_after_commit_ms = ms_between(last_commit, t_fault);
+    const double last_commit = c.events()[*at].unix_ms;
+    sleep_until_unix_ms(last_commit + r.step_ms / 2);
+    c.events().read();
+    const std::size_t before = c.events().size();
+    const double t_fault = c.signal(f.node, f.sig);
+    r.fault_after_commit_ms = t_fault - last_commit;
     const auto notice = c.wait_for(is_failure_notice, before, patience);
     if (!notice) fail("no failure notice after the fault");
-    r.detect_ms = ms_between(t_fault, c.line(*notice).t);
-    const std::string lost = "[coordinator] node " + std::to_string(f.node) + " lost: ";
-    const auto lost_at = c.wait_for([&](const std::string& l) { return l.rfind(lost, 0) == 0; }, before, patience);
+    r.detect_ms = c.events()[*notice].unix_ms - t_fault;
+    const auto lost_at = c.wait_for(
+        [&](const timed_event& e) { return e.event.kind == event_kind::node_lost && e.event.node == f.node; }, before,
+        patience);
     if (!lost_at) fail("node " + std::to_string(f.node) + " was never declared lost");
-    r.loss_notice_ms = ms_between(t_fault, c.line(*lost_at).t);
-    const auto resumed = c.wait_for([](const std::string& l) { return commit_step(l).has_value(); }, before, 120);
+    r.loss_notice_ms = c.events()[*lost_at].unix_ms - t_fault;
+    const auto resumed = c.wait_for(committed, before, 120);
     if (!resumed) fail("no step committed after the fault");
-    r.resume_ms = ms_between(t_fault, c.line(*resumed).t);
-    r.bench_downtime_ms = ms_between(last_commit, c.line(*resumed).t);
+    r.resume_ms = c.events()[*resumed].unix_ms - t_fault;
+    r.bench_downtime_ms = c.events()[*resumed].unix_ms - last_commit;
     cursor = *resumed + 1;
     if (f.sig == SIGSTOP) c.kill(f.node);  // it was replaced: end it (it would be fenced and exit on waking)
     results.push_back(std::move(r));
   }
-  const auto finished = c.wait_for([](const std::string& l) { return l.find("training finished") != std::string::npos; },
-                                   cursor, 300);
+  const auto finished = c.wait_for(
+      [](const timed_event& e) {
+        return e.event.kind == event_kind::stopped && e.event.outcome == messages::stop_outcome::finished;
+      },
+      cursor, 300);
   if (!finished) fail("the job did not finish");
   const int status = c.wait_exit(60);
   if (status != 0) fail("the coordinator exited with status " + std::to_string(status));
@@ -78,9 +84,10 @@ std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s
   std::vector<nlohmann::json> steps, events;
   c.read_metrics(steps, events);
   // Losses nobody caused (a heartbeat timeout on a healthy, descheduled node).
-  for (const auto& l : c.lines()) {
-    if (l.text.rfind("[coordinator] node ", 0) != 0 || l.text.find(" lost: ") == std::string::npos) continue;
-    const int id = std::stoi(l.text.substr(19));
+  c.events().read();
+  for (const auto& e : c.events().events()) {
+    if (e.event.kind != event_kind::node_lost) continue;
+    const auto id = e.event.node;
     if (std::none_of(s.faults.begin(), s.faults.end(), [&](const fault_plan& f) { return f.node == id; })) {
       ++spurious_losses;
       std::cout << " [spurious loss of node " << id << "]";

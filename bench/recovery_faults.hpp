@@ -1,7 +1,8 @@
 #pragma once
 // The recovery benchmark's fault scenarios: a job on the local cluster, a worker killed (SIGKILL)
-// or frozen (SIGSTOP) half a failure-free step after a commit, and what the recovery cost on the
-// benchmark's clock and in the coordinator's "reconfigured" record.
+// or frozen (SIGSTOP) half a failure-free step after a commit, and what the recovery cost: from the
+// coordinator's job events (their unix_ms against the system clock read just before the signal)
+// and from its "reconfigured" metrics record.
 
 #include <signal.h>
 
@@ -36,10 +37,10 @@ struct fault_result {
   int workers_after = 0;            ///< worker processes still running once this fault's node is gone
   double step_ms = 0;               ///< failure-free step: median commit interval before the fault
   double fault_after_commit_ms = 0;
-  double detect_ms = NAN;           ///< fault -> first failure notice
-  double loss_notice_ms = NAN;      ///< fault -> "node V lost"
-  double resume_ms = NAN;           ///< fault -> first commit after it
-  double bench_downtime_ms = NAN;   ///< last commit before -> first commit after (bench clock)
+  double detect_ms = NAN;           ///< fault -> first failure notice (node_lost or step_failed event)
+  double loss_notice_ms = NAN;      ///< fault -> the node_lost event of the faulted node
+  double resume_ms = NAN;           ///< fault -> first step_committed event after it
+  double bench_downtime_ms = NAN;   ///< last commit before -> first commit after (the events' clock)
   double resumed_step_ms = NAN;     ///< the re-run step's own time (its metrics wall_ms)
   json record;                      ///< the coordinator's "reconfigured" record
   std::int64_t predicted_bytes = -1, busiest_bytes = -1;

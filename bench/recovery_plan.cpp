@@ -37,19 +37,6 @@ std::int64_t busiest_link_bytes(const std::vector<planning::layer_copy>& copies)
   return most;
 }
 
-std::string with_key(std::string text, const std::string& section, const std::string& key, const std::string& value) {
-  const auto s = text.find("[" + section + "]");
-  if (s == std::string::npos) return text + "\n[" + section + "]\n" + key + " = " + value + "\n";
-  const auto next = text.find("\n[", s + 1);
-  const auto k = text.find("\n" + key + " =", s);
-  if (k != std::string::npos && (next == std::string::npos || k < next)) {
-    const auto eol = text.find('\n', k + 1);
-    return text.replace(k + 1, eol - k - 1, key + " = " + value);
-  }
-  const auto eol = text.find('\n', s);
-  return text.insert(eol + 1, key + " = " + value + "\n");
-}
-
 std::string default_heartbeat() {
   const apps::cluster_section d;
   return std::to_string(d.heartbeat_interval_ms) + "/" + std::to_string(d.connection_timeout_ms);

@@ -1,7 +1,7 @@
 #pragma once
 // The planner's view of the recovery benchmark's jobs: the coordinator's plan of a job and its
 // copy plans, recomputed here (same synthetic profile, same policy) to find each copy plan's
-// busiest link; and the job files the benchmark writes.
+// busiest link.
 
 #include <cstdint>
 #include <optional>
@@ -40,9 +40,6 @@ class plan_replay {
 
 /// The busiest link of a copy plan: the most bytes one node sends or receives.
 std::int64_t busiest_link_bytes(const std::vector<planning::layer_copy>& copies);
-
-/// Sets `key = value` in the job text's [section] (replacing the key's line, or adding it).
-std::string with_key(std::string text, const std::string& section, const std::string& key, const std::string& value);
 
 /// "250/1500": the job's default heartbeat interval and connection timeout, in ms.
 std::string default_heartbeat();

@@ -12,7 +12,7 @@
 namespace oobleck::bench {
 
 void print_fault_tables(const std::vector<fault_result>& results) {
-  std::cout << "\nper fault (ms unless stated; detect: fault -> the coordinator's first failure notice, bench clock;\n"
+  std::cout << "\nper fault (ms unless stated; detect: fault -> the coordinator's first failure notice event, unix ms;\n"
                "decide, copy, downtime: the coordinator's record; GB/s: the busiest link's bytes / copy; step: failure-free commit interval before it)\n";
   std::printf("%-28s %-8s %-14s %4s %7s %8s %8s %7s %10s %7s %8s %8s %9s %6s %7s\n", "scenario", "job", "fault", "node",
               "step", "detect", "lost", "decide", "copy B", "copy", "GB/s", "resume", "downtime", "steps", "bound");

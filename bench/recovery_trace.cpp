@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "bench/bench_text.hpp"
+#include "bench/job_toml.hpp"
 #include "bench/recovery_cluster.hpp"
 #include "bench/recovery_plan.hpp"
 #include "runtime/child_process.hpp"
@@ -45,22 +46,24 @@ replay_run run_replay(const std::string& bin, const std::string& job_text, int n
   local_cluster c({bin, job_text, nodes, max_steps, 1000, 10000});
   replay_run run;
   run.samples_per_step = samples_per_step;
-  const auto formed = c.wait_for([](const std::string& l) { return l.find("epoch 1 formed") != std::string::npos; }, 0, 120);
+  // Times are unix_ms: the coordinator's events carry the system clock of when it published them.
+  const auto formed =
+      c.wait_for([](const timed_event& e) { return e.event.kind == event_kind::epoch_formed && e.event.epoch == 1; }, 0, 120);
   if (!formed) {
     c.keep_files();
     throw std::runtime_error("trace replay: the first epoch never formed\n" + c.transcript());
   }
-  const auto t0 = c.line(*formed).t;
+  const double t0 = c.events()[*formed].unix_ms;
   for (const auto& k : kills) {
-    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<clock_type::duration>(
-                                           std::chrono::duration<double, std::milli>(k.trace_ms * scale)));
-    for (int n : k.nodes) run.kill_s.push_back(ms_between(t0, c.signal(n, SIGKILL)) / 1000);
+    sleep_until_unix_ms(t0 + k.trace_ms * scale);
+    for (int n : k.nodes) run.kill_s.push_back((c.signal(n, SIGKILL) - t0) / 1000);
   }
-  std::this_thread::sleep_until(t0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(window_s)));
-  const auto end = clock_type::now();
+  sleep_until_unix_ms(t0 + window_s * 1000);
+  const double end = unix_ms_now();
   run.status = c.stop();
-  for (const auto& l : c.lines())
-    if (commit_step(l.text) && l.t <= end) run.commit_s.push_back(ms_between(t0, l.t) / 1000);
+  c.events().read();
+  for (const auto& e : c.events().events())
+    if (e.event.kind == event_kind::step_committed && e.unix_ms <= end) run.commit_s.push_back((e.unix_ms - t0) / 1000);
   std::vector<nlohmann::json> steps;
   c.read_metrics(steps, run.events);
   return run;
@@ -127,7 +130,7 @@ json run_trace_replay(const trace_replay_options& o) {
   // as oobleck-local --trace schedules them, without the joins).
   const auto schedule = sim::make_replay_schedule(events, {.slots = nodes, .joins = false});
   const std::vector<std::string>& sample = schedule.initial;
-  const std::string replay_job = with_key(o.job_text, "cluster", "nodes", std::to_string(nodes));
+  const std::string replay_job = with_keys(o.job_text, {{"cluster", "nodes", nodes}});
   const job_model model(replay_job, nodes);
   plan_replay planner(model);
   std::vector<replay_kill> kills;
