@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include "bench/bench_flags.hpp"
 #include "runtime/device.hpp"
 #include "runtime/host_communicator.hpp"
 #include "runtime/stage_executor.hpp"
@@ -77,17 +78,12 @@ double trial(bool abort_peer) {
 int main(int argc, char** argv) {
   bool quick = false;
   std::string json_path = "executor_abort.json";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else {
-      std::cout << "usage: executor_abort [--quick] [--json PATH]\n"
-                   "  Time from aborting an epoch to a stuck stage executor throwing comm_error, over the\n"
-                   "  host transport (2 ranks on threads): own data plane aborted, and peer's aborted.\n";
-      return a == "--help" ? 0 : 2;
-    }
-  }
+  CLI::App app{"executor_abort: time from aborting an epoch to a stuck stage executor throwing comm_error, over\n"
+               "the host transport (2 ranks on threads): own data plane aborted, and peer's aborted.",
+               "executor_abort"};
+  app.add_flag("--quick", quick, "3 trials instead of 50 (a smoke run)");
+  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default executor_abort.json)");
+  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
   runtime::use_one_compute_thread();
   const int trials = quick ? 3 : 50;
   std::printf("2-stage pipeline over the host transport, stage 1 frozen after its activation; %d trials each\n", trials);

@@ -14,6 +14,7 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include "bench/bench_flags.hpp"
 #include "runtime/device.hpp"
 #include "runtime/dataset.hpp"
 #include "runtime/sampler.hpp"
@@ -45,17 +46,12 @@ double median(std::vector<double> xs) {
 int main(int argc, char** argv) {
   bool quick = false;
   std::string json_path = "executor_overhead.json";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else {
-      std::cout << "usage: executor_overhead [--quick] [--json PATH]\n"
-                   "  Step time of a 1-stage pipeline (stage executor, 1F1B ops) against a plain LibTorch\n"
-                   "  loop with the same gradient accumulation and AdamW, one intra-op thread.\n";
-      return a == "--help" ? 0 : 2;
-    }
-  }
+  CLI::App app{"executor_overhead: step time of a 1-stage pipeline (stage executor, 1F1B ops) against a plain\n"
+               "LibTorch loop with the same gradient accumulation and AdamW, one intra-op thread.",
+               "executor_overhead"};
+  app.add_flag("--quick", quick, "a smaller model and fewer steps (a smoke run)");
+  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default executor_overhead.json)");
+  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
   runtime::use_one_compute_thread();
   const runtime::gpt_config model{.vocab = 256, .d_model = quick ? 64 : 256, .heads = 8, .blocks = 4,
                                   .seq_len = quick ? 32 : 128, .seed = 1};

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include "bench/bench_flags.hpp"
 #include "bench/bench_text.hpp"
 #include "planning/planner.hpp"
 #include "planning/reconfiguration.hpp"
@@ -66,18 +67,12 @@ double time_it(const std::function<void()>& fn) {
 int main(int argc, char** argv) {
   bool quick = false;
   std::string json_path = "planning_latency.json";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else {
-      std::cout << "usage: planning_latency [--quick] [--json PATH]\n"
-                   "  Regenerates the paper's Table 3 (one pipeline template per cell) on GPT-like synthetic\n"
-                   "  profiles and times instantiation and reconfiguration. --quick runs the 24-layer column\n"
-                   "  only. Results: a table on stdout, JSON at PATH (default planning_latency.json).\n";
-      return a == "--help" ? 0 : 2;
-    }
-  }
+  CLI::App app{"planning_latency: regenerates the paper's Table 3 (one pipeline template per cell) on GPT-like\n"
+               "synthetic profiles and times instantiation and reconfiguration. Results: a table on stdout, JSON.",
+               "planning_latency"};
+  app.add_flag("--quick", quick, "the 24-layer column only");
+  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default planning_latency.json)");
+  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
   json cells = json::array();
   std::cout << "Table 3: one template per cell, seconds (ours | paper | paper/ours)\n";
   std::cout << "nodes GPUs |";

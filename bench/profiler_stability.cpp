@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include "bench/bench_flags.hpp"
 #include "runtime/profiler.hpp"
 
 using namespace oobleck;
@@ -33,19 +34,14 @@ int main(int argc, char** argv) {
   bool quick = false;
   int runs = 5;
   std::string json_path = "profiler_stability.json";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--runs" && i + 1 < argc) runs = std::max(2, std::stoi(argv[++i]));
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else {
-      std::cout << "usage: profiler_stability [--quick] [--runs N] [--json PATH]\n"
-                   "  Profiles one model N times (default 5) and prints each layer's median forward and\n"
-                   "  backward ms per run, their spread across runs (max / min) and across the identical\n"
-                   "  blocks of each run.\n";
-      return a == "--help" ? 0 : 2;
-    }
-  }
+  CLI::App app{"profiler_stability: profiles one model N times and prints each layer's median forward and\n"
+               "backward ms per run, their spread across runs (max / min) and across the identical blocks of each run.",
+               "profiler_stability"};
+  app.add_flag("--quick", quick, "2 runs (a smoke run)");
+  oobleck::bench::add_integer(app, "--runs", runs, 1, 1000, "profile the model N times (default 5; at least 2 are run)");
+  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default profiler_stability.json)");
+  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
+  runs = std::max(2, runs);
   if (quick) runs = 2;
   // The model of tests/runtime/profiler_test.cpp.
   const runtime::gpt_config model{.vocab = 128, .d_model = 64, .heads = 4, .blocks = 3, .seq_len = 32, .seed = 2};

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_flags.hpp"
 #include "bench/bench_text.hpp"
 #include "sim/bamboo_policy.hpp"
 #include "sim/model_zoo.hpp"
@@ -103,20 +104,14 @@ int main(int argc, char** argv) {
   std::string json_path = "sim_table2.json";
   std::string traces_dir = OOBLECK_TRACES_DIR;
   std::string costs_path;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else if (a == "--traces" && i + 1 < argc) traces_dir = argv[++i];
-    else if (a == "--recovery-costs" && i + 1 < argc) costs_path = argv[++i];
-    else {
-      std::cout << "usage: sim_table2 [--quick] [--json PATH] [--traces DIR] [--recovery-costs FILE]\n"
-                   "  Regenerates the paper's Table 2 with oobleck-sim's policies: traces DIR/{6h,1h,10m}.csv\n"
-                   "  (default " OOBLECK_TRACES_DIR "; a missing trace is skipped with a message), the five\n"
-                   "  models on analytical A40 profiles, f = 1. --quick runs BERT-large only.\n";
-      return a == "--help" ? 0 : 2;
-    }
-  }
+  CLI::App app{"sim_table2: regenerates the paper's Table 2 with oobleck-sim's policies: traces DIR/{6h,1h,10m}.csv\n"
+               "(a missing trace is skipped with a message), the five models on analytical A40 profiles, f = 1.",
+               "sim_table2"};
+  app.add_flag("--quick", quick, "BERT-large only");
+  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default sim_table2.json)");
+  oobleck::bench::add_text(app, "--traces", traces_dir, "the folder of the traces (default " OOBLECK_TRACES_DIR ")");
+  oobleck::bench::add_text(app, "--recovery-costs", costs_path, "the recovery costs file the policies use (default: the simulator's)");
+  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
   try {
     const recovery_costs base = costs_path.empty() ? recovery_costs{} : read_recovery_costs(costs_path);
     std::map<std::string, cluster_trace> traces;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include "bench/bench_flags.hpp"
 #include "runtime/transport/forked_ranks.hpp"
 #include "runtime/transport/host_transport.hpp"
 
@@ -276,21 +277,15 @@ double quantile(std::vector<double> v, double q) {
 int main(int argc, char** argv) {
   int runs = 10;
   std::string json_path = "transport_failure_latency.json";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      runs = 1;
-    } else if (a == "--runs" && i + 1 < argc) {
-      runs = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-    } else {
-      std::cout << "usage: transport_failure_latency [--quick] [--runs N] [--json PATH]\n"
-                   "  How fast pending operations of the host transport fail after a peer's kill -9 or\n"
-                   "  an abort() (ranks as processes on loopback). --quick: one run of each scenario.\n";
-      return a == "--help" ? 0 : 2;
-    }
-  }
+  bool quick = false;
+  CLI::App app{"transport_failure_latency: how fast pending operations of the host transport fail after a peer's\n"
+               "kill -9 or an abort() (ranks as processes on loopback).",
+               "transport_failure_latency"};
+  app.add_flag("--quick", quick, "one run of each scenario");
+  oobleck::bench::add_integer(app, "--runs", runs, 1, 10000, "runs of each scenario (default 10)");
+  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default transport_failure_latency.json)");
+  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
+  if (quick) runs = 1;
   std::vector<row> rows;
   try {
     for (int run = 0; run < runs; ++run) {

@@ -19,6 +19,7 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include "bench/bench_flags.hpp"
 #include "runtime/child_process.hpp"
 #include "runtime/transport/host_transport.hpp"
 
@@ -149,26 +150,24 @@ std::string human(std::size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && std::string(argv[1]) == "--child") {
-    if (argc != 7) return 2;
-    try {
-      return run_child({std::stoi(argv[2]), std::stoi(argv[3]), argv[4], argv[5], std::string(argv[6]) == "1"});
-    } catch (const std::exception& e) {
-      std::cerr << "child " << argv[2] << ": " << e.what() << "\n";
-      return 1;
-    }
-  }
   bool quick = false;
   std::string json_path = "transport_vs_gloo.json";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else {
-      std::cout << "usage: transport_vs_gloo [--quick] [--json PATH]\n"
-                   "  Host transport vs c10d ProcessGroupGloo on loopback: p2p bandwidth (2 processes) and\n"
-                   "  all-reduce latency and bus bandwidth (2, 3, 4 processes). --quick: fewer iterations.\n";
-      return a == "--help" ? 0 : 2;
+  std::vector<std::string> child;  // RANK WORLD STORE OUT QUICK(1|0): this program as one of its ranks
+  CLI::App app{"transport_vs_gloo: host transport vs c10d ProcessGroupGloo on loopback: p2p bandwidth (2 processes)\n"
+               "and all-reduce latency and bus bandwidth (2, 3, 4 processes).",
+               "transport_vs_gloo"};
+  app.add_flag("--quick", quick, "fewer iterations (a smoke run)");
+  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default transport_vs_gloo.json)");
+  app.add_option("--child", child, "run as rank RANK of WORLD processes (the benchmark starts its ranks so)")
+      ->expected(5)
+      ->group("");  // not in --help: internal
+  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
+  if (!child.empty()) {
+    try {
+      return run_child({std::stoi(child[0]), std::stoi(child[1]), child[2], child[3], child[4] == "1"});
+    } catch (const std::exception& e) {
+      std::cerr << "child " << child[0] << ": " << e.what() << "\n";
+      return 1;
     }
   }
   json rows = json::array();
