@@ -29,15 +29,16 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
+#include <optional>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "actors/stage.hpp"
 #include "apps/job_file.hpp"
 #include "apps/stage_job.hpp"
+#include "bench/bench_flags.hpp"
+#include "bench/job_toml.hpp"
 #include "messages/profile_file.hpp"
 #include "planning/planner.hpp"
 #include "runtime/child_process.hpp"
@@ -62,66 +63,44 @@ struct options {
   int profile_repeats = 200;
 };
 
-[[noreturn]] void usage_error(const std::string& what) {
-  std::cerr << "throughput: " << what << " (see --help)\n";
-  std::exit(2);
-}
-
-options parse(int argc, char** argv) {
+/// The flags; none when main should end at once with `exit` (after --help, or a bad flag).
+std::optional<options> parse(int argc, char** argv, int& exit) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(a + " needs a value");
-      return argv[++i];
-    };
-    auto integer = [&](int lo) {
-      const std::string v = value();
+  std::string nodes;
+  CLI::App app{"throughput: failure-free throughput of oobleck-local against the planner's prediction (a profile\n"
+               "measured here by oobleck-profile, R timed microbatches) and the single-process run.",
+               "throughput"};
+  app.add_flag("--quick", o.quick, "2 nodes, 3 steps, R = 2 (a smoke run)");
+  bench::add_text(app, "--json", o.json_path, "write the results to FILE (default bench/results/throughput.json)");
+  bench::add_text(app, "--nodes", nodes, "node counts to run, in 1..64, separated by commas (default 2,4,6)");
+  bench::add_integer(app, "--steps", o.steps, 1, 1 << 20, "steps per run (default 14)");
+  bench::add_integer(app, "--warmup", o.warmup, 0, 1 << 20, "first steps of each run left out of the means (default 4)");
+  bench::add_text(app, "--config", o.config, "the job file (default: oobleck-local's default job)");
+  bench::add_integer(app, "--profile-repeats", o.profile_repeats, 1, 1000,
+                     "microbatches the profile times (oobleck-profile --repeats; default 200)");
+  if (const auto e = bench::parse_bench_flags(app, argc, argv)) {
+    exit = *e;
+    return std::nullopt;
+  }
+  auto usage_error = [&](const std::string& what) {
+    std::cerr << "error: " << what << " (see --help)\n";
+    exit = 2;
+    return std::nullopt;
+  };
+  if (!nodes.empty()) {
+    o.nodes.clear();
+    std::stringstream in(nodes);
+    for (std::string part; std::getline(in, part, ',');) {
       try {
         std::size_t used = 0;
-        const int n = std::stoi(v, &used);
-        if (used != v.size() || n < lo) throw std::invalid_argument(v);
-        return n;
+        const int n = std::stoi(part, &used);
+        if (used != part.size() || n < 1 || n > 64) throw std::out_of_range(part);
+        o.nodes.push_back(n);
       } catch (const std::exception&) {
-        usage_error(a + " needs an integer >= " + std::to_string(lo) + ", got \"" + v + "\"");
+        return usage_error("--nodes takes node counts in 1..64 separated by commas, got \"" + part + "\"");
       }
-    };
-    if (a == "--help" || a == "-h") {
-      std::cout << "throughput [--quick] [--json FILE] [--nodes N,N,...] [--steps K] [--warmup W] [--config JOB.toml]\n"
-                   "           [--profile-repeats R]\n"
-                   "  Failure-free throughput of oobleck-local against the planner's prediction (profile measured\n"
-                   "  here by oobleck-profile, R timed microbatches, default 200) and the single-process run.\n"
-                   "  --quick: 2 nodes, 3 steps, R = 2 (a smoke run).\n";
-      std::exit(0);
-    } else if (a == "--quick") {
-      o.quick = true;
-    } else if (a == "--json") {
-      o.json_path = value();
-    } else if (a == "--steps") {
-      o.steps = integer(1);
-    } else if (a == "--warmup") {
-      o.warmup = integer(0);
-    } else if (a == "--profile-repeats") {
-      o.profile_repeats = integer(1);
-      if (o.profile_repeats > 1000) usage_error("--profile-repeats takes at most 1000");
-    } else if (a == "--config") {
-      o.config = value();
-    } else if (a == "--nodes") {
-      o.nodes.clear();
-      std::stringstream in(value());
-      for (std::string part; std::getline(in, part, ',');) {
-        try {
-          const int n = std::stoi(part);
-          if (n < 1 || n > 64) throw std::out_of_range(part);
-          o.nodes.push_back(n);
-        } catch (const std::exception&) {
-          usage_error("--nodes takes node counts in 1..64 separated by commas, got \"" + part + "\"");
-        }
-      }
-      if (o.nodes.empty()) usage_error("--nodes is empty");
-    } else {
-      usage_error("unknown argument \"" + a + "\"");
     }
+    if (o.nodes.empty()) return usage_error("--nodes is empty");
   }
   if (o.quick) {
     o.nodes = {2};
@@ -129,7 +108,7 @@ options parse(int argc, char** argv) {
     o.warmup = 1;
     o.profile_repeats = 2;
   }
-  if (o.warmup >= o.steps) usage_error("--warmup must be smaller than --steps");
+  if (o.warmup >= o.steps) return usage_error("--warmup must be smaller than --steps");
   return o;
 }
 
@@ -154,7 +133,9 @@ struct run_result {
   std::string shape;  ///< pipelines x stages
   double predicted_ms = NAN;          ///< the coordinator's plan: its predicted step
   double predicted_compute_ms = NAN;  ///< the profile's compute of the busiest stage (Nb x its fwd + bwd)
-  double logged_ms = NAN;             ///< what the coordinator logged as its prediction (a cross-check)
+  /// The coordinator's pipelines (its first step's metrics record): nodes and microbatches of
+  /// each, sorted; the bench's plan must be the same (a cross-check of the prediction's inputs).
+  std::vector<std::pair<std::size_t, int>> pipelines;
   double step_ms = 0;  ///< mean wall_ms of the measured steps
   double samples_per_s = 0;
   std::map<std::string, double> breakdown;  ///< means
@@ -173,9 +154,6 @@ run_result run_cluster(const options& o, const fs::path& dir, const std::string&
   const auto [status, out] = run("oobleck-local", args, fs::path(metrics).replace_extension(".log"));
   if (status != 0) throw std::runtime_error("oobleck-local --nodes " + std::to_string(nodes) + " failed (" +
                                            std::to_string(status) + "):\n" + out);
-  static const std::regex predicted("predicted step ([0-9.]+) ms");
-  std::smatch m;
-  if (std::regex_search(out, m, predicted)) r.logged_ms = std::stod(m[1]);
   std::ifstream in(metrics);
   int k = 0;
   double wall = 0;
@@ -188,7 +166,9 @@ run_result run_cluster(const options& o, const fs::path& dir, const std::string&
       for (const auto& p : j["pipelines"]) {
         shape << (shape.tellp() == 0 ? "" : "+") << p["nodes"].size();
         r.nodes_in_use += static_cast<int>(p["nodes"].size());
+        r.pipelines.emplace_back(p["nodes"].size(), p["microbatches"].get<int>());
       }
+      std::sort(r.pipelines.begin(), r.pipelines.end());
       r.shape = shape.str();
     }
     if (k++ < o.warmup) continue;
@@ -204,9 +184,14 @@ run_result run_cluster(const options& o, const fs::path& dir, const std::string&
 }
 
 /// What the planner predicts for the job on `nodes` nodes with the measured profile, as the
-/// coordinator plans it (same function, same inputs): the step's makespan, and the compute time of
-/// its busiest stage (Nb x Σ fwd + bwd of the stage's layers).
-std::pair<double, double> prediction(const planning::profile& profile, const apps::job_file& job, int nodes) {
+/// coordinator plans it (same function, same inputs): the step's makespan, the compute time of
+/// its busiest stage (Nb x Σ fwd + bwd of the stage's layers), and its pipelines (nodes and
+/// microbatches of each, sorted).
+struct predicted {
+  double step_ms = NAN, busiest_compute_ms = NAN;
+  std::vector<std::pair<std::size_t, int>> pipelines;
+};
+predicted prediction(const planning::profile& profile, const apps::job_file& job, int nodes) {
   // f = 1 needs at least 2 n0 nodes; with 2 nodes the job runs with f = 0, as run_cluster starts it.
   const auto plan = planning::plan_job(profile, apps::planner_job(job, nodes, nodes < 4 ? 0 : job.cluster.fault_tolerance));
   double busiest = 0;
@@ -215,7 +200,10 @@ std::pair<double, double> prediction(const planning::profile& profile, const app
     if (!t) throw std::logic_error("the plan uses a template of " + std::to_string(p.template_nodes) + " nodes it lacks");
     for (const auto& s : t->stages) busiest = std::max(busiest, p.microbatches * s.ms);
   }
-  return {plan.step_ms, busiest};
+  predicted out{plan.step_ms, busiest, {}};
+  for (const auto& p : plan.pipelines) out.pipelines.emplace_back(p.nodes.size(), p.microbatches);
+  std::sort(out.pipelines.begin(), out.pipelines.end());
+  return out;
 }
 
 /// The job's profile, measured by oobleck-profile timing `repeats` microbatches.
@@ -256,7 +244,10 @@ double load_average() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
+  int exit = 0;
+  const auto parsed = parse(argc, argv, exit);
+  if (!parsed) return exit;
+  const options& o = *parsed;
   try {
     const fs::path dir = fs::temp_directory_path() / ("oobleck-throughput-" + std::to_string(::getpid()));
     fs::create_directories(dir);
@@ -287,22 +278,11 @@ int main(int argc, char** argv) {
     const double layer_sum_ms = microbatch_ms(profile);
     const int microbatches = job.training.global_batch / job.training.microbatch;
 
-    // The job file with [profile] file and the overlap switch: parsed, edited, written by sections.
+    // The job file with [profile] file and the overlap switch.
     auto write_job = [&](bool overlap) {
-      std::string text = job_text;
-      auto add_key = [&](const std::string& section, const std::string& line) {
-        const auto at = text.find("[" + section + "]");
-        if (at == std::string::npos) {
-          text += "\n[" + section + "]\n" + line + "\n";
-        } else {
-          const auto eol = text.find('\n', at);
-          text.insert(eol == std::string::npos ? text.size() : eol + 1, line + "\n");
-        }
-      };
-      add_key("profile", "file = " + nlohmann::json(profile_path).dump());
-      add_key("training", std::string("overlap_gradient_reduce = ") + (overlap ? "true" : "false"));
       const auto path = dir / (overlap ? "job-overlap.toml" : "job-sequential.toml");
-      std::ofstream(path) << text;
+      std::ofstream(path) << bench::with_keys(job_text, {{"profile", "file", profile_path},
+                                                         {"training", "overlap_gradient_reduce", overlap}});
       return path.string();
     };
     const std::string job_overlap = write_job(true), job_sequential = write_job(false);
@@ -318,10 +298,19 @@ int main(int argc, char** argv) {
         results.push_back(run_cluster(o, dir, overlap ? job_overlap : job_sequential, n, overlap,
                                       job.training.global_batch));
         auto& r = results.back();
-        std::tie(r.predicted_ms, r.predicted_compute_ms) = prediction(profile, job, n);
-        if (!std::isnan(r.logged_ms) && std::abs(r.logged_ms - r.predicted_ms) > 0.01 * r.predicted_ms)
-          throw std::logic_error("the coordinator predicted " + std::to_string(r.logged_ms) + " ms, the bench's plan " +
-                                 std::to_string(r.predicted_ms) + " ms");
+        const auto p = prediction(profile, job, n);
+        r.predicted_ms = p.step_ms;
+        r.predicted_compute_ms = p.busiest_compute_ms;
+        // The coordinator planned the same job on the same profile: the same pipelines.
+        if (r.pipelines != p.pipelines) {
+          auto text = [](const std::vector<std::pair<std::size_t, int>>& v) {
+            std::string t;
+            for (const auto& [size, mb] : v) t += " " + std::to_string(size) + "x" + std::to_string(mb);
+            return t;
+          };
+          throw std::logic_error("the coordinator's pipelines (nodes x microbatches):" + text(r.pipelines) +
+                                 "; the bench's plan:" + text(p.pipelines));
+        }
       }
     const double load_after = load_average();
 
