@@ -1,20 +1,30 @@
 // oobleck-local: a whole job on this machine: one coordinator and N worker processes on 127.0.0.1,
 // their progress streamed to stdout. Every process it started is gone when it returns, on every
 // path (success, failure, SIGINT/SIGTERM).
+//
+// What it needs to know about the job (the coordinator's address, the workers that registered, the
+// first formed epoch, the last committed step) it learns from the coordinator's --address-file and
+// --events-out files, never from its log lines: those are echoed for people and may be reworded.
 
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -27,6 +37,7 @@
 #include "apps/job_file.hpp"
 #include "apps/local_options.hpp"
 #include "apps/trace_replay.hpp"
+#include "messages/event_json.hpp"
 #include "messages/input_error.hpp"
 #include "runtime/child_process.hpp"
 
@@ -66,6 +77,116 @@ std::filesystem::path own_directory() {
   return std::filesystem::read_symlink("/proc/self/exe").parent_path();
 }
 
+/// Follows the coordinator's --events-out file as it grows, on a thread of its own: every complete
+/// line that is an event goes to `on_event`, in order; a line still being written waits for its
+/// newline. The thread polls (every 10 ms) until stop(), which reads what is left first, so every
+/// event the coordinator wrote before it exited is seen.
+class event_tail {
+ public:
+  event_tail(const std::string& path, std::function<void(const messages::timed_event&)> on_event, std::ostream& err)
+      : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), on_event_(std::move(on_event)), err_(err) {
+    if (fd_ < 0) throw std::runtime_error("cannot read the events file " + path + ": " + std::strerror(errno));
+    thread_ = std::thread([this] {
+      std::unique_lock lock(mutex_);
+      while (!stopping_) {
+        lock.unlock();
+        read_available();
+        lock.lock();
+        wake_.wait_for(lock, std::chrono::milliseconds(10), [this] { return stopping_; });
+      }
+    });
+  }
+  ~event_tail() {
+    stop();
+    ::close(fd_);
+  }
+  event_tail(const event_tail&) = delete;
+  event_tail& operator=(const event_tail&) = delete;
+
+  /// Reads the file to its end (the events written so far), then ends the thread.
+  void stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+    read_available();
+  }
+
+ private:
+  void read_available() {
+    char chunk[4096];
+    for (;;) {
+      const ssize_t n = ::read(fd_, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      partial_.append(chunk, static_cast<std::size_t>(n));
+    }
+    std::size_t begin = 0;
+    for (std::size_t end; (end = partial_.find('\n', begin)) != std::string::npos; begin = end + 1) {
+      try {
+        if (auto e = messages::parse_event_line(std::string_view(partial_).substr(begin, end - begin))) on_event_(*e);
+      } catch (const messages::input_error& e) {
+        err_ << "warning: " << e.what() << "\n";  // a bug of the coordinator's: skip the line
+      }
+    }
+    partial_.erase(0, begin);
+  }
+
+  int fd_;
+  std::function<void(const messages::timed_event&)> on_event_;
+  std::ostream& err_;
+  std::string partial_;  ///< read, not yet a whole line
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+/// What oobleck-local knows about its job, from the coordinator's events.
+struct job_progress {
+  std::atomic<int> registered{0};              ///< node_joined events
+  std::atomic<std::int64_t> last_step{-1};     ///< the newest committed step
+  std::atomic<bool> formed{false};             ///< the first epoch formed (trace time 0) ...
+  std::chrono::steady_clock::time_point formed_at{};  ///< ... then (set before `formed`)
+  mutable std::mutex names_mutex;
+  std::set<std::string> registered_names;      ///< their worker names
+
+  void on_event(const messages::timed_event& t) {
+    using messages::event_kind;
+    const auto& e = t.event;
+    if (e.kind == event_kind::node_joined) {
+      {
+        std::lock_guard lock(names_mutex);
+        registered_names.insert(e.detail);
+      }
+      ++registered;
+    } else if (e.kind == event_kind::epoch_formed && !formed) {
+      // When it happened, not when this thread read it: the wall-clock age of the event, on the
+      // steady clock the trace replay runs on.
+      const auto age = std::chrono::duration<double, std::milli>(std::max(0.0, messages::unix_ms_now() - t.unix_ms));
+      formed_at = std::chrono::steady_clock::now() - std::chrono::duration_cast<std::chrono::steady_clock::duration>(age);
+      formed = true;
+    } else if (e.kind == event_kind::step_committed) {
+      last_step = std::max(last_step.load(), static_cast<std::int64_t>(e.step));
+    }
+  }
+  bool has_registered(const std::string& name) const {
+    std::lock_guard lock(names_mutex);
+    return registered_names.count(name) > 0;
+  }
+};
+
+/// The address in the coordinator's --address-file, once it exists (written whole, by a rename).
+std::optional<std::string> read_address(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::string address;
+  if (in && std::getline(in, address) && !address.empty()) return address;
+  return std::nullopt;
+}
+
 }  // namespace
 
 int run_local_command(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -77,7 +198,13 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     return 0;
   }
 
-  // A scratch directory for the token and the job file.
+  // oobleck-local's own lines, prefixed as every program's are (OOBLECK_LOG_PREFIX).
+  const std::string local = [] {
+    const char* prefix = std::getenv("OOBLECK_LOG_PREFIX");
+    return std::string(prefix ? prefix : "") + "[local] ";
+  }();
+
+  // A scratch directory for the token, the job file, the coordinator's address and its events.
   char dir_template[] = "/tmp/oobleck-local-XXXXXX";
   if (!::mkdtemp(dir_template)) throw std::runtime_error("cannot create a scratch directory in /tmp");
   const std::filesystem::path dir = dir_template;
@@ -108,6 +235,12 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       throw messages::input_error("node " + std::to_string(f.node) + " does not exist: the job's nodes are 0.." +
                                   std::to_string(nodes - 1));
   if (!o.metrics_out.empty()) std::ofstream(o.metrics_out, std::ios::trunc);  // fresh file per run
+  // The events file: the user's (fresh per run, like the metrics) or one of the scratch directory.
+  const std::string events_path =
+      o.events_out.empty() ? (dir / "events.jsonl").string() : std::filesystem::absolute(o.events_out).string();
+  if (!std::ofstream(events_path, std::ios::trunc))
+    throw messages::input_error("--events-out: cannot write " + events_path);
+  const auto address_file = dir / "coordinator.address";
   const std::string token = (dir / "token").string();
   const auto bin = own_directory();
 
@@ -116,10 +249,15 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
 
+  // What the job does, from the coordinator's events as they are written.
+  job_progress progress;
+  event_tail tail(events_path, [&progress](const messages::timed_event& e) { progress.on_event(e); }, err);
+
   runtime::output_pipe coordinator_out;
   std::vector<std::string> coord_args{"--listen", "127.0.0.1:0", "--config", job_path, "--token-file", token,
                                       "--nodes", std::to_string(nodes), "--steps", std::to_string(steps),
-                                      "--fault-tolerance", std::to_string(fault_tolerance)};
+                                      "--fault-tolerance", std::to_string(fault_tolerance),
+                                      "--events-out", events_path, "--address-file", address_file.string()};
   if (!o.metrics_out.empty()) {
     coord_args.push_back("--metrics-out");
     coord_args.push_back(o.metrics_out);
@@ -136,41 +274,9 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   coordinator_out.close_write_end();
   std::vector<runtime::child_process> workers;  // by worker number (its name is "node" + number)
 
-  // Echo the coordinator's lines; the first "listening on" gives its address.
-  std::atomic<bool> have_address{false};
-  std::atomic<std::int64_t> last_step{-1};  // the newest "step K:" line of the coordinator
-  std::atomic<bool> formed{false};          // the first "epoch N formed:" line (trace time 0)
-  std::atomic<int> registered{0};           // "node K joined:" lines
-  std::set<std::string> registered_names;   // their worker names; read once the echo thread ended
-  std::chrono::steady_clock::time_point formed_at{};
-  std::string address;
-  std::thread echo([&coordinator_out, &address, &have_address, &last_step, &formed, &formed_at, &registered,
-                    &registered_names, &out] {
-    coordinator_out.read_lines([&](const std::string& line) {
-      out << line << std::endl;
-      if (const auto joined = line.find(" joined: ");
-          line.rfind("[coordinator] node ", 0) == 0 && joined != std::string::npos) {
-        const auto name = joined + 9;
-        registered_names.insert(line.substr(name, line.find(' ', name) - name));
-        ++registered;
-      }
-      if (!formed && line.rfind("[coordinator] epoch ", 0) == 0 && line.find(" formed: ") != std::string::npos) {
-        formed_at = std::chrono::steady_clock::now();
-        formed = true;  // after formed_at: the reader sees both
-      }
-      if (const auto at = line.find("[coordinator] step "); at == 0) {
-        std::int64_t k = -1;
-        if (std::sscanf(line.c_str() + 19, "%lld:", reinterpret_cast<long long*>(&k)) == 1) last_step = k;
-      }
-      if (!have_address) {
-        const auto at = line.find("listening on 127.0.0.1:");
-        if (at != std::string::npos) {
-          const auto begin = at + std::string("listening on ").size();
-          address = line.substr(begin, line.find(' ', begin) - begin);
-          have_address = true;
-        }
-      }
-    });
+  // Echo the coordinator's lines, for people.
+  std::thread echo([&coordinator_out, &out] {
+    coordinator_out.read_lines([&](const std::string& line) { out << line << std::endl; });
   });
   // On every way out: the echo thread reads until the coordinator's end of the pipe closes, so the
   // processes go first (an early return, e.g. --timeout, would otherwise wait for ever).
@@ -187,7 +293,12 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
   std::optional<int> coordinator_status;
-  while (!have_address) {
+  std::string address;
+  while (address.empty()) {
+    if (auto a = read_address(address_file)) {
+      address = *a;
+      break;
+    }
     if ((coordinator_status = coordinator.poll())) {
       err << "error: the coordinator exited with status " << *coordinator_status << " before listening\n";
       return *coordinator_status == 2 ? 2 : 1;
@@ -234,13 +345,13 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
                                                   "--connection-timeout-ms",
                                                   std::to_string(job.cluster.connection_timeout_ms)});
   };
-  if (replay) out << "[local] " << replay->summary(o.trace_path) << std::endl;
+  if (replay) out << local << replay->summary(o.trace_path) << std::endl;
   for (int i = 0; i < nodes && !coordinator_status; ++i) {
     start_worker(i);
     // A trace replay starts its workers one at a time, so that worker i is node i (ids follow
     // registration order): the simulator's node ids are the same (sim::replay_trace), and so
     // are the pipelines a removal hits.
-    while (replay && registered <= i && !(coordinator_status = coordinator.poll())) {
+    while (replay && progress.registered <= i && !(coordinator_status = coordinator.poll())) {
       if (std::chrono::steady_clock::now() > deadline || stop_signal) {
         err << "error: worker node" << i << " did not register\n";
         return 1;
@@ -254,26 +365,26 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   while (!coordinator_status && !(coordinator_status = coordinator.poll())) {
     if (replay && !trace_stopped) {
       const auto now = std::chrono::steady_clock::now();
-      if (!replay->begun() && formed) replay->begin(formed_at);
+      if (!replay->begun() && progress.formed) replay->begin(progress.formed_at);
       for (const auto& e : replay->due(now))
-        out << "[local] " << replay_step(e, replay->local_s(e), workers, next_worker, start_worker) << std::endl;
+        out << local << replay_step(e, replay->local_s(e), workers, next_worker, start_worker) << std::endl;
       if (replay->ended(now)) {
-        out << "[local] the trace ended (trace " << replay->schedule().end_ms / 1000 << " s): stopping the job"
+        out << local << "the trace ended (trace " << replay->schedule().end_ms / 1000 << " s): stopping the job"
             << std::endl;
         coordinator.signal(SIGTERM);  // an orderly stop: the steps committed so far stand
         trace_stopped = true;
       }
     }
     for (auto it = joins.begin(); it != joins.end();)
-      if (last_step >= it->first) {
-        out << "[local] step " << it->first << " committed: starting " << it->second << " more worker(s)" << std::endl;
+      if (progress.last_step >= it->first) {
+        out << local << "step " << it->first << " committed: starting " << it->second << " more worker(s)" << std::endl;
         for (int k = 0; k < it->second; ++k) start_worker(next_worker++);
         it = joins.erase(it);
       } else {
         ++it;
       }
     if (stop_signal) {
-      out << "[local] stopping on " << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << std::endl;
+      out << local << "stopping on " << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << std::endl;
       coordinator.signal(SIGTERM);  // an orderly stop of the whole job
       stop_signal = 0;
     }
@@ -283,17 +394,19 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  // The coordinator is gone: every event it wrote is in the file (read to its end now), and its
+  // pipe is at its end (every line echoed).
+  tail.stop();
   for (const auto& [step, count] : joins)
-    out << "[local] --join-at " << step << ":" << count << " started no worker: the job ended before it saw step " << step
-        << " commit" << std::endl;
-  // The coordinator is gone, so its pipe is at its end: every line has been read.
+    out << local << "--join-at " << step << ":" << count << " started no worker: the job ended before it saw step "
+        << step << " commit" << std::endl;
   echo.join();
   // A worker that never registered (one started by --join-at or a trace near the end) would wait
   // for the coordinator until its own connect timeout: it holds nothing, so it goes now.
   for (std::size_t i = 0; i < workers.size(); ++i)
-    if (!workers[i].reaped() && !registered_names.count("node" + std::to_string(i))) {
+    if (!workers[i].reaped() && !progress.has_registered("node" + std::to_string(i))) {
       workers[i].kill_and_reap();
-      out << "[local] worker node" << i << " had not registered when the job ended: stopped it" << std::endl;
+      out << local << "worker node" << i << " had not registered when the job ended: stopped it" << std::endl;
     }
   // The workers leave once the coordinator told them; give them a moment, then make sure.
   const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(10);

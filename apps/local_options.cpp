@@ -82,6 +82,10 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
               "steps to train (default: the job's training.steps, 20 for the default job)");
   add_integer(app, "--fault-tolerance", o.fault_tolerance, 0, 64, "f (default: the job's cluster.fault_tolerance)");
   add_text(app, "--metrics-out", o.metrics_out, "one JSON line per committed step to FILE");
+  add_text(app, "--events-out", o.events_out,
+           "one JSON line per job event to FILE (node joined, lost or refused; epoch forming or formed; step "
+           "committed or failed; commit stood; checkpoint written; stopped, with the outcome), written as they "
+           "happen: what scripts should read, rather than the progress lines (which are for people)");
   add_number(app, "--timeout", o.timeout_s, 1, "give up (and stop every process) after this many seconds (default 600)");
   app.add_option("--fail-at", fail_at,
                  "STEP:ID[,ID...]: those nodes' processes kill themselves (SIGKILL) in the middle of "

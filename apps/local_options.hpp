@@ -23,6 +23,7 @@ struct local_options {
   std::optional<std::int64_t> steps;   ///< --steps
   std::string config;                  ///< --config; empty: the default job
   std::string metrics_out;
+  std::string events_out;  ///< --events-out; empty: the job's events go to a scratch file only
   double timeout_s = 600;
   bool print_default_job = false;
   /// --fail-at and --hang-at, one fault per node (node ids not yet checked against the job).
