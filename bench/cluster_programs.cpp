@@ -10,24 +10,10 @@
 
 namespace oobleck::bench {
 
-namespace {
-
-double unix_ms_now() {
-  return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
-
 std::string program_run::transcript() const {
   std::string s;
-  for (const auto& l : lines) s += l.text + "\n";
+  for (const auto& l : lines) s += l + "\n";
   return s;
-}
-
-double program_run::first(const std::string& what) const {
-  for (const auto& l : lines)
-    if (l.text.find(what) != std::string::npos) return l.unix_ms;
-  return NAN;
 }
 
 program_run run_program(const std::string& path, const std::vector<std::string>& args, double timeout_s) {
@@ -35,12 +21,12 @@ program_run run_program(const std::string& path, const std::vector<std::string>&
   runtime::child_process child(path, args, {.out = runtime::child_output::descriptor(output.write_end())});
   output.close_write_end();
   program_run r;
-  auto stamp = [&](const std::string& line) { r.lines.push_back({unix_ms_now(), line}); };
+  auto keep = [&](const std::string& line) { r.lines.push_back(line); };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                                std::chrono::duration<double>(timeout_s));
-  if (!output.read_lines_until(deadline, stamp)) {
+  if (!output.read_lines_until(deadline, keep)) {
     child.signal(SIGTERM);  // oobleck-local stops everything it started
-    output.read_lines(stamp);
+    output.read_lines(keep);
   }
   r.status = child.wait();
   return r;

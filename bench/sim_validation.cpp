@@ -3,8 +3,10 @@
 // For each case, oobleck-local replays a node availability trace on this machine
 // (`--trace FILE --time-scale X --trace-nodes N`: removals are kill -9 of workers, later adds
 // start workers that join) and its average throughput is measured: committed samples per second
-// over the replay window (the first epoch formed -> the trace's last time scaled), counted from the
-// --metrics-out step lines (their unix_ms). The simulator (sim/ library: the same planner, the
+// over the replay window (the first epoch formed, its job event's unix_ms -> the trace's last time
+// scaled), counted from the --metrics-out step lines (their unix_ms, the same clock). What the job
+// did is read from oobleck-local's --events-out (the coordinator's job events), never from its log
+// lines. The simulator (sim/ library: the same planner, the
 // Oobleck policy) replays the SAME node subset (sim/replay_schedule.hpp's replay_trace) with the
 // SAME time scale, and predicts the average throughput from:
 //   - a profile of the local job's model measured here by oobleck-profile (the local job runs on
@@ -15,8 +17,10 @@
 //     runs (n = each node count the replays train on, once before the replays and once after, the
 //     mean used) measure the mean step interval, and the simulator multiplies the planner's step
 //     time for n nodes by measured(n) / planned(n);
-//   - the readiness delay of a join: measured in a separate calibration run (--join-at), from the
-//     worker's start to its admission by the coordinator (not the 45 s of the cloud simulators).
+//   - the readiness delay of a join: measured in a separate calibration run (--join-at 10:1), from
+//     the commit of step 10 (which makes oobleck-local start the worker within its 50 ms poll, as a
+//     trace replay starts a joining worker once its add is due) to the worker's admission (its
+//     node_joined event), not the 45 s of the cloud simulators.
 // Nothing is fitted to the replay being predicted: every input comes from runs before it.
 //
 // usage: sim_validation [--quick] [--json PATH] [--bin DIR] [--traces DIR] [--recovery-costs FILE]
@@ -35,8 +39,11 @@
 #include <vector>
 
 #include "apps/job_file.hpp"
+#include "bench/bench_flags.hpp"
 #include "bench/bench_text.hpp"
 #include "bench/cluster_programs.hpp"
+#include "bench/job_events.hpp"
+#include "bench/job_toml.hpp"
 #include "bench/sim_validation_cases.hpp"
 #include "bench/sim_validation_predict.hpp"
 #include "messages/profile_file.hpp"
@@ -59,7 +66,8 @@ namespace {
 /// The step lines of a metrics file.
 std::vector<nlohmann::json> read_steps(const fs::path& path) { return read_metrics(path).steps; }
 
-std::vector<nlohmann::json> read_events(const fs::path& path) { return read_metrics(path).events; }
+/// The "reconfigured" (and other non-step) records of a metrics file.
+std::vector<nlohmann::json> read_records(const fs::path& path) { return read_metrics(path).events; }
 
 /// Mean commit interval (ms) of a failure-free run, its first `skip` steps left out (start-up).
 double mean_interval(const std::vector<nlohmann::json>& steps, std::size_t skip) {
@@ -74,26 +82,16 @@ int main(int argc, char** argv) try {
   bool quick = false;
   std::string json_path, bin = OOBLECK_APPS_DIR, traces_dir = OOBLECK_TRACES_DIR;
   std::string costs_path = std::string(OOBLECK_SOURCE_DIR) + "/bench/results/recovery.json";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--quick") quick = true;
-    else if (a == "--json") json_path = value();
-    else if (a == "--bin") bin = value();
-    else if (a == "--traces") traces_dir = value();
-    else if (a == "--recovery-costs") costs_path = value();
-    else {
-      std::cout << "usage: sim_validation [--quick] [--json PATH] [--bin DIR] [--traces DIR] [--recovery-costs FILE]\n"
-                   "  oobleck-local replays node subsets of the traces (default " OOBLECK_TRACES_DIR ")\n"
-                   "  time-scaled; the simulator predicts each replay's average throughput from a profile\n"
-                   "  measured here, the recovery costs (default bench/results/recovery.json) and failure-free\n"
-                   "  calibration runs (contention per node count, join readiness). --quick: one short case.\n";
-      return a == "--help" ? 0 : 2;
-    }
-  }
+  CLI::App app{"sim_validation: oobleck-local replays node subsets of the traces time-scaled; the simulator predicts\n"
+               "each replay's average throughput from a profile measured here, the recovery costs and failure-free\n"
+               "calibration runs (contention per node count, join readiness).",
+               "sim_validation"};
+  app.add_flag("--quick", quick, "one short case (a smoke run)");
+  add_text(app, "--json", json_path, "write every figure to PATH");
+  add_text(app, "--bin", bin, "the folder of oobleck-local, oobleck-profile and the cluster programs (default: the build's)");
+  add_text(app, "--traces", traces_dir, "the folder of the node availability traces (default " OOBLECK_TRACES_DIR ")");
+  add_text(app, "--recovery-costs", costs_path, "the recovery costs the simulator uses (default bench/results/recovery.json)");
+  if (const auto exit = parse_bench_flags(app, argc, argv)) return *exit;
   const auto started = std::chrono::steady_clock::now();
   const std::string load_start = load_average();
   std::cout << "simulator validation" << (quick ? " (quick)" : "") << ", load average " << load_start << "\n";
@@ -114,7 +112,7 @@ int main(int argc, char** argv) try {
   } cleanup{dir};
 
   // The job: oobleck-local's default job, planned on a profile measured here.
-  std::string job_text = default_job_text(bin) + "\n[profile]\nfile = \"profile.json\"\n";
+  const std::string job_text = with_keys(default_job_text(bin), {{"profile", "file", "profile.json"}});
   const fs::path job_path = dir / "job.toml";
   std::ofstream(job_path) << job_text;
   const auto job = oobleck::apps::parse_job(job_text, "job");
@@ -185,19 +183,31 @@ int main(int argc, char** argv) try {
   if (any_joins) {
     const int n = most - 1;
     const auto metrics = dir / "calibration-join.jsonl";
+    const auto events_path = dir / "calibration-join-events.jsonl";
     const auto r = run_program(bin + "/oobleck-local", {"--config", job_path.string(), "--nodes", std::to_string(n), "--steps",
-                                                        "400", "--join-at", "10:1", "--metrics-out", metrics.string()},
+                                                        "400", "--join-at", "10:1", "--metrics-out", metrics.string(),
+                                                        "--events-out", events_path.string()},
                                300);
     if (r.status != 0) throw std::runtime_error("join calibration failed:\n" + r.transcript());
-    const double start = r.first("starting 1 more worker"), admitted = r.first("node " + std::to_string(n) + " joined: ");
+    // From the commit of step 10, which makes oobleck-local start the worker (within its 50 ms
+    // poll, as a trace replay starts a joining worker when its add is due), to the worker's
+    // admission: both job events, unix_ms of the coordinator's clock.
+    double start = NAN, admitted = NAN;
+    for (const auto& e : oobleck::bench::read_events(events_path)) {
+      if (e.event.kind == event_kind::step_committed && e.event.step == 10 && std::isnan(start)) start = e.unix_ms;
+      if (e.event.kind == event_kind::node_joined && e.event.node == n && std::isnan(admitted)) admitted = e.unix_ms;
+    }
     join_ms = admitted - start;
     // (With too few steps the job can finish before a slow worker registers: no figure at all.)
     if (!std::isfinite(join_ms)) throw std::runtime_error("join calibration: the worker never joined:\n" + r.transcript());
-    const auto events = read_events(metrics);
-    std::cout << "join readiness (worker started -> admitted, " << n << " -> " << n + 1 << " nodes): " << fmt("%.0f", join_ms)
+    const auto events = read_records(metrics);
+    std::cout << "join readiness (step 10 committed, worker started -> admitted, " << n << " -> " << n + 1 << " nodes): " << fmt("%.0f", join_ms)
               << " ms; the join's own recovery record: "
               << (events.empty() ? std::string("none") : events.front().dump()) << "\n";
-    join_json = {{"nodes_before", n}, {"ready_ms", join_ms}, {"records", json::parse(nlohmann::json(events).dump())}};
+    join_json = {{"nodes_before", n},
+                 {"ready_ms", join_ms},
+                 {"ready_from", "the step_committed event of the --join-at step -> the node_joined event"},
+                 {"records", json::parse(nlohmann::json(events).dump())}};
   }
 
   // --- the replays (measured)
@@ -213,17 +223,21 @@ int main(int argc, char** argv) try {
       if (e.ms < m.schedule.end_ms)
         std::cout << "  " << sim::describe(e) << "  (" << fmt("%.2f", e.ms * c.scale / 1000) << " s here)\n";
     const auto metrics = dir / ("replay-" + std::to_string(runs.size()) + ".jsonl");
+    const auto events_path = dir / ("replay-" + std::to_string(runs.size()) + "-events.jsonl");
     m.load_before = load_average();
     const auto r = run_program(bin + "/oobleck-local", {"--config", job_path.string(), "--trace", c.trace.string(),
                                                         "--time-scale", fmt("%.17g", c.scale), "--trace-nodes",
-                                                        std::to_string(c.slots), "--metrics-out", metrics.string()},
+                                                        std::to_string(c.slots), "--metrics-out", metrics.string(),
+                                                        "--events-out", events_path.string()},
                                m.window_ms / 1000 + 300);
     m.load_after = load_average();
     if (r.status != 0)
       throw std::runtime_error(c.name + ": the replay failed (status " + std::to_string(r.status) + "):\n" + r.transcript());
-    for (const auto& l : r.lines)
-      if (l.text.rfind("[coordinator] epoch ", 0) == 0 && l.text.find(" formed: ") != std::string::npos) {
-        m.t0 = l.unix_ms;
+    // The window starts when the first epoch formed (its event's unix_ms, the clock of the metrics).
+    const auto events = oobleck::bench::read_events(events_path);
+    for (const auto& e : events)
+      if (e.event.kind == event_kind::epoch_formed) {
+        m.t0 = e.unix_ms;
         break;
       }
     if (std::isnan(m.t0)) throw std::runtime_error(c.name + ": no epoch formed:\n" + r.transcript());
@@ -233,9 +247,12 @@ int main(int argc, char** argv) try {
       if (t > m.t0 && t <= m.t0 + m.window_ms) m.samples += st["samples"].get<double>();
     }
     m.measured = m.samples / (m.window_ms / 1000);
-    m.records = read_events(metrics);
-    for (const auto& l : r.lines)
-      if (l.text.rfind("[local] trace ", 0) == 0) m.progress.push_back(l.text);
+    m.records = read_records(metrics);
+    // What the replay did, for people: the job's losses, joins and epochs from the window's start.
+    for (const auto& e : events)
+      if (e.unix_ms >= m.t0 && (e.event.kind == event_kind::node_lost || e.event.kind == event_kind::node_joined ||
+                                e.event.kind == event_kind::epoch_formed || e.event.kind == event_kind::stopped))
+        m.progress.push_back(fmt("%.2f s: ", (e.unix_ms - m.t0) / 1000) + describe(e));
     std::cout << "  measured " << fmt("%.1f", m.measured) << " samples/s (" << m.samples << " samples in "
               << fmt("%.1f", m.window_ms / 1000) << " s; " << m.records.size() << " recovery record(s); load "
               << m.load_before << " -> " << m.load_after << ")\n";

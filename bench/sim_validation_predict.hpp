@@ -39,7 +39,7 @@ struct measured_replay {
   double window_ms = 0, t0 = NAN, samples = 0, measured = 0;
   std::size_t replayed_events = 0;  // those before the end (the run ends at the trace's last time)
   std::vector<nlohmann::json> steps, records;
-  std::vector<std::string> progress;
+  std::vector<std::string> progress;  ///< for people: the job events of the window (losses, joins, epochs)
   std::string load_before, load_after;
 };
 
