@@ -1,4 +1,4 @@
-// Checkpoints in the reconfiguration protocol (fixture: reconfiguration_fixture.hpp): when the
+// Checkpoints in the reconfiguration protocol (fixture: protocol_fixture.hpp): when the
 // policy says checkpoint and stop, the survivors write each layer once (or the stop says why no
 // checkpoint could be written); periodic checkpoints between steps, and one abandoned by a loss.
 
@@ -11,9 +11,11 @@
 #include <utility>
 #include <vector>
 
-#include "actors/reconfiguration_fixture.hpp"
+#include "actors/protocol_fixture.hpp"
 
 using namespace oobleck::testing;
+using oobleck::messages::event_kind;
+using oobleck::messages::stop_outcome;
 using oobleck::messages::checkpoint_layer_file;
 namespace planning = oobleck::planning;
 
@@ -32,7 +34,7 @@ void check_every_layer_once(const std::vector<checkpoint_layer_file>& files, int
 }  // namespace
 
 TEST_CASE("reconfiguration protocol: a whole pipeline lost: the survivors write each layer once, then the job stops") {
-  fixture f(6, 0, true);
+  fixture f({.steps = 6, .checkpoints = true});
   f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 2u}; }}});
   REQUIRE(f.records.size() == 2);
   const auto stop = f.lose(f.initial(), {0, 1, 2});
@@ -41,7 +43,12 @@ TEST_CASE("reconfiguration protocol: a whole pipeline lost: the survivors write 
   f.kill(1);
   f.kill(2);
   f.sched.run();
-  CHECK(f.logged("the reconfiguration policy says checkpoint and stop: "));
+  INFO(describe(f.events));
+  // The policy's answer to the losses was checkpoint and stop: no new epoch formed, a checkpoint, the
+  // stop.
+  CHECK(count(f.events, {.kind = event_kind::epoch_formed}) == 1);  // the first plan's only
+  CHECK(f.position({.kind = event_kind::checkpoint_written, .step = 2, .detail = "/ckpt/step-2"}) <
+        f.position({.kind = event_kind::stopped, .outcome = stop_outcome::checkpoint_and_stop, .committed = 2}));
   REQUIRE(f.finished.size() == 1);
   CHECK(f.finished[0].first == 2);  // steps 0 and 1 committed: the next is 2
   const int layers = static_cast<int>(f.profile.layers.size());
@@ -64,12 +71,14 @@ TEST_CASE("reconfiguration protocol: a whole pipeline lost: the survivors write 
   CHECK(f.stops[0].dir == std::optional<std::string>("/ckpt/step-2"));
   CHECK(f.stops[0].step == 2);
   CHECK(f.stops[0].reason.find("cannot continue after losing node(s)") != std::string::npos);
-  CHECK(f.logged("resume with: --resume /ckpt/step-2"));
+  CHECK(f.stop().outcome == stop_outcome::checkpoint_and_stop);
+  // What the user is told on purpose: how to resume from it.
+  CHECK(f.told("resume with: --resume /ckpt/step-2"));
   CHECK(f.records.size() == 2);  // nothing more committed
 }
 
 TEST_CASE("reconfiguration protocol: a holder without its layer and no other survivor: no checkpoint, the stop says so") {
-  fixture f(6, 0, true);
+  fixture f({.steps = 6, .checkpoints = true});
   f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 2u}; }},
            {3, [](fake_stage_record& r) { r.not_held = {0, 1, 2, 3, 4, 5, 6, 7}; }}});
   REQUIRE(f.records.size() == 2);
@@ -81,13 +90,18 @@ TEST_CASE("reconfiguration protocol: a holder without its layer and no other sur
   CHECK(f.discarded == std::vector<std::string>{"/ckpt/.tmp-2"});
   REQUIRE(f.stops.size() == 1);
   CHECK(!f.stops[0].dir);
-  CHECK(f.logged("no checkpoint could be written: layer "));
-  CHECK(f.logged("there is no earlier checkpoint either"));
+  CHECK(!f.stops[0].latest);  // and there is no earlier one to resume from
+  INFO(describe(f.events));
+  CHECK(!f.happened({.kind = event_kind::checkpoint_written}));
+  CHECK(f.stop().outcome == stop_outcome::checkpoint_and_stop);
+  // What the user is told on purpose: why no checkpoint was written, and that nothing is left.
+  CHECK(f.told("no checkpoint could be written: layer "));
+  CHECK(f.told("there is no earlier checkpoint either"));
 }
 
 TEST_CASE("reconfiguration protocol: periodic checkpoints between steps, each layer once, training waits for them") {
   constexpr std::uint64_t steps = 4;
-  fixture f(steps, 2);
+  fixture f({.steps = steps, .checkpoint_every = 2});
   f.start();
   f.check_steps(steps);
   REQUIRE(f.finished.size() == 2);
@@ -102,20 +116,29 @@ TEST_CASE("reconfiguration protocol: periodic checkpoints between steps, each la
       if (rec->traced("step 1 2")) CHECK(rec->position("write 2") < rec->position("step 1 2"));
     }
   CHECK(f.stops.empty());
-  CHECK(f.logged("checkpoint of step 4 written to /ckpt/step-4"));
+  INFO(describe(f.events));
+  // Published as each completed, after its step's commit and before the next step's.
+  const auto second = f.position({.kind = event_kind::checkpoint_written, .step = 2, .detail = "/ckpt/step-2"});
+  CHECK(f.position({.kind = event_kind::step_committed, .step = 1}) < second);
+  CHECK(second < f.position({.kind = event_kind::step_committed, .step = 2}));
+  CHECK(f.position({.kind = event_kind::checkpoint_written, .step = 4, .detail = "/ckpt/step-4"}) < f.events.size());
+  CHECK(f.happened(finished(4)));
 }
 
 TEST_CASE("reconfiguration protocol: a node lost while a periodic checkpoint is written: abandoned, training recovers") {
   constexpr std::uint64_t steps = 4;
-  fixture f(steps, 2);
+  fixture f({.steps = steps, .checkpoint_every = 2});
   f.start({{0, [](fake_stage_record& r) { r.hold_write = true; }}});
   REQUIRE(f.records.size() == 2);
   REQUIRE(f.stages.at(0)->traced("write 2"));
   f.kill(0);
   f.sched.run();
-  CHECK(f.logged("checkpoint of step 2 abandoned: node 0 was lost"));
+  INFO(describe(f.events));
+  // Abandoned: its directory discarded, never published as written; training recovered.
   CHECK(f.discarded == std::vector<std::string>{"/ckpt/.tmp-2"});
-  CHECK(f.logged("training finished: 4 step(s) committed"));
+  CHECK(!f.happened({.kind = event_kind::checkpoint_written, .step = 2}));
+  CHECK(f.happened(reconfigured({0})));
+  CHECK(f.happened(finished(4)));
   f.check_steps(steps);
   REQUIRE(f.finished.size() == 1);  // step 4's
   CHECK(f.finished[0].first == 4);

@@ -1,4 +1,4 @@
-// A loss while a step's commit is applied (fixture: reconfiguration_fixture.hpp): the commit
+// A loss while a step's commit is applied (fixture: protocol_fixture.hpp): the commit
 // stands, is recorded and applied before the next epoch, is never re-run, and a loss during the
 // last step's commit ends the job without a new epoch.
 
@@ -7,9 +7,10 @@
 #include <cstdint>
 #include <utility>
 
-#include "actors/reconfiguration_fixture.hpp"
+#include "actors/protocol_fixture.hpp"
 
 using namespace oobleck::testing;
+using oobleck::messages::event_kind;
 namespace planning = oobleck::planning;
 
 TEST_CASE("reconfiguration protocol: a loss during a commit: the commit stands, is applied before the next epoch, and is not re-run") {
@@ -17,13 +18,17 @@ TEST_CASE("reconfiguration protocol: a loss during a commit: the commit stands, 
   // it (its step_committed never comes). The survivors apply the commit of step 1 (the stage gets
   // it before the next epoch's assignment), step 1 is never run again, step 2 runs in epoch 2.
   constexpr std::uint64_t steps = 4;
-  fixture f(steps);
+  fixture f({.steps = steps});
   f.kill_during_commit(2, {1, 1});
   const auto r = f.lose(f.initial(), {2});
-  CHECK(f.logged("step 1 was committed before node 2 was lost"));
-  CHECK(f.logged("reconfigured after losing node(s) 2 (" + rules_of(r) + ", "));
-  CHECK(f.logged("step 2 runs again"));
-  CHECK(f.logged("training finished: 4 step(s) committed"));
+  INFO(describe(f.events));
+  // The commit of step 1 stood, then the policy's epoch 2 (without node 2) runs step 2 next.
+  const auto stood = f.position({.kind = event_kind::commit_stood, .epoch = 1, .step = 1, .node = 2});
+  const auto forming = f.position({.kind = event_kind::epoch_forming, .epoch = 2, .step = 2, .detail = rules_of(r), .lost = {{2}}});
+  CHECK(stood < forming);
+  CHECK(forming < f.events.size());
+  CHECK(f.happened({.kind = event_kind::epoch_formed, .epoch = 2, .step = 2}));
+  CHECK(f.happened(finished(4)));
   CHECK(f.copies_of(2) == fixture::copies_of(r));
   for (const auto& [id, rec] : f.stages) {
     if (id == 2) continue;
@@ -56,10 +61,10 @@ TEST_CASE("reconfiguration protocol: a loss during a commit: the commit stands, 
 // survivors (or of every holder that replied).
 TEST_CASE("reconfiguration protocol: a loss during a commit: the committed step still has its record") {
   constexpr std::uint64_t steps = 4;
-  fixture f(steps);
+  fixture f({.steps = steps});
   f.kill_during_commit(2, {1, 1});
-  REQUIRE(f.logged("training finished: 4 step(s) committed"));
-  CHECK(f.logged("step 1: loss "));
+  REQUIRE(f.happened(finished(4)));
+  CHECK(count(f.events, {.kind = event_kind::step_committed, .step = 1}) == 1);
   REQUIRE(f.records.size() == steps);
   for (std::size_t k = 0; k < steps; ++k) {
     CHECK(f.records[k].step == k);
@@ -69,11 +74,12 @@ TEST_CASE("reconfiguration protocol: a loss during a commit: the committed step 
 
 TEST_CASE("reconfiguration protocol: a loss during the last step's commit ends the job, without a new epoch") {
   constexpr std::uint64_t steps = 3;
-  fixture f(steps);
+  fixture f({.steps = steps});
   f.kill_during_commit(4, {1, 2});
-  CHECK(f.logged("step 2 was committed before node 4 was lost"));
-  CHECK(f.logged("training finished: 3 step(s) committed"));
-  CHECK(!f.logged("reconfigured after"));
+  INFO(describe(f.events));
+  CHECK(f.happened({.kind = event_kind::commit_stood, .epoch = 1, .step = 2, .node = 4}));
+  CHECK(f.happened(finished(3)));
+  CHECK(count(f.events, {.kind = event_kind::epoch_forming}) == 1);  // the first plan's only
   for (const auto& [id, rec] : f.stages) {
     if (id == 4) continue;
     CHECK(!rec->traced("assign 2"));
@@ -85,15 +91,17 @@ TEST_CASE("reconfiguration protocol: a loss during a commit, then another while 
   // Node 2 dies applying the commit of step 1; node 3 never finishes forming epoch 2 and dies
   // too. The commit stands; epoch 3 is planned from epoch 1 without 2 and 3; step 2 runs there.
   constexpr std::uint64_t steps = 4;
-  fixture f(steps);
+  fixture f({.steps = steps});
   f.kill_during_commit(2, {1, 1}, {{3, [](fake_stage_record& r) { r.hold_form = {2}; }}});
   REQUIRE(f.status().state == "forming");
   f.kill(3);
   f.sched.run();
   const auto both = f.lose(f.initial(), {2, 3});
   REQUIRE(both.action == planning::reconfiguration_action::continue_training);
-  CHECK(f.logged("reconfigured after losing node(s) 2 3 (" + rules_of(both) + ", "));
-  CHECK(f.logged("training finished: 4 step(s) committed"));
+  INFO(describe(f.events));
+  CHECK(f.happened({.kind = event_kind::commit_stood, .epoch = 1, .step = 1, .node = 2}));
+  CHECK(f.happened({.kind = event_kind::epoch_forming, .epoch = 3, .step = 2, .detail = rules_of(both), .lost = {{2, 3}}}));
+  CHECK(f.happened(finished(4)));
   CHECK(f.copies_of(3) == fixture::copies_of(both));
   for (const auto& [id, rec] : f.stages) {
     if (id == 2 || id == 3) continue;

@@ -1,4 +1,4 @@
-// A loss while a reconfiguration forms (fixture: reconfiguration_fixture.hpp): the half-formed
+// A loss while a reconfiguration forms (fixture: protocol_fixture.hpp): the half-formed
 // epoch is abandoned and the next plan starts from the last configuration that formed, whether the
 // second victim is a copy source or another node while a slow one still forms; and a node that
 // registers meanwhile enters at the next step boundary.
@@ -11,9 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "actors/reconfiguration_fixture.hpp"
+#include "actors/protocol_fixture.hpp"
 
 using namespace oobleck::testing;
+using oobleck::messages::event_kind;
 namespace planning = oobleck::planning;
 
 TEST_CASE("reconfiguration protocol: a copy source lost while the new epoch forms: planned again from the last formed epoch") {
@@ -22,7 +23,7 @@ TEST_CASE("reconfiguration protocol: a copy source lost while the new epoch form
   // coordinator plans epoch 3 from epoch 1's configuration (where the layers still are: nothing
   // of epoch 2 formed) without nodes 0 and C, and step 1 runs once, in epoch 3.
   constexpr std::uint64_t steps = 4;
-  fixture f(steps);
+  fixture f({.steps = steps});
   const int a = 0;
   const int c = copy_source_to_lose(f, a);
   CAPTURE(c);
@@ -32,7 +33,7 @@ TEST_CASE("reconfiguration protocol: a copy source lost while the new epoch form
   f.kill(a);
   f.sched.run();
   const auto first = f.lose(f.initial(), {a});
-  CHECK(f.logged("reconfigured after losing node(s) " + std::to_string(a) + " (" + rules_of(first) + ", "));
+  CHECK(f.happened({.kind = event_kind::epoch_forming, .epoch = 2, .step = 1, .detail = rules_of(first), .lost = {{a}}}));
   REQUIRE(f.status().state == "forming");
   CHECK(f.status().epoch == 2);
   CHECK(f.copies_of(2) == fixture::copies_of(first));
@@ -43,11 +44,12 @@ TEST_CASE("reconfiguration protocol: a copy source lost while the new epoch form
   f.sched.run();
   const auto both = f.lose(f.initial(), {a, c});
   REQUIRE(both.action == planning::reconfiguration_action::continue_training);
-  CHECK(f.logged("reconfigured after losing node(s) " + std::to_string(a) + " " + std::to_string(c) + " (" +
-                 rules_of(both) + ", "));
-  CHECK(!f.logged("epoch 2 formed"));
-  CHECK(f.logged("epoch 3 formed"));
-  CHECK(f.logged("training finished: 4 step(s) committed"));
+  INFO(describe(f.events));
+  const std::vector<std::int64_t> lost{a, c};
+  CHECK(f.happened({.kind = event_kind::epoch_forming, .epoch = 3, .step = 1, .detail = rules_of(both), .lost = lost}));
+  CHECK(!f.happened({.kind = event_kind::epoch_formed, .epoch = 2}));
+  CHECK(f.happened({.kind = event_kind::epoch_formed, .epoch = 3, .step = 1}));
+  CHECK(f.happened(finished(4)));
   f.check_steps(steps);
   CHECK(f.records[0].epoch == 1);
   for (std::size_t k = 1; k < steps; ++k) CHECK(f.records[k].epoch == 3);
@@ -90,7 +92,7 @@ TEST_CASE("reconfiguration protocol: another node lost while a slow node still f
   // dies while epoch 2 forms. Epoch 3 is planned from epoch 1 without 0 and 4; node 1, which
   // never answered epoch 2, forms epoch 3 and trains.
   constexpr std::uint64_t steps = 3;
-  fixture f(steps);
+  fixture f({.steps = steps});
   f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 1u}; }},
            {1, [](fake_stage_record& r) { r.hold_form = {2}; }}});
   f.kill(0);
@@ -100,9 +102,10 @@ TEST_CASE("reconfiguration protocol: another node lost while a slow node still f
   f.sched.run();
   const auto both = f.lose(f.initial(), {0, 4});
   REQUIRE(both.action == planning::reconfiguration_action::continue_training);
-  CHECK(f.logged("reconfigured after losing node(s) 0 4 (" + rules_of(both) + ", "));
-  CHECK(!f.logged("epoch 2 formed"));
-  CHECK(f.logged("training finished: 3 step(s) committed"));
+  INFO(describe(f.events));
+  CHECK(f.happened(reconfigured({0, 4}, {}, rules_of(both))));
+  CHECK(!f.happened({.kind = event_kind::epoch_formed, .epoch = 2}));
+  CHECK(f.happened(finished(3)));
   f.check_steps(steps);
   f.check_pipelines(1, fixture::after(both));
   CHECK(f.copies_of(3) == fixture::copies_of(both));
@@ -117,25 +120,30 @@ TEST_CASE("reconfiguration protocol: a node that registers while a reconfigurati
   // new node must be admitted. (Was a bug: forming an epoch cleared every joining node, so a node
   // that registered while an epoch formed was never admitted and idled to the end.)
   constexpr std::uint64_t steps = 4;
-  fixture f(steps);
+  fixture f({.steps = steps});
   f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 1u}; }}});
   f.kill(0);
   // Run until the coordinator has sent epoch 2's assignments, then start the new worker: its
   // registration arrives before every node of epoch 2 is ready.
-  while (!f.logged("reconfigured after losing node(s) 0 (")) REQUIRE(f.sched.try_run_once());
+  while (!f.happened(reconfigured({0}))) REQUIRE(f.sched.try_run_once());
   f.add_worker(fixture::nodes);
   f.sched.run();
-  const auto joined = f.log_position("node 6 joined: w6");
-  REQUIRE(joined < f.log.size());
-  CHECK(f.log[joined].find("it enters at the next step boundary") != std::string::npos);
-  CHECK(f.log_position("reconfigured after losing node(s) 0 (") < joined);
-  CHECK(joined < f.log_position("epoch 2 formed"));  // registered while epoch 2 formed
+  INFO(describe(f.events));
+  const auto joined = f.position({.kind = event_kind::node_joined, .node = 6, .detail = "w6"});
+  REQUIRE(joined < f.events.size());
+  CHECK(f.position(reconfigured({0})) < joined);
+  CHECK(joined < f.position({.kind = event_kind::epoch_formed, .epoch = 2}));  // registered while epoch 2 formed
+  // It was not in epoch 2 (planned before it registered), and entered by the next reconfiguration.
+  CHECK(f.stages.at(6)->assignments.count(2) == 0);
   const auto first = f.lose(f.initial(), {0});
   const auto admit = f.lose(fixture::after(first), {}, {6});
   REQUIRE(admit.action == planning::reconfiguration_action::continue_training);
-  CHECK(f.logged("reconfigured to admit node(s) 6 (" + rules_of(admit) + ", "));
-  CHECK(f.log_position("step 1: ") < f.log_position("reconfigured to admit node(s) 6"));
-  CHECK(f.logged("training finished: 4 step(s) committed"));
+  // Admitted at the boundary after step 1 committed (in epoch 2), before step 2 ran.
+  const auto admitted = f.position({.kind = event_kind::epoch_forming, .epoch = 3, .step = 2, .detail = rules_of(admit),
+                                    .lost = {{}}, .joined = {{6}}});
+  REQUIRE(admitted < f.events.size());
+  CHECK(f.position({.kind = event_kind::step_committed, .epoch = 2, .step = 1}) < admitted);
+  CHECK(f.happened(finished(4)));
   f.check_steps(steps);
   f.check_pipelines(2, fixture::after(admit));
 }

@@ -1,4 +1,4 @@
-// The reconfiguration protocol with several losses (fixture: reconfiguration_fixture.hpp): the
+// The reconfiguration protocol with several losses (fixture: protocol_fixture.hpp): the
 // fixture's failure-free run, two nodes lost at the same moment, and a second node lost in the
 // re-run of the step the first loss interrupted, each decision replayed through the policy.
 
@@ -9,19 +9,20 @@
 #include <utility>
 #include <vector>
 
-#include "actors/reconfiguration_fixture.hpp"
+#include "actors/protocol_fixture.hpp"
 
 using namespace oobleck::testing;
+using oobleck::messages::event_kind;
 namespace planning = oobleck::planning;
 
 TEST_CASE("reconfiguration protocol: the fixture's first plan is two pipelines of three nodes") {
-  fixture f(2);
+  fixture f({.steps = 2});
   REQUIRE(f.plan.pipelines.size() == 2);
   CHECK(f.plan.pipelines[0].nodes == std::vector<int>{0, 1, 2});
   CHECK(f.plan.pipelines[1].nodes == std::vector<int>{3, 4, 5});
   CHECK(f.plan.spec.n0 == 2);
   f.start();
-  CHECK(f.logged("training finished: 2 step(s) committed"));
+  CHECK(f.happened(finished(2)));
   f.check_steps(2);
   f.check_pipelines(0, f.initial());
   CHECK(f.recoveries.empty());
@@ -31,17 +32,18 @@ TEST_CASE("reconfiguration protocol: two losses at once: one plan without both, 
   // Nodes 0 and 4 die at the same moment in the middle of step 2: the second loss arrives while
   // the first reconfiguration is being formed.
   constexpr std::uint64_t steps = 4;
-  fixture f(steps);
+  fixture f({.steps = steps});
   f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 2u}; }}});
   REQUIRE(f.records.size() == 2);
   f.kill(0);
   f.kill(4);
   f.sched.run();
+  INFO(describe(f.events));
   const auto both = f.lose(f.initial(), {0, 4});
-  CHECK(f.logged("reconfigured after losing node(s) 0 ("));
-  CHECK(f.logged("reconfigured after losing node(s) 0 4 (" + rules_of(both) + ", "));
-  CHECK(!f.logged("epoch 2 formed"));
-  CHECK(f.logged("training finished: 4 step(s) committed"));
+  CHECK(f.happened({.kind = event_kind::epoch_forming, .epoch = 2, .step = 2, .lost = {{0}}}));
+  CHECK(f.happened({.kind = event_kind::epoch_forming, .epoch = 3, .step = 2, .detail = rules_of(both), .lost = {{0, 4}}}));
+  CHECK(!f.happened({.kind = event_kind::epoch_formed, .epoch = 2}));
+  CHECK(f.happened(finished(4)));
   f.check_steps(steps);
   f.check_pipelines(2, fixture::after(both));
   CHECK(f.copies_of(3) == fixture::copies_of(both));
@@ -55,7 +57,7 @@ TEST_CASE("reconfiguration protocol: two losses in a row: the second in the re-r
   // dies in the re-run of step 1: its pipeline is below n0 and borrows. The second plan starts
   // from epoch 2's configuration, which formed everywhere.
   constexpr std::uint64_t steps = 4;
-  fixture f(steps);
+  fixture f({.steps = steps});
   const auto first = f.lose(f.initial(), {0});
   const auto second = f.lose(fixture::after(first), {1});
   REQUIRE(first.reason == "simple");
@@ -64,14 +66,17 @@ TEST_CASE("reconfiguration protocol: two losses in a row: the second in the re-r
            {1, [](fake_stage_record& r) { r.hold_step = std::pair{2u, 1u}; }}});
   f.kill(0);
   f.sched.run();
-  CHECK(f.logged("epoch 2 formed"));
+  CHECK(f.happened({.kind = event_kind::epoch_formed, .epoch = 2, .step = 1}));
   REQUIRE(f.status().state == "training");
   CHECK(f.records.size() == 1);  // step 1 is held by node 1 in epoch 2
   f.kill(1);
   f.sched.run();
-  CHECK(f.logged("reconfigured after losing node(s) 0 (simple, "));
-  CHECK(f.logged("reconfigured after losing node(s) 1 (borrow, "));
-  CHECK(f.logged("training finished: 4 step(s) committed"));
+  INFO(describe(f.events));
+  CHECK(f.happened(reconfigured({0}, {}, "simple")));
+  CHECK(f.happened(reconfigured({1}, {}, "borrow")));
+  CHECK(f.position(reconfigured({0})) < f.position({.kind = event_kind::epoch_formed, .epoch = 2}));
+  CHECK(f.position({.kind = event_kind::epoch_formed, .epoch = 2}) < f.position(reconfigured({1})));
+  CHECK(f.happened(finished(4)));
   f.check_steps(steps);
   for (std::size_t k = 1; k < steps; ++k) CHECK(f.records[k].epoch == 3);
   f.check_pipelines(1, fixture::after(second));
@@ -99,14 +104,14 @@ TEST_CASE("reconfiguration protocol: two losses in a row: the second in the re-r
 // record lists every node lost since the last commit (here [0, 1]).
 TEST_CASE("reconfiguration protocol: two losses in a row: every lost node appears in a reconfigured record") {
   constexpr std::uint64_t steps = 3;
-  fixture f(steps);
+  fixture f({.steps = steps});
   f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 1u}; }},
            {1, [](fake_stage_record& r) { r.hold_step = std::pair{2u, 1u}; }}});
   f.kill(0);
   f.sched.run();
   f.kill(1);
   f.sched.run();
-  REQUIRE(f.logged("training finished: 3 step(s) committed"));
+  REQUIRE(f.happened(finished(3)));
   std::set<std::int64_t> lost;
   for (const auto& r : f.recoveries) lost.insert(r.lost.begin(), r.lost.end());
   CHECK(lost == std::set<std::int64_t>{0, 1});

@@ -1,11 +1,12 @@
-#include "actors/reconfiguration_fixture.hpp"
+#include "actors/protocol_fixture.hpp"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
 
+#include "actors/admission.hpp"
 #include "planning/synthetic_profile.hpp"
-#include "support/coordinator_probe.hpp"
 
 using namespace oobleck::actors;
 using namespace oobleck::messages;
@@ -13,26 +14,26 @@ using namespace oobleck::messages;
 namespace oobleck::testing {
 namespace {
 
-const std::string token(64, 'k');
-
 stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_record* rec) {
+  // Slot j > 0 runs stage j of its node's assignment, which slot 0 received.
+  auto node = [rec]() -> fake_stage_record& { return rec->first ? *rec->first : *rec; };
   return {
       [self, rec](epoch_assignment& a) -> caf::result<form_timing> {
         rec->trace.push_back("assign " + std::to_string(a.epoch));
         rec->assignments[a.epoch] = a;
-        rec->current_epoch = a.epoch;
         if (rec->hold_form.count(a.epoch)) return self->make_response_promise<form_timing>();
         // Copies that take longer on higher ranks: the record keeps the slowest node's.
         return form_timing{1000, 100 + 1000 * std::max(0, a.rank), 500, 0, a.copies.empty() ? 0 : 1'000'000,
                            200 + std::max(0, a.rank), 50 + 10 * std::max(0, a.rank)};
       },
-      [self, rec](stage_step& s) -> caf::result<stage_done> {
+      [self, rec, node](stage_step& s) -> caf::result<stage_done> {
         rec->trace.push_back("step " + std::to_string(s.epoch) + " " + std::to_string(s.step));
         rec->steps.push_back(s);
-        const auto& st = rec->assignments.at(s.epoch).stages.at(0);
+        const auto& st = node().assignments.at(s.epoch).stages.at(static_cast<std::size_t>(rec->slot));
         if (rec->hold_step == std::pair{s.epoch, s.step}) return self->make_response_promise<stage_done>();
         stage_done d{s.epoch, s.step, st.pipeline, st.stage, 0, {}};
         if (st.stage + 1 == st.num_stages) d.loss_sum = 2.0 * s.microbatches;
+        if (rec->fail_step == s.step) d.error = "injected stage failure";
         return d;
       },
       [self, rec](commit_step& c) -> caf::result<step_committed> {
@@ -40,10 +41,10 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         rec->commits.push_back(c);
         if (rec->hold_commit == std::pair{c.epoch, c.step}) return self->make_response_promise<step_committed>();
         step_committed out{c.epoch, c.step, -1, {}};
-        const auto& a = rec->assignments.at(c.epoch);
-        if (a.stages.empty()) return out;
-        const auto& st = a.stages.at(0);
-        for (int l = st.first_layer; l < st.end_layer; ++l) out.digests.push_back({l, 1000u + static_cast<unsigned>(c.step)});
+        // Slot 0 commits every stage of its node.
+        for (const auto& st : rec->assignments.at(c.epoch).stages)
+          for (int l = st.first_layer; l < st.end_layer; ++l)
+            out.digests.push_back({l, 1000u + static_cast<unsigned>(c.step)});
         return out;
       },
       [self, rec](write_checkpoint& w) -> caf::result<checkpoint_written> {
@@ -64,6 +65,24 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
 
 }  // namespace
 
+const std::string fixture::token(64, 'k');
+
+const epoch_assignment& fake_stage_record::assignment() const {
+  static const epoch_assignment none;
+  const auto& a = first ? first->assignments : assignments;
+  return a.empty() ? none : a.rbegin()->second;
+}
+std::vector<std::uint64_t> fake_stage_record::epochs() const {
+  std::vector<std::uint64_t> out;
+  for (const auto& [epoch, a] : assignments) out.push_back(epoch);
+  return out;
+}
+std::vector<std::uint64_t> fake_stage_record::aborted() const {
+  std::vector<std::uint64_t> out;
+  for (const auto& t : trace)
+    if (t.rfind("abort ", 0) == 0) out.push_back(std::stoull(t.substr(6)));
+  return out;
+}
 bool fake_stage_record::traced(const std::string& what) const {
   return std::find(trace.begin(), trace.end(), what) != trace.end();
 }
@@ -71,7 +90,8 @@ std::size_t fake_stage_record::position(const std::string& what) const {
   return static_cast<std::size_t>(std::find(trace.begin(), trace.end(), what) - trace.begin());
 }
 std::size_t fake_stage_record::commits_of(std::uint64_t step) const {
-  return static_cast<std::size_t>(std::count_if(commits.begin(), commits.end(), [&](const commit_step& c) { return c.step == step; }));
+  return static_cast<std::size_t>(
+      std::count_if(commits.begin(), commits.end(), [&](const commit_step& c) { return c.step == step; }));
 }
 std::size_t fake_stage_record::runs_of(std::uint64_t step, std::optional<std::uint64_t> epoch) const {
   return static_cast<std::size_t>(std::count_if(steps.begin(), steps.end(), [&](const stage_step& s) {
@@ -84,7 +104,21 @@ fixture::config::config() {
   set("scheduler.policy", caf::atom("testing"));
 }
 
-fixture::fixture(std::uint64_t steps, std::uint64_t checkpoint_every, bool checkpoints) {
+fixture::options fixture::roomy(int nodes, std::uint64_t steps, int slots) {
+  options o;
+  o.nodes = nodes;
+  o.steps = steps;
+  o.slots = slots;
+  o.device_memory_bytes = 1LL << 30;
+  o.device_tflops = 100;
+  o.global_batch = 8;
+  return o;
+}
+
+fixture::fixture(options o) : opts(o) {
+  // The log sink prefixes every line as the programs do (OOBLECK_LOG_PREFIX, set for every test by
+  // tests/CMakeLists.txt): a test that learnt what happened from the wording would break.
+  if (const char* p = std::getenv("OOBLECK_LOG_PREFIX")) prefix_ = p;
   planning::synthetic_gpt g;
   g.layers = 6;
   g.hidden = 32;
@@ -92,28 +126,31 @@ fixture::fixture(std::uint64_t steps, std::uint64_t checkpoint_every, bool check
   g.sequence = 16;
   g.vocab = 256;
   g.microbatch = 2;
-  g.gpus_per_node = 1;
-  g.device_tflops = 0.02;
-  g.device_memory_bytes = 800'000;
+  g.gpus_per_node = o.slots;
+  if (o.slots > 1) g.tensor_parallel_overhead = 4.0;  // one stage per slot beats one wide stage
+  g.device_tflops = o.device_tflops;
+  g.device_memory_bytes = o.device_memory_bytes;
   profile = planning::synthetic_gpt_profile(g);
-  job.nodes = nodes;
+  job.nodes = o.nodes;
   job.fault_tolerance = 1;
-  job.global_batch = 16;
+  job.global_batch = o.global_batch;
   job.microbatch = 2;
-  plan = planning::plan_job(profile, job);
+  if (o.steps > 0) plan = planning::plan_job(profile, job);
 
   coordinator_deps d;
-  d.policy = {token, "hash", protocol_version};
-  d.expected_nodes = nodes;
-  d.log = [this](const std::string& l) { log.push_back(l); };
+  d.policy = {token, "hash", protocol_version, o.slots};
+  d.job_toml = "[model]\n";
+  d.expected_nodes = o.nodes;
+  d.log = [this](const std::string& l) { log.push_back(prefix_ + "[coordinator] " + l); };
+  d.on_event = [this](const job_event& e) { events.push_back(e); };
   d.profile = profile;
   d.job = job;
-  d.steps = steps;
+  d.steps = o.steps;
   d.on_step = [this](const step_record& r) { records.push_back(r); };
   d.on_reconfigured = [this](const reconfiguration_record& r) { recoveries.push_back(r); };
-  if (checkpoints || checkpoint_every > 0) {
+  if (o.checkpoints || o.checkpoint_every > 0) {
     d.checkpoint.root = "/ckpt";
-    d.checkpoint.every = checkpoint_every;
+    d.checkpoint.every = o.checkpoint_every;
     d.checkpoint.begin = [](std::uint64_t step) { return "/ckpt/.tmp-" + std::to_string(step); };
     d.checkpoint.finish = [this](const std::string&, std::uint64_t step, const std::vector<checkpoint_layer_file>& files) {
       finished.emplace_back(step, files);
@@ -128,43 +165,82 @@ fixture::fixture(std::uint64_t steps, std::uint64_t checkpoint_every, bool check
 
 fixture::~fixture() {
   caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
-  for (auto& m : all_monitors) caf::anon_send_exit(m, caf::exit_reason::user_shutdown);
-  for (auto& [id, s] : stage_actors) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  for (auto& w : workers) caf::anon_send_exit(w->handle, caf::exit_reason::user_shutdown);
+  for (auto& [id, slots] : stage_actors)
+    for (auto& s : slots) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
   sched.run();
 }
 
 void fixture::start(const setup_map& setup) {
-  for (int i = 0; i < nodes; ++i) add_worker(i, setup);
+  for (int i = 0; i < opts.nodes; ++i) add_worker(i, setup);
   sched.run();
-  REQUIRE(monitors.size() == static_cast<std::size_t>(nodes));
+  REQUIRE(monitors.size() == static_cast<std::size_t>(opts.nodes));
   for (auto& [id, rec] : stages) REQUIRE(rec->node == id);
 }
 
 void fixture::add_worker(int i, const setup_map& setup) {
+  add_worker({.name = "w" + std::to_string(i), .setup = [setup](fake_stage_record& r) {
+                if (auto it = setup.find(r.node); it != setup.end()) it->second(r);
+              }});
+}
+
+fixture::worker& fixture::add_worker(worker_options o) {
+  auto* w = workers.emplace_back(std::make_unique<worker>()).get();
+  w->name = o.name;
   monitor_deps d;
   d.coordinator = coord;
-  d.token = token;
-  d.name = "w" + std::to_string(i);
-  d.data = {"127.0.0.1", static_cast<std::uint16_t>(5000 + i)};
-  d.make_stage = [this, setup](const admission& a) {
-    auto& rec = stages[a.node];
-    rec = std::make_unique<fake_stage_record>();
-    rec->node = a.node;
-    if (auto it = setup.find(a.node); it != setup.end()) it->second(*rec);
-    auto* r = rec.get();
-    spawned_stage s;
-    s.actor = sys.spawn(fake_stage, r);
-    stage_actors[a.node] = s.actor;
-    s.abort = [r](std::uint64_t epoch, const std::string&) { r->trace.push_back("abort " + std::to_string(epoch)); };
-    return s;
+  d.token = o.token.value_or(token);
+  d.name = o.name;
+  d.slots = o.slots;
+  d.job_hash = o.job_hash;
+  d.data = {"127.0.0.1", static_cast<std::uint16_t>(5000 + workers.size() - 1)};
+  d.log = [this, w](const std::string& l) {
+    w->log.push_back(prefix_ + "[" + w->name + "] " + l);
+    log.push_back(w->log.back());
   };
-  d.admitted = [this, i](const admission& a) { monitors[a.node] = all_monitors.at(static_cast<std::size_t>(i)); };
-  all_monitors.push_back(sys.spawn(monitor, std::move(d)));
+  d.admitted = [this, w](const admission& a) {
+    w->node = a.node;
+    w->trace.push_back("admitted " + std::to_string(a.node));
+    monitors[a.node] = w->handle;
+  };
+  d.fault = [w](const inject_fault& f) {
+    w->faults.push_back(f);
+    w->trace.push_back("fault " + to_string(f.kind) + " at " + std::to_string(f.at_step));
+  };
+  if (o.stages)
+    d.make_stage = [this, setup = o.setup, slots = o.slots](const admission& a) {
+      auto& rec = stages[a.node];
+      rec = std::make_unique<fake_stage_record>();
+      rec->node = a.node;
+      for (int j = 1; j < slots; ++j) {
+        auto& runner = *rec->runners.emplace_back(std::make_unique<fake_stage_record>());
+        runner.node = a.node;
+        runner.slot = j;
+        runner.first = rec.get();
+      }
+      if (setup) {
+        setup(*rec);
+        for (auto& r : rec->runners) setup(*r);
+      }
+      auto* first = rec.get();
+      spawned_stage s;
+      s.actor = sys.spawn(fake_stage, first);
+      auto& actors = stage_actors[a.node];
+      actors = {s.actor};
+      for (auto& r : rec->runners) {
+        s.runners.push_back(sys.spawn(fake_stage, r.get()));
+        actors.push_back(caf::actor_cast<stage_actor>(s.runners.back()));
+      }
+      s.abort = [first](std::uint64_t epoch, const std::string&) { first->trace.push_back("abort " + std::to_string(epoch)); };
+      return s;
+    };
+  w->handle = sys.spawn(monitor, std::move(d));
+  return *w;
 }
 
 void fixture::kill(std::int64_t node) {
   caf::anon_send_exit(monitors.at(node), caf::exit_reason::kill);
-  caf::anon_send_exit(stage_actors.at(node), caf::exit_reason::kill);
+  for (auto& s : stage_actors.at(node)) caf::anon_send_exit(s, caf::exit_reason::kill);
 }
 
 void fixture::kill_during_commit(std::int64_t node, std::pair<std::uint64_t, std::uint64_t> commit, setup_map setup) {
@@ -175,14 +251,35 @@ void fixture::kill_during_commit(std::int64_t node, std::pair<std::uint64_t, std
   sched.run();
 }
 
-job_status fixture::status() { return request_status(self, sched, coord, token); }
+control_proof fixture::operator_proof() {
+  std::string nonce;
+  REQUIRE(ask(nonce, nonce_request{protocol_version}) == "ok");
+  return {nonce, control_proof_of(token, nonce)};
+}
 
-bool fixture::logged(const std::string& text) const { return log_contains(log, text); }
+job_status fixture::status() {
+  job_status out;
+  REQUIRE(ask(out, status_atom_v, operator_proof()) == "ok");
+  return out;
+}
 
-std::size_t fixture::log_position(const std::string& text) const {
-  for (std::size_t i = 0; i < log.size(); ++i)
-    if (log[i].find(text) != std::string::npos) return i;
-  return log.size();
+bool fixture::alive(const monitor_actor& m) {
+  bool down = false;
+  self->monitor(m);
+  sched.run();
+  self->receive([&](caf::down_msg&) { down = true; }, caf::after(std::chrono::seconds(0)) >> [] {});
+  self->demonitor(m.address());
+  return !down;
+}
+
+const job_event& fixture::stop() const {
+  INFO(describe(events));
+  REQUIRE(count(events, {.kind = event_kind::stopped}) == 1);
+  return stop_of(events);
+}
+
+bool fixture::told(const std::string& text) const {
+  return std::any_of(log.begin(), log.end(), [&](const std::string& l) { return l.find(text) != std::string::npos; });
 }
 
 planning::reconfiguration fixture::lose(const planning::cluster_state& from, std::vector<int> lost,
@@ -192,6 +289,7 @@ planning::reconfiguration fixture::lose(const planning::cluster_state& from, std
                                               job.global_batch / job.microbatch, job.microbatch};
   return planning::reconfigure(ctx, from, lost, joined);
 }
+
 std::set<std::tuple<int, int, int>> fixture::copies_of(std::uint64_t epoch) const {
   std::map<int, int> node_of_rank;
   const epoch_assignment* any = nullptr;
@@ -240,6 +338,14 @@ void fixture::check_steps(std::uint64_t steps) const {
       for (auto d : digests) CHECK(d == 1000u + k);
     }
   }
+  // Every committed step was published too, once, in order, and the job finished.
+  const auto committed = all_of(events, {.kind = event_kind::step_committed});
+  REQUIRE(committed.size() == steps);
+  for (std::size_t k = 0; k < steps; ++k) CHECK(committed[k].step == k);
+}
+
+event_match reconfigured(std::vector<std::int64_t> lost, std::vector<std::int64_t> joined, std::optional<std::string> rules) {
+  return {.kind = event_kind::epoch_forming, .detail = std::move(rules), .lost = std::move(lost), .joined = std::move(joined)};
 }
 
 int copy_source_to_lose(const fixture& f, int first) {

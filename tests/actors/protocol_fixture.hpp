@@ -1,0 +1,222 @@
+#pragma once
+// The one fixture of the deterministic protocol tests (coordinator_test.cpp, step_protocol_test.cpp,
+// reconfiguration_*_test.cpp), on CAF's deterministic scheduler: the real coordinator, pipeline and
+// monitor actors; fake stages (one actor per slot) that record what they were sent and can hold a
+// step, a commit, a checkpoint write or the forming of an epoch, or fail a step; node losses at
+// chosen points. What the job did is read from the coordinator's typed events (`events`, collected
+// through coordinator_deps::on_event) and its records (steps, reconfigurations, checkpoints), never
+// from its log lines: those are kept (with OOBLECK_LOG_PREFIX before each, as the programs print
+// them) only for the few checks of what a user is told on purpose (`told`).
+//
+// Decisions can be compared with planning::reconfigure on the coordinator's own profile: which rules
+// applied, from which configuration, which pipelines ran, which copies each node was told to make.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/coordinator.hpp"
+#include "actors/monitor.hpp"
+#include "messages/protocol.hpp"
+#include "planning/planner.hpp"
+#include "planning/reconfiguration.hpp"
+#include "support/job_events.hpp"
+
+namespace oobleck::testing {
+
+/// What one fake stage (one slot of a node) saw, in order, and how it misbehaves.
+struct fake_stage_record {
+  std::int64_t node = -1;
+  int slot = 0;
+  fake_stage_record* first = nullptr;  ///< slot 0's record (the node's); null for slot 0 itself
+  std::vector<std::unique_ptr<fake_stage_record>> runners;  ///< slot 0: the records of slots 1, 2, ...
+  std::map<std::uint64_t, messages::epoch_assignment> assignments;  ///< slot 0: by epoch
+  std::vector<std::string> trace;  ///< "assign E", "step E K", "commit E K", "abort E", "write K", in order
+  std::vector<messages::stage_step> steps;
+  std::vector<messages::commit_step> commits;
+  std::vector<messages::write_checkpoint> writes;
+
+  std::set<std::uint64_t> hold_form;                                   ///< never answer these epochs' assignments
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> hold_step;    ///< (epoch, step): never answer
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> hold_commit;  ///< (epoch, step): never answer
+  std::optional<std::uint64_t> fail_step;  ///< answer this step with a stage error, in every epoch
+  std::set<std::int32_t> not_held;         ///< layers it answers "missing" for in checkpoint writes
+  bool hold_write = false;                 ///< never answer a checkpoint write
+
+  /// The node's newest assignment (an empty one before any).
+  const messages::epoch_assignment& assignment() const;
+  /// The epochs the node was assigned, in order (slots other than 0 get none: slot 0 forms the node).
+  std::vector<std::uint64_t> epochs() const;
+  /// The epochs whose data plane the node was told to abort, in order.
+  std::vector<std::uint64_t> aborted() const;
+  bool traced(const std::string& what) const;
+  /// Where `what` first stands in the trace (its size when it is not there).
+  std::size_t position(const std::string& what) const;
+  /// How many commits of `step` it received.
+  std::size_t commits_of(std::uint64_t step) const;
+  /// How many times it ran `step` (in `epoch`, if given).
+  std::size_t runs_of(std::uint64_t step, std::optional<std::uint64_t> epoch = std::nullopt) const;
+};
+
+struct fixture {
+  using setup_map = std::map<std::int64_t, std::function<void(fake_stage_record&)>>;
+
+  /// The job. The defaults are the reconfiguration tests' job: six nodes, a synthetic 6-layer GPT
+  /// whose slot memory makes n0 = 2, so the first plan is two pipelines of three nodes, [0 1 2] and
+  /// [3 4 5], 4 microbatches each.
+  struct options {
+    int nodes = 6;  ///< the job waits for this many nodes
+    std::uint64_t steps = 0;  ///< 0: admission only
+    int slots = 1;  ///< slots per node; above 1 a wide stage is so slow that nodes run one stage per slot
+    std::int64_t device_memory_bytes = 800'000;
+    double device_tflops = 0.02;
+    std::int32_t global_batch = 16;  ///< microbatches of 2 samples
+    std::uint64_t checkpoint_every = 0;
+    bool checkpoints = false;  ///< checkpoints to "/ckpt" (also when checkpoint_every > 0)
+  };
+  /// The step protocol tests' jobs: `nodes` nodes of `slots` slots, any of which holds the whole
+  /// model, a global batch of 8 (4 microbatches).
+  static options roomy(int nodes, std::uint64_t steps, int slots = 1);
+
+  /// A worker: its monitor and what it saw.
+  struct worker_options {
+    std::string name;
+    std::function<void(fake_stage_record&)> setup;  ///< adjusts each of its fake stages (node id set) before they run
+    int slots = 1;
+    std::optional<std::string> token;  ///< default: the job's
+    std::string job_hash;              ///< of the worker's own job file; empty: any job
+    bool stages = true;                ///< false: the node cannot run stages (admission tests)
+  };
+  struct worker {
+    std::string name;
+    messages::monitor_actor handle;
+    std::int64_t node = -1;
+    std::vector<std::string> trace;  ///< "admitted N", "fault KIND at STEP", in order
+    std::vector<messages::inject_fault> faults;  ///< recorded, never carried out
+    std::vector<std::string> log;    ///< its monitor's lines (what the worker tells its user)
+  };
+
+  struct config : caf::actor_system_config {
+    config();
+  };
+  config cfg;
+  caf::actor_system sys{cfg};
+  caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+  caf::scoped_actor self{sys};
+  options opts;
+  std::vector<messages::job_event> events;  ///< what the coordinator published, in order
+  std::vector<std::string> log;             ///< every progress line, "[coordinator] ..." or "[NAME] ...", prefixed
+  std::vector<actors::step_record> records;
+  std::vector<actors::reconfiguration_record> recoveries;
+  messages::coordinator_actor coord;
+  std::map<std::int64_t, std::unique_ptr<fake_stage_record>> stages;  ///< slot 0 by node id; outlive the actors
+  std::map<std::int64_t, messages::monitor_actor> monitors;           ///< by node id
+  std::map<std::int64_t, std::vector<messages::stage_actor>> stage_actors;  ///< by node id, per slot
+  std::vector<std::unique_ptr<worker>> workers;  ///< in spawn order; outlive the actors
+  planning::profile profile;
+  planning::job_config job;
+  planning::job_plan plan;  ///< the first plan on `nodes` nodes (when the job trains)
+  // checkpoints
+  std::vector<std::pair<std::uint64_t, std::vector<messages::checkpoint_layer_file>>> finished;  ///< step, files
+  std::vector<std::string> discarded;
+  std::vector<actors::checkpoint_stop_record> stops;
+
+  static constexpr int nodes = 6;  ///< of the default job
+  static const std::string token;
+
+  explicit fixture(options o);
+  ~fixture();
+  fixture(const fixture&) = delete;
+  fixture& operator=(const fixture&) = delete;
+
+  /// Starts the job's `nodes` workers ("w0", "w1", ...); `setup[id]` adjusts node id's fakes before
+  /// the job starts. Node ids are registration order, which on this scheduler is the spawn order.
+  void start(const setup_map& setup = {});
+  /// Spawns worker "w<i>" (setup by node id, as for start()); it registers once the scheduler runs.
+  /// Workers after the first `nodes` join a job that trains.
+  void add_worker(int i, const setup_map& setup = {});
+  /// Spawns a worker; it registers once the scheduler runs.
+  worker& add_worker(worker_options o);
+  /// The node's process dies: its monitor and its stages.
+  void kill(std::int64_t node);
+  /// Starts the job (`setup` as for start()) with `node` never answering its commit of
+  /// (epoch, step), and kills that node once the coordinator is committing that step.
+  void kill_during_commit(std::int64_t node, std::pair<std::uint64_t, std::uint64_t> commit, setup_map setup = {});
+
+  /// Sends a request to the coordinator, runs the scheduler, stores the reply in `out`; returns "ok"
+  /// or the error's description ("no reply" when none came).
+  template <class Reply, class... Ts>
+  std::string ask(Reply& out, Ts&&... xs) {
+    auto response = self->request(coord, caf::infinite, std::forward<Ts>(xs)...);
+    sched.run();
+    std::string result = "no reply";
+    response.receive(
+        [&](Reply& r) {
+          out = std::move(r);
+          result = "ok";
+        },
+        [&](caf::error& e) { result = messages::describe(e); });
+    return result;
+  }
+  /// A fresh operator proof (a nonce asked for, then the job token's proof over it).
+  messages::control_proof operator_proof();
+  /// The coordinator's answer to an operator's status request.
+  messages::job_status status();
+  /// Whether `m` is still running (after the scheduler ran).
+  bool alive(const messages::monitor_actor& m);
+
+  /// Whether an event matching `m` was published.
+  bool happened(const event_match& m) const { return contains(events, m); }
+  /// Where the first event matching `m` stands among the events (their count when none does).
+  std::size_t position(const event_match& m, std::size_t from = 0) const { return testing::position(events, m, from); }
+  /// The job's stopped event (exactly one; fails the test otherwise).
+  const messages::job_event& stop() const;
+  /// Whether some progress line contains `text`: only for checks of what a user is told on purpose
+  /// (the resume command, why no checkpoint was written), never for what happened.
+  bool told(const std::string& text) const;
+
+  // The policy, as the coordinator runs it.
+  planning::cluster_state initial() const { return {plan.pipelines, plan.idle_nodes}; }
+  planning::reconfiguration lose(const planning::cluster_state& from, std::vector<int> lost,
+                                 std::vector<int> joined = {}) const;
+  static planning::cluster_state after(const planning::reconfiguration& r) { return {r.pipelines, r.idle_nodes}; }
+
+  /// The copy plan of `epoch` as (layer, from node, to node), read from the assignments the
+  /// live nodes received (ranks mapped back to node ids).
+  std::set<std::tuple<int, int, int>> copies_of(std::uint64_t epoch) const;
+  static std::set<std::tuple<int, int, int>> copies_of(const planning::reconfiguration& r);
+  /// Whether the committed steps from `first` on ran on exactly `expected`'s pipelines.
+  void check_pipelines(std::size_t first, const planning::cluster_state& expected) const;
+  /// Every committed step once, in order, B samples, every layer's holders in agreement.
+  void check_steps(std::uint64_t steps) const;
+
+ private:
+  std::string prefix_;  ///< OOBLECK_LOG_PREFIX
+};
+
+inline std::string rules_of(const planning::reconfiguration& r) { return r.reason; }
+
+/// The epoch_forming event of a reconfiguration after losing `lost` (and admitting `joined`), with
+/// the policy's `rules` (any, if not given).
+event_match reconfigured(std::vector<std::int64_t> lost, std::vector<std::int64_t> joined = {},
+                         std::optional<std::string> rules = std::nullopt);
+
+/// The second victim for "lost while forming": a node the first reconfiguration copies from
+/// (in another pipeline than `first` where one exists) whose loss together with `first` the
+/// policy survives.
+int copy_source_to_lose(const fixture& f, int first);
+
+}  // namespace oobleck::testing
