@@ -7,7 +7,8 @@
 //    single-process run's within 1e-4 relative.
 //  - Periodic checkpoints (--checkpoint-every): written after the right commits, valid, holding
 //    the reference run's state; a truncated or foreign one is refused at resume, nothing trained.
-// Every wait has a deadline.
+// What each run did is read from the coordinator's events (--events-out) and the metrics, never from
+// log lines. Every wait has a deadline.
 
 #include <torch/torch.h>  // before doctest (DESIGN §8)
 
@@ -38,6 +39,8 @@
 
 using namespace oobleck;
 using namespace oobleck::testing;
+using messages::event_kind;
+using messages::stop_outcome;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -78,7 +81,7 @@ struct scratch {
 using run_result = local_run;
 
 run_result run_local(const fs::path& dir, const std::string& job, int steps, const std::vector<std::string>& extra,
-                     const std::function<void(background_process&)>& during = {}) {
+                     const std::function<void(running_local&)>& during = {}) {
   static int counter = 0;
   const auto tag = std::to_string(counter++);
   std::ofstream(dir / ("job" + tag + ".toml")) << job;
@@ -86,7 +89,8 @@ run_result run_local(const fs::path& dir, const std::string& job, int steps, con
   std::vector<std::string> args{"--config", (dir / ("job" + tag + ".toml")).string(), "--steps", std::to_string(steps),
                                 "--metrics-out", metrics, "--timeout", "200"};
   args.insert(args.end(), extra.begin(), extra.end());
-  return run_to_end(bin + "/oobleck-local", args, metrics, std::chrono::seconds(220), during);
+  return run_to_end(bin + "/oobleck-local", args, metrics, (dir / ("events" + tag + ".jsonl")).string(),
+                    std::chrono::seconds(220), during);
 }
 
 /// The single-process run of the default job: losses and every layer's final state.
@@ -174,16 +178,17 @@ TEST_CASE("checkpoint e2e: a whole pipeline lost: the survivors checkpoint, exit
   scratch s;
   const auto victims = first_pipeline(job_text(6), 6);
   const auto root = s.dir / "ckpt";
-  const auto first = run_local(s.dir, job_text(6), steps, {"--checkpoint-dir", root.string()}, [&](background_process& local) {
+  const auto first = run_local(s.dir, job_text(6), steps, {"--checkpoint-dir", root.string()}, [&](running_local& local) {
     std::vector<pid_t> pids;
-    for (int v : victims) pids.push_back(worker_pid(local, v, std::chrono::seconds(60)));
-    local.wait_for_line("[coordinator] step 1: loss", std::chrono::seconds(150));
+    for (int v : victims) pids.push_back(local.worker_pid(v, std::chrono::seconds(60)));
+    local.wait_for({.kind = event_kind::step_committed, .step = 1}, std::chrono::seconds(150));
     for (pid_t p : pids) REQUIRE(::kill(p, SIGKILL) == 0);
   });
   INFO("output of the first run:\n" << first.output);
+  INFO("events of the first run:\n" << describe(first.events));
   REQUIRE(first.status == apps::exit_checkpoint_and_stop);
-  REQUIRE(first.events.size() == 1);
-  const auto& stop = first.events[0];
+  REQUIRE(first.records.size() == 1);
+  const auto& stop = first.records[0];
   CHECK(stop["event"] == "checkpoint_and_stop");
   CHECK(stop["reason"].get<std::string>().find("cannot continue after losing node(s)") != std::string::npos);
   REQUIRE(stop["dir"].is_string());
@@ -192,8 +197,14 @@ TEST_CASE("checkpoint e2e: a whole pipeline lost: the survivors checkpoint, exit
   CHECK(step >= 2);
   CHECK(step < steps);
   CHECK(dir == root / runtime::checkpoint_dir_name(static_cast<std::uint64_t>(step)));
-  // Steps 0..step-1 committed, on the failure-free trajectory; the checkpoint is their state.
+  // Steps 0..step-1 committed, on the failure-free trajectory; the checkpoint is their state,
+  // written (published) before the job stopped with that outcome.
   check_losses(first, ref, 0, step);
+  const auto written = position(first.events, {.kind = event_kind::checkpoint_written,
+                                               .step = static_cast<std::uint64_t>(step), .detail = dir.string()});
+  CHECK(written < position(first.events, {.kind = event_kind::stopped, .outcome = stop_outcome::checkpoint_and_stop,
+                                          .committed = static_cast<std::uint64_t>(step)}));
+  // What the user is told on purpose: this program's own command that resumes it.
   const auto resume_line = line_with(first.output, "resume with: ");
   CHECK(resume_line.find("oobleck-local ") != std::string::npos);
   CHECK(resume_line.find("--resume " + dir.string()) != std::string::npos);
@@ -206,8 +217,12 @@ TEST_CASE("checkpoint e2e: a whole pipeline lost: the survivors checkpoint, exit
                                 {"--resume", dir.string(), "--checkpoint-dir", root2.string(), "--checkpoint-every",
                                  std::to_string(steps)});
   INFO("output of the resumed run:\n" << second.output);
+  INFO("events of the resumed run:\n" << describe(second.events));
   REQUIRE(second.status == 0);
-  CHECK(second.output.find("training starts at step " + std::to_string(step)) != std::string::npos);
+  // It trained from the checkpoint's step on: its first epoch runs that step, and it committed the
+  // rest (and only the rest).
+  CHECK(contains(second.events, {.kind = event_kind::epoch_formed, .epoch = 1, .step = static_cast<std::uint64_t>(step)}));
+  CHECK(contains(second.events, finished(static_cast<std::uint64_t>(steps - step))));
   check_losses(second, ref, step, steps);
   check_state(root2 / runtime::checkpoint_dir_name(steps), ref, steps);
 }
@@ -219,13 +234,16 @@ TEST_CASE("checkpoint e2e: periodic checkpoints hold the committed state, and a 
   const auto root = s.dir / "ckpt";
   const auto r = run_local(s.dir, job_text(4), steps, {"--checkpoint-dir", root.string(), "--checkpoint-every", "2"});
   INFO("output:\n" << r.output);
+  INFO("events:\n" << describe(r.events));
   REQUIRE(r.status == 0);
-  CHECK(r.events.empty());
+  CHECK(r.records.empty());
   check_losses(r, ref, 0, steps);
   REQUIRE(runtime::list_checkpoints(root) ==
           std::vector<fs::path>{root / runtime::checkpoint_dir_name(2), root / runtime::checkpoint_dir_name(4)});
-  CHECK(r.output.find("checkpoint of step 2 written to " + (root / runtime::checkpoint_dir_name(2)).string()) !=
-        std::string::npos);
+  const auto written = all_of(r.events, {.kind = event_kind::checkpoint_written});
+  REQUIRE(written.size() == 2u);
+  CHECK(event_match{.step = 2, .detail = (root / runtime::checkpoint_dir_name(2)).string()}(written[0]));
+  CHECK(event_match{.step = 4, .detail = (root / runtime::checkpoint_dir_name(4)).string()}(written[1]));
   check_state(root / runtime::checkpoint_dir_name(4), ref, 4);
 
   // A truncated layer file: refused before anything trains, naming the file.
@@ -236,10 +254,11 @@ TEST_CASE("checkpoint e2e: periodic checkpoints hold the committed state, and a 
   const auto refused = run_local(s.dir, job_text(4), steps, {"--resume", torn.string()});
   INFO("output of the refused resume:\n" << refused.output);
   CHECK(refused.status == 2);
+  // What the user is told on purpose: the error names the file and what is wrong with it.
   CHECK(refused.output.find(file.string()) != std::string::npos);
   CHECK(refused.output.find("truncated") != std::string::npos);
   CHECK(refused.steps.empty());
-  CHECK(refused.output.find("[coordinator] step ") == std::string::npos);
+  CHECK(!contains(refused.events, {.kind = event_kind::step_committed}));  // nothing trained
 
   // A checkpoint of another job (another model seed): refused as well.
   std::string other = job_text(4);
@@ -249,6 +268,7 @@ TEST_CASE("checkpoint e2e: periodic checkpoints hold the committed state, and a 
   const auto foreign = run_local(s.dir, other, steps, {"--resume", (root / runtime::checkpoint_dir_name(2)).string()});
   INFO("output of the foreign resume:\n" << foreign.output);
   CHECK(foreign.status == 2);
-  CHECK(foreign.output.find("a checkpoint of another job") != std::string::npos);
+  CHECK(foreign.output.find("a checkpoint of another job") != std::string::npos);  // the user's error
   CHECK(foreign.steps.empty());
+  CHECK(!contains(foreign.events, {.kind = event_kind::step_committed}));
 }

@@ -1,22 +1,28 @@
 // The cluster programs as separate processes on loopback: admission with the job token, refusals
 // that leave the job undisturbed, operator requests through oobleck-ctl, fault injection through
-// the node's monitor, and orderly and disorderly ends. Every wait has a deadline.
+// the node's monitor, and orderly and disorderly ends. What the coordinator did comes from its
+// events (--events-out) and its address from --address-file; the programs' output is only read for
+// what they tell a user on purpose (errors, exit reasons). Every wait has a deadline.
 
 #include <doctest/doctest.h>
 
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "support/background_process.hpp"
+#include "support/job_events.hpp"
 #include "support/subprocess.hpp"
 
 using namespace oobleck::testing;
+using oobleck::messages::event_kind;
 
 namespace {
 
@@ -37,19 +43,26 @@ struct cluster_dir {
   static inline int count = 0;
 };
 
-/// A coordinator on a free port; `address` once it listens.
+/// A coordinator on a free port; `address` once it listens; its events in `events`.
 struct coordinator_process {
   std::unique_ptr<background_process> p;
   std::string address;
-  coordinator_process(const cluster_dir& d, int nodes, const std::string& steps = "0") {
-    p = std::make_unique<background_process>(
-        bin + "/oobleck-coordinator",
-        std::vector<std::string>{"--listen", "127.0.0.1:0", "--config", d.path("job.toml"),
-                                 "--token-file", d.path("token"), "--nodes", std::to_string(nodes),
-                                 "--steps", steps});
-    const std::string line = p->wait_for_line("listening on ");
-    const auto at = line.find("127.0.0.1:");
-    address = line.substr(at, line.find(' ', at) - at);
+  std::string events;
+  /// `nodes` 0: no --nodes (the job file's cluster.nodes).
+  coordinator_process(const cluster_dir& d, int nodes, const std::string& steps = "0",
+                      const std::string& config = "job.toml") {
+    static int count = 0;
+    const std::string tag = std::to_string(count++);
+    events = d.path("events" + tag + ".jsonl");
+    std::vector<std::string> args{"--listen", "127.0.0.1:0", "--config", d.path(config), "--token-file", d.path("token"),
+                                  "--steps", steps, "--events-out", events, "--address-file", d.path("address" + tag)};
+    if (nodes > 0) args.insert(args.end(), {"--nodes", std::to_string(nodes)});
+    p = std::make_unique<background_process>(bin + "/oobleck-coordinator", args);
+    address = wait_for_address(d.path("address" + tag));
+  }
+  /// Waits for node `node` to be admitted as `name`.
+  void admitted(int node, const std::string& name) const {
+    wait_for_event(events, {.kind = event_kind::node_joined, .node = node, .detail = name});
   }
 };
 
@@ -86,17 +99,17 @@ TEST_CASE("cluster: workers are admitted with the token, others are refused and 
         std::filesystem::perms::none);
   auto w0 = worker(d, c, "w0");
   auto w1 = worker(d, c, "w1", "token", {"--config", d.path("job.toml")});
-  w0->wait_for_line("admitted as node");
-  w1->wait_for_line("admitted as node");
-  c.p->wait_for_line("ready: 2 node(s) admitted");
+  wait_for_event(c.events, {.kind = event_kind::node_joined, .detail = "w0"});
+  wait_for_event(c.events, {.kind = event_kind::node_joined, .detail = "w1"});
 
-  // A worker with another token: refused, exit 2, with the reason on both sides.
+  // A worker with another token: refused, exit 2, with the reason on both sides (the worker's
+  // error is what its user is told on purpose; the coordinator's is its node_refused event).
   d.write("bad-token", std::string(64, 'b') + "\n");
   std::filesystem::permissions(d.path("bad-token"), std::filesystem::perms::owner_read);
   auto intruder = worker(d, c, "intruder", "bad-token");
   CHECK(intruder->wait_exit() == 2);
   CHECK(intruder->output().find("error: refused by the coordinator: bad_proof") != std::string::npos);
-  c.p->wait_for_line("refused worker 'intruder': bad_proof");
+  CHECK(wait_for_event(c.events, {.kind = event_kind::node_refused}).detail.rfind("intruder: bad_proof", 0) == 0);
   // A worker started for another job: refused.
   auto other = worker(d, c, "other", "token", {"--config", d.path("other.toml")});
   CHECK(other->wait_exit() == 2);
@@ -106,7 +119,14 @@ TEST_CASE("cluster: workers are admitted with the token, others are refused and 
   CHECK(wide->wait_exit() == 2);
   CHECK(wide->output().find("error: refused by the coordinator: wrong_slots: the worker has 2 slot(s), the job's "
                             "nodes have 1 (cluster.slots_per_node); start it with --slots 1") != std::string::npos);
-  c.p->wait_for_line("refused worker 'wide': wrong_slots");
+  {
+    const auto refused = all_of(read_event_file(c.events), {.kind = event_kind::node_refused});
+    INFO(describe(read_event_file(c.events)));
+    REQUIRE(refused.size() == 3);
+    CHECK(refused[1].detail.rfind("other: wrong_job", 0) == 0);
+    CHECK(refused[2].detail.rfind("wide: wrong_slots", 0) == 0);
+    CHECK(count(read_event_file(c.events), {.kind = event_kind::node_joined}) == 2);
+  }
   // An operator without the token: refused.
   const auto refused = ctl(d, c, {"status"}, "bad-token");
   CHECK(refused.exit_status == 2);
@@ -125,8 +145,10 @@ TEST_CASE("cluster: workers are admitted with the token, others are refused and 
   const auto bye = ctl(d, c, {"shutdown", "--reason", "test over"});
   CHECK(bye.exit_status == 0);
   CHECK(c.p->wait_exit() == 0);
-  CHECK(w0->wait_exit() == 0);
+  CHECK(w0->wait_exit() == 0);  // 0: shut down by the coordinator
   CHECK(w1->wait_exit() == 0);
+  CHECK(stop_of(read_event_file(c.events)).detail == "test over");
+  // What the worker tells its user on purpose: why it stopped.
   CHECK(w0->output().find("shut down by the coordinator: test over") != std::string::npos);
 }
 
@@ -134,14 +156,14 @@ TEST_CASE("cluster: kill-node kills the node's own process and the coordinator m
   cluster_dir d;
   coordinator_process c(d, 2);
   auto w0 = worker(d, c, "w0");
-  w0->wait_for_line("admitted as node 0");
+  c.admitted(0, "w0");
   auto w1 = worker(d, c, "w1");
-  w1->wait_for_line("admitted as node 1");
+  c.admitted(1, "w1");
   const auto sent = ctl(d, c, {"kill-node", "1"});
   CHECK(sent.exit_status == 0);
   CHECK(sent.out == "sent kill to node 1 (w1)\n");
   CHECK(w1->wait_exit() == 128 + SIGKILL);
-  c.p->wait_for_line("node 1 lost: w1");
+  wait_for_event(c.events, {.kind = event_kind::node_lost, .node = 1});
   const auto s = status(d, c);
   CHECK(s["state"] == "registering");
   CHECK(s["nodes"][1]["state"] == "lost");
@@ -160,9 +182,14 @@ TEST_CASE("cluster: hang-node freezes the node's process until its SIGCONT") {
   d.write("job.toml", "[cluster]\nheartbeat_interval_ms = 1000\nconnection_timeout_ms = 20000\n");
   coordinator_process c(d, 1);
   auto w0 = worker(d, c, "w0", "token", {"--heartbeat-interval-ms", "1000", "--connection-timeout-ms", "20000"});
-  w0->wait_for_line("admitted as node 0");
+  c.admitted(0, "w0");
   CHECK(ctl(d, c, {"hang-node", "0", "--seconds", "1"}).exit_status == 0);
-  w0->wait_for_line("injected fault: hang");
+  // Frozen: the kernel shows its process stopped (SIGSTOP) until its helper wakes it.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (process_state(w0->pid()) != 'T') {
+    REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "the worker never froze; output:\n" << w0->output());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   // Frozen, then woken by its helper: it still answers the coordinator's shutdown.
   CHECK(ctl(d, c, {"shutdown"}).exit_status == 0);
   CHECK(w0->wait_exit() == 0);
@@ -174,12 +201,12 @@ TEST_CASE("cluster: a hung worker is declared lost by the heartbeat timeout") {
   d.write("job.toml", "[cluster]\nheartbeat_interval_ms = 100\nconnection_timeout_ms = 1000\n");
   coordinator_process c(d, 2);
   auto w0 = worker(d, c, "w0", "token", {"--heartbeat-interval-ms", "100", "--connection-timeout-ms", "1000"});
-  w0->wait_for_line("admitted as node 0");
+  c.admitted(0, "w0");
   auto w1 = worker(d, c, "w1", "token", {"--heartbeat-interval-ms", "100", "--connection-timeout-ms", "1000"});
-  w1->wait_for_line("admitted as node 1");
+  c.admitted(1, "w1");
   const auto start = std::chrono::steady_clock::now();
   w1->signal(SIGSTOP);  // frozen: its process and its connection stay open, it just says nothing
-  c.p->wait_for_line("node 1 lost: w1", std::chrono::seconds(20));
+  wait_for_event(c.events, {.kind = event_kind::node_lost, .node = 1}, std::chrono::seconds(20));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   MESSAGE("a frozen worker was declared lost after " << seconds << " s (timeout 1 s)");
   CHECK(seconds >= 0.9);  // not before the configured silence
@@ -193,10 +220,11 @@ TEST_CASE("cluster: a worker whose coordinator dies says so and exits 3") {
   cluster_dir d;
   coordinator_process c(d, 1);
   auto w0 = worker(d, c, "w0");
-  w0->wait_for_line("admitted as node 0");
+  c.admitted(0, "w0");
   c.p->signal(SIGKILL);
   CHECK(c.p->wait_exit() == 128 + SIGKILL);
-  CHECK(w0->wait_exit() == 3);
+  CHECK(w0->wait_exit() == 3);  // 3: lost contact with the coordinator
+  // What the worker tells its user on purpose.
   CHECK(w0->output().find("lost contact with the coordinator") != std::string::npos);
 }
 
@@ -222,11 +250,17 @@ TEST_CASE("cluster: bad flags and unreachable coordinators are one clear error")
 TEST_CASE("cluster: the coordinator waits for the job's cluster.nodes unless --nodes says otherwise") {
   cluster_dir d;
   d.write("three.toml", "[cluster]\nnodes = 3\n");
-  background_process c(bin + "/oobleck-coordinator", {"--listen", "127.0.0.1:0", "--config", d.path("three.toml"),
-                                                      "--token-file", d.path("token")});
-  CHECK(c.wait_for_line("listening on ").find("waiting for 3 node(s)") != std::string::npos);
-  c.signal(SIGTERM);
-  CHECK(c.wait_exit() == 0);
+  coordinator_process c(d, 0, "0", "three.toml");
+  // Two workers are not enough: it still registers; the third makes it ready.
+  std::vector<std::unique_ptr<background_process>> workers;
+  for (int i = 0; i < 3; ++i) {
+    workers.push_back(worker(d, c, "w" + std::to_string(i)));
+    c.admitted(i, "w" + std::to_string(i));
+    CHECK(status(d, c)["state"] == (i < 2 ? "registering" : "ready"));
+  }
+  c.p->signal(SIGTERM);
+  CHECK(c.p->wait_exit() == 0);
+  for (auto& w : workers) CHECK(w->wait_exit() == 0);
   // A job the cluster cannot run is refused before anything listens, naming the line.
   d.write("bad.toml", "[cluster]\nfault_tolerance = 1\nnodes = 1\n");
   const auto r = run_process(bin + "/oobleck-coordinator",

@@ -1,6 +1,8 @@
 // oobleck-coordinator's HTTP status endpoint and its CAF port as hostile clients meet them, with
 // the real programs on loopback: /status and /metrics answer what oobleck-ctl sees, garbage is
-// refused without disturbing the job, a port in use stops the start. Every wait has a deadline.
+// refused without disturbing the job, a port in use stops the start. What the coordinator did comes
+// from its events (--events-out), its CAF address from --address-file and its HTTP port from the
+// sockets /proc shows it listening on, never from its log lines. Every wait has a deadline.
 
 #include <doctest/doctest.h>
 
@@ -11,14 +13,17 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "support/background_process.hpp"
+#include "support/job_events.hpp"
 #include "support/subprocess.hpp"
 #include "support/tcp_client.hpp"
 
 using namespace oobleck::testing;
+using oobleck::messages::event_kind;
 using namespace std::chrono_literals;
 
 namespace {
@@ -39,25 +44,30 @@ struct job_dir {
   static inline int count = 0;
 };
 
-std::uint16_t port_after(const std::string& line, const std::string& prefix) {
-  const auto at = line.find(prefix);
-  REQUIRE(at != std::string::npos);
-  return static_cast<std::uint16_t>(std::stoi(line.substr(at + prefix.size())));
-}
-
 /// oobleck-coordinator admitting `nodes` (no training), with its CAF and HTTP ports.
 struct coordinator {
   std::unique_ptr<background_process> p;
   std::string address;  // HOST:PORT of CAF
+  std::string events;   // its --events-out file
   std::uint16_t caf_port = 0, http_port = 0;
   coordinator(const job_dir& d, int nodes, std::vector<std::string> extra = {"--http", "127.0.0.1:0"}) {
+    static int count = 0;
+    const std::string tag = std::to_string(count++);
+    events = d.path("events" + tag + ".jsonl");
     std::vector<std::string> args{"--listen", "127.0.0.1:0", "--config", d.path("job.toml"), "--token-file",
-                                  d.path("token"), "--nodes", std::to_string(nodes), "--steps", "0"};
+                                  d.path("token"), "--nodes", std::to_string(nodes), "--steps", "0", "--events-out",
+                                  events, "--address-file", d.path("address" + tag)};
     args.insert(args.end(), extra.begin(), extra.end());
     p = std::make_unique<background_process>(bin + "/oobleck-coordinator", args);
-    caf_port = port_after(p->wait_for_line("listening on "), "listening on 127.0.0.1:");
-    address = "127.0.0.1:" + std::to_string(caf_port);
-    if (!extra.empty()) http_port = port_after(p->wait_for_line("http on "), "http on 127.0.0.1:");
+    address = wait_for_address(d.path("address" + tag));
+    caf_port = static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+    // HTTP is served from before the address file is written: any port it listens on besides CAF's.
+    for (auto port : listening_ports(p->pid()))
+      if (port != caf_port) http_port = port;
+  }
+  /// Waits for node `node` to be admitted as `name`.
+  void admitted(int node, const std::string& name) const {
+    wait_for_event(events, {.kind = event_kind::node_joined, .node = node, .detail = name});
   }
 };
 
@@ -92,8 +102,9 @@ std::string random_bytes(std::mt19937& rng, std::size_t n) {
 TEST_CASE("coordinator http: /status and /metrics show what oobleck-ctl sees, 404 elsewhere, garbage refused") {
   job_dir d;
   coordinator c(d, 2);
+  REQUIRE(c.http_port != 0);
   auto w0 = worker(d, c, "w0");
-  w0->wait_for_line("admitted as node 0");
+  c.admitted(0, "w0");
 
   const std::string status = http_get(c.http_port, "/status");
   REQUIRE(starts_with(status, "HTTP/1.1 200 OK\r\n"));
@@ -125,9 +136,10 @@ TEST_CASE("coordinator http: /status and /metrics show what oobleck-ctl sees, 40
   // Still answering, over HTTP and CAF, and still admitting.
   CHECK(starts_with(http_get(c.http_port, "/status"), "HTTP/1.1 200 OK\r\n"));
   auto w1 = worker(d, c, "w1");
-  w1->wait_for_line("admitted as node 1");
-  c.p->wait_for_line("ready: 2 node(s) admitted");
+  c.admitted(1, "w1");
   CHECK(http_body(http_get(c.http_port, "/metrics")).find("\noobleck_nodes{state=\"registered\"} 2\n") !=
+        std::string::npos);
+  CHECK(http_body(http_get(c.http_port, "/metrics")).find("\noobleck_job_state{state=\"ready\"} 1\n") !=
         std::string::npos);
 
   CHECK(ctl(d, c, {"shutdown"}).exit_status == 0);
@@ -139,7 +151,8 @@ TEST_CASE("coordinator http: /status and /metrics show what oobleck-ctl sees, 40
 TEST_CASE("coordinator http: off unless configured, and the job file's http.port serves on the --listen host") {
   job_dir d;
   coordinator off(d, 1, {});
-  CHECK(off.p->output().find("http on") == std::string::npos);
+  CHECK(listening_ports(off.p->pid()) == std::set<std::uint16_t>{off.caf_port});  // CAF's port only
+  CHECK(off.http_port == 0);
   off.p->signal(SIGTERM);
   CHECK(off.p->wait_exit() == 0);
 
@@ -153,8 +166,7 @@ TEST_CASE("coordinator http: off unless configured, and the job file's http.port
   }
   d.write("job.toml", "[model]\nvocab = 256\n[http]\nport = " + std::to_string(port) + "\n");
   coordinator from_job(d, 1, {});
-  CHECK(from_job.p->wait_for_line("http on ").find("http on 127.0.0.1:" + std::to_string(port) + " ") !=
-        std::string::npos);
+  CHECK(from_job.http_port == port);
   CHECK(starts_with(http_get(port, "/status"), "HTTP/1.1 200 OK\r\n"));
   from_job.p->signal(SIGTERM);
   CHECK(from_job.p->wait_exit() == 0);
@@ -163,17 +175,18 @@ TEST_CASE("coordinator http: off unless configured, and the job file's http.port
 TEST_CASE("coordinator http: a port in use is exit 2 naming it, and the job that holds it is undisturbed") {
   job_dir d;
   coordinator c(d, 1);
+  REQUIRE(c.http_port != 0);
   auto w0 = worker(d, c, "w0");
-  w0->wait_for_line("admitted as node 0");
+  c.admitted(0, "w0");
   const std::string taken = "127.0.0.1:" + std::to_string(c.http_port);
 
   job_dir other;
   auto r = run_process(bin + "/oobleck-coordinator",
                        {"--listen", "127.0.0.1:0", "--config", other.path("job.toml"), "--token-file",
-                        other.path("token"), "--steps", "0", "--http", taken});
+                        other.path("token"), "--steps", "0", "--http", taken, "--address-file", other.path("address")});
   CHECK(r.exit_status == 2);
   CHECK(r.err == "error: --http: cannot serve HTTP on " + taken + ": Address already in use\n");
-  CHECK(r.out.find("listening on") == std::string::npos);  // it stopped before CAF listened
+  CHECK(!std::filesystem::exists(other.path("address")));  // it stopped before CAF listened
   other.write("job.toml", "[http]\nport = " + std::to_string(c.http_port) + "\n");
   r = run_process(bin + "/oobleck-coordinator", {"--listen", "127.0.0.1:0", "--config", other.path("job.toml"),
                                                  "--token-file", other.path("token"), "--steps", "0"});
@@ -195,7 +208,7 @@ TEST_CASE("coordinator: garbage bytes on its CAF port close that connection, and
   job_dir d;
   coordinator c(d, 2, {});
   auto w0 = worker(d, c, "w0");
-  w0->wait_for_line("admitted as node 0");
+  c.admitted(0, "w0");
   std::mt19937 rng(5);
   for (int trial = 0; trial < 8; ++trial) {
     CAPTURE(trial);
@@ -213,9 +226,10 @@ TEST_CASE("coordinator: garbage bytes on its CAF port close that connection, and
     CHECK(s["nodes"][0]["state"] == "registered");
   }
   auto w1 = worker(d, c, "w1");
-  w1->wait_for_line("admitted as node 1");
-  c.p->wait_for_line("ready: 2 node(s) admitted");
-  CHECK(c.p->output().find("lost") == std::string::npos);
+  c.admitted(1, "w1");
+  CHECK(ctl_status(d, c)["state"] == "ready");
+  INFO(describe(read_event_file(c.events)));
+  CHECK(!contains(read_event_file(c.events), {.kind = event_kind::node_lost}));
   CHECK(ctl(d, c, {"shutdown"}).exit_status == 0);
   CHECK(c.p->wait_exit() == 0);
   CHECK(w0->wait_exit() == 0);

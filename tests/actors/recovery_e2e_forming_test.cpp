@@ -26,6 +26,7 @@
 
 using namespace oobleck;
 using namespace oobleck::testing;
+using messages::event_kind;
 using json = nlohmann::json;
 
 TEST_CASE("recovery e2e: a copy source is lost while the first reconfiguration forms") {
@@ -63,36 +64,37 @@ TEST_CASE("recovery e2e: a copy source is lost while the first reconfiguration f
   run_summary s;
   for (int attempt = 1;; ++attempt) {
     bool froze = false;
-    r = run_local(c, steps, {"--hang-at", "3:" + std::to_string(src)}, [&, a = a, src = src](background_process& local) {
-      // The hang fires, or (armed too late, see run_faults) the job finishes without it.
+    r = run_local(c, steps, {"--hang-at", "3:" + std::to_string(src)}, [&, a = a, src = src](running_local& local) {
+      // The hang fires (the kernel shows the copy source's process stopped), or (armed too late,
+      // see run_faults) the job finishes without it.
+      const pid_t frozen = local.worker_pid(src, std::chrono::seconds(60));
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-      for (;;) {
-        const auto out = local.output();
-        if (out.find("injected fault: hang (step 3)") != std::string::npos) break;
-        if (out.find("training finished") != std::string::npos) return;
+      while (process_state(frozen) != 'T') {
+        if (contains(local.events_so_far(), {.kind = event_kind::stopped})) return;
         REQUIRE(std::chrono::steady_clock::now() < deadline);
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
       froze = true;
-      const pid_t frozen = worker_pid(local, src);
-      REQUIRE(::kill(worker_pid(local, a), SIGKILL) == 0);
-      local.wait_for_line("reconfigured after losing node(s) " + std::to_string(a) + " (", std::chrono::seconds(30));
+      REQUIRE(::kill(local.worker_pid(a), SIGKILL) == 0);
+      const event_match reconfigured{.kind = event_kind::epoch_forming, .lost = {{a}}};
+      local.wait_for(reconfigured);
       std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the survivors connect and copy
       // Still forming: the frozen copy source cannot have reported ready.
-      const auto so_far = coordinator_lines(local.output());
-      const auto at = std::find_if(so_far.begin(), so_far.end(), [&](const std::string& l) {
-        return l.rfind("reconfigured after losing node(s) " + std::to_string(a) + " (", 0) == 0;
-      });
-      REQUIRE(at != so_far.end());
-      for (auto it = at; it != so_far.end(); ++it) CHECK(it->find(" formed: ") == std::string::npos);
+      const auto so_far = local.events_so_far();
+      INFO(describe(so_far));
+      CHECK(position(so_far, {.kind = event_kind::epoch_formed}, position(so_far, reconfigured)) == so_far.size());
       REQUIRE(::kill(frozen, SIGKILL) == 0);
     });
     if (froze) {
       s = check_run(c, r, steps, {a, src});
       break;
     }
-    // Armed too late: oobleck-local says so and exits 1 (an unfired fault), so this run proves
-    // nothing either way; try again.
+    // Armed too late: oobleck-local exits 1 (an unfired fault) after the job finished, so this run
+    // proves nothing either way; try again.
+    INFO(describe(r.events));
+    CHECK(r.status == 1);
+    CHECK(contains(r.events, finished(steps)));
+    // What oobleck-local tells its user on purpose: that a fault did not fire.
     CHECK(r.output.find("did not fire") != std::string::npos);
     MESSAGE("attempt " << attempt << ": the hang was armed too late, the job finished without it");
     REQUIRE(attempt < 3);
@@ -102,9 +104,9 @@ TEST_CASE("recovery e2e: a copy source is lost while the first reconfiguration f
   auto both = s.losses.back().lost;
   std::sort(both.begin(), both.end());
   CHECK(both == std::vector<int>{std::min(a, src), std::max(a, src)});
-  REQUIRE(r.events.size() == 1);  // one recovery: step 3 committed once, after both losses
-  CHECK(r.events[0]["resumed_step"] == 3);
-  CHECK(r.events[0]["lost"].size() == 2u);
+  REQUIRE(r.records.size() == 1);  // one recovery: step 3 committed once, after both losses
+  CHECK(r.records[0]["resumed_step"] == 3);
+  CHECK(r.records[0]["lost"].size() == 2u);
 }
 
 // Was a bug (fixed): a node lost while the job's first epoch forms stops the job (exit 1) although nothing was
@@ -134,26 +136,28 @@ TEST_CASE("recovery e2e: a node lost while the job's first epoch forms") {
   std::ofstream(dir / "job.toml") << c.text;
   constexpr int steps = 5;
   const std::string metrics = (dir / "metrics.jsonl").string();
+  const std::string events = (dir / "events.jsonl").string();
   const std::string token = (dir / "token").string();
   background_process coordinator(bin + "/oobleck-coordinator",
                                  {"--listen", "127.0.0.1:0", "--config", (dir / "job.toml").string(), "--token-file",
-                                  token, "--steps", std::to_string(steps), "--metrics-out", metrics});
-  const auto line = coordinator.wait_for_line("listening on ");
-  const auto begin = line.find("127.0.0.1:");
-  const std::string address = line.substr(begin, line.find(' ', begin) - begin);
+                                  token, "--steps", std::to_string(steps), "--metrics-out", metrics, "--events-out",
+                                  events, "--address-file", (dir / "address").string()});
+  const std::string address = wait_for_address((dir / "address").string());
   auto worker = [&](const std::string& name) {
     return std::make_unique<background_process>(
         bin + "/oobleck-worker", std::vector<std::string>{"--coordinator", address, "--token-file", token, "--name", name,
                                                           "--heartbeat-interval-ms", "1000", "--connection-timeout-ms", "30000"});
   };
   auto victim = worker("victim");
-  victim->wait_for_line("admitted as node 0", std::chrono::seconds(30));
+  wait_for_event(events, {.kind = event_kind::node_joined, .node = 0, .detail = "victim"}, std::chrono::seconds(30));
   victim->signal(SIGSTOP);
   std::vector<std::unique_ptr<background_process>> others;
   for (int i = 1; i < c.nodes; ++i) others.push_back(worker("w" + std::to_string(i)));
-  coordinator.wait_for_line("forming epoch 1 on 6 node(s)", std::chrono::seconds(60));
+  // The first epoch is planned once all six are in: on the frozen node too.
+  wait_for_event(events, {.kind = event_kind::epoch_forming, .epoch = 1}, std::chrono::seconds(60));
+  CHECK(count(read_event_file(events), {.kind = event_kind::node_joined}) == static_cast<std::size_t>(c.nodes));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the others form, waiting for node 0
-  CHECK(coordinator.output().find("epoch 1 formed") == std::string::npos);
+  CHECK(!contains(read_event_file(events), {.kind = event_kind::epoch_formed}));
   victim->signal(SIGKILL);
   int status = -1;
   try {
@@ -165,20 +169,26 @@ TEST_CASE("recovery e2e: a node lost while the job's first epoch forms") {
   run_result r;
   r.status = status;
   r.output = coordinator.output();
-  std::ifstream in(metrics);
-  for (std::string l; std::getline(in, l);) {
-    auto j = json::parse(l);
-    (j.contains("event") ? r.events : r.steps).push_back(std::move(j));
-  }
+  r.events = read_event_file(events);
+  read_metrics(metrics, r);
   for (auto& w : others) {
     r.output += w->output();
     CHECK(w->wait_exit(std::chrono::seconds(30)) == 0);
   }
-  // Nothing had trained: the coordinator plans the job afresh on the five survivors (no policy
-  // replay applies), then trains exactly like the single-process run.
+  // Nothing had trained: the coordinator plans the job afresh on the five survivors (a plan, not a
+  // reconfiguration: no policy rules, no copies), then trains exactly like the single-process run.
   INFO(r.output);
+  INFO(describe(r.events));
   REQUIRE(r.status == 0);
-  CHECK(r.output.find("planning the job again on the survivors") != std::string::npos);
+  const auto lost = position(r.events, {.kind = event_kind::node_lost, .node = 0});
+  REQUIRE(lost < r.events.size());
+  const auto replanned = position(r.events, {.kind = event_kind::epoch_forming}, lost);
+  REQUIRE(replanned < r.events.size());
+  CHECK(r.events[replanned].detail.empty());
+  CHECK(r.events[replanned].step == 0);
+  CHECK(position(r.events, {.kind = event_kind::epoch_formed, .epoch = r.events[replanned].epoch}) < r.events.size());
+  CHECK(contains(r.events, finished(steps)));
+  CHECK(r.records.empty());  // no "reconfigured" record: nothing was reconfigured
   REQUIRE(r.steps.size() == static_cast<std::size_t>(steps));
   for (int k = 0; k < steps; ++k) {
     const auto& m = r.steps[static_cast<std::size_t>(k)];

@@ -22,6 +22,7 @@
 
 using namespace oobleck;
 using namespace oobleck::testing;
+using messages::event_kind;
 
 TEST_CASE("recovery e2e: a trace replayed with --trace: its removal kills a worker, its add starts one that joins") {
   // A tiny trace written here: six nodes at 0, n3 removed at 1.5 s, n7 added at 3.5 s, n8 added
@@ -39,31 +40,29 @@ TEST_CASE("recovery e2e: a trace replayed with --trace: its removal kills a work
   }
   const auto r = run_local(c, 0, {"--trace", trace, "--time-scale", "1", "--trace-nodes", "6"});
   INFO(r.output);
+  INFO(describe(r.events));
+  // What oobleck-local tells its user on purpose: the replay it is about to do.
   CHECK(r.output.find("n3 -> worker 2") != std::string::npos);
   CHECK(r.output.find("1 kill(s), 1 worker start(s) (joins); 1 node(s) of the trace never get a worker") !=
         std::string::npos);
-  CHECK(r.output.find("n3 removed: kill -9 of worker node2") != std::string::npos);
-  CHECK(r.output.find("n7 added: started worker node6 (it joins)") != std::string::npos);
-  CHECK(r.output.find("the trace ended (trace 15 s): stopping the job") != std::string::npos);
-  CHECK(r.output.find("started worker node7") == std::string::npos);  // n8 never gets a slot
-  // Node ids are the coordinator's (order of registration): node2's and node6's.
-  std::map<std::string, int> id_of;
-  std::istringstream lines(r.output);
-  for (std::string line; std::getline(lines, line);)
-    if (line.rfind("[coordinator] node ", 0) == 0 && line.find(" joined: ") != std::string::npos) {
-      const auto name_at = line.find(" joined: ") + 9;
-      id_of[line.substr(name_at, line.find(' ', name_at) - name_at)] = std::stoi(line.substr(19));
-    }
-  REQUIRE(id_of.count("node2") == 1);
-  REQUIRE(id_of.count("node6") == 1);
-  CHECK(id_of.at("node2") == 2);  // a replay's starting workers register one at a time
-  CHECK(id_of.at("node6") == 6);  // joined workers take the next ids
+  // What happened, from the job's events. Node ids are the coordinator's (order of registration):
+  // a replay's starting workers register one at a time, so worker node2 (n3) is node 2; the worker
+  // started for n7 (node6) joins as node 6; n8's (node7) is never started.
+  CHECK(contains(r.events, {.kind = event_kind::node_joined, .node = 2, .detail = "node2"}));
+  CHECK(contains(r.events, {.kind = event_kind::node_joined, .node = 6, .detail = "node6"}));
+  CHECK(!contains(r.events, {.kind = event_kind::node_joined, .detail = "node7"}));
+  // n3's removal killed node 2 (its only loss), and n7's add came after it.
+  CHECK(all_of(r.events, {.kind = event_kind::node_lost}).size() == 1u);
+  CHECK(position(r.events, {.kind = event_kind::node_lost, .node = 2}) <
+        position(r.events, {.kind = event_kind::node_joined, .node = 6}));
+  // The trace's end stopped the job (an orderly stop by oobleck-local, not the end of its steps).
+  CHECK(contains(r.events, {.kind = event_kind::stopped, .outcome = messages::stop_outcome::shutdown}));
   const int steps = static_cast<int>(r.steps.size());
   REQUIRE(steps >= 5);
-  const auto s = check_run(c, r, steps, {id_of.at("node2")}, true);
+  const auto s = check_run(c, r, steps, {2}, true);
   // The joined node was admitted by a reconfiguration and computed in the steps after it.
-  const bool admitted = std::any_of(s.reconfigurations.begin(), s.reconfigurations.end(), [](const logged_reconfiguration& lr) {
-    return std::find(lr.joined.begin(), lr.joined.end(), 6) != lr.joined.end();
+  const bool admitted = std::any_of(s.reconfigurations.begin(), s.reconfigurations.end(), [](const published_reconfiguration& pr) {
+    return std::find(pr.joined.begin(), pr.joined.end(), 6) != pr.joined.end();
   });
   CHECK(admitted);
   bool computed = false;
@@ -92,9 +91,10 @@ TEST_CASE("recovery e2e: a --fail-at fault fires even when oobleck-local is froz
   const auto& dir = tmp.path();
   std::ofstream(dir / "job.toml") << c.text;
   const auto metrics = dir / "metrics.jsonl";
+  const auto events = (dir / "events.jsonl").string();
   background_process local(bin + "/oobleck-local", {"--config", (dir / "job.toml").string(), "--steps", "8",
                                                     "--metrics-out", metrics.string(), "--timeout", "120",
-                                                    "--fail-at", "1:2"});
+                                                    "--fail-at", "1:2", "--events-out", events});
   auto count_children = [&] {
     int n = 0;
     for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
@@ -122,17 +122,16 @@ TEST_CASE("recovery e2e: a --fail-at fault fires even when oobleck-local is froz
   };
   wait_until([&] { return count_children() == c.nodes; }, "the workers");
   local.signal(SIGSTOP);
-  wait_until(
-      [&] {
-        std::ifstream in(metrics);
-        int lines = 0;
-        for (std::string l; std::getline(in, l);) ++lines;
-        return lines >= 3;
-      },
-      "3 committed steps");
+  wait_until([&] { return count(read_event_file(events), {.kind = event_kind::step_committed}) >= 3; },
+             "3 committed steps");
   local.signal(SIGCONT);
   const int status = local.wait_exit(std::chrono::seconds(150));
   INFO(local.output());
-  CHECK(local.output().find("injected fault: kill (step 1)") != std::string::npos);
+  const auto happened = read_event_file(events);
+  INFO(describe(happened));
+  // The kill fired at step 1: node 2 was lost during step 1 (and oobleck-local, which counts the
+  // faults whose node was never lost, exits 0).
+  CHECK(contains(happened, {.kind = event_kind::node_lost, .step = 1, .node = 2}));
+  CHECK(contains(happened, finished(8)));
   CHECK(status == 0);
 }

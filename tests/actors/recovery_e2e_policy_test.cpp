@@ -27,7 +27,7 @@ std::optional<int> victim_for(const planner_model& planner, int nodes, const std
 }
 
 /// One node killed in the middle of step 3 of 6, chosen so that the policy answers with exactly
-/// `rules`; checked in full, and the loss taken with those rules, logged and recorded once.
+/// `rules`; checked in full, and the loss taken with those rules, published and recorded once.
 checked_run run_single_loss(const job_case& c, const std::string& rules) {
   const planner_model planner(c);
   const auto v = victim_for(planner, c.nodes, rules);
@@ -39,10 +39,10 @@ checked_run run_single_loss(const job_case& c, const std::string& rules) {
   const auto& [r, s] = run;
   REQUIRE(!s.losses.empty());
   CHECK(s.losses.back().rules == rules);
-  CHECK(r.output.find("(" + rules + ", ") != std::string::npos);
-  REQUIRE(r.events.size() == 1);
-  CHECK(r.events[0]["action"] == rules);
-  CHECK(r.events[0]["resumed_step"] == 3);
+  CHECK(s.losses.back().lost == std::vector<int>{*v});
+  REQUIRE(r.records.size() == 1);
+  CHECK(r.records[0]["action"] == rules);
+  CHECK(r.records[0]["resumed_step"] == 3);
   return run;
 }
 
@@ -57,7 +57,7 @@ TEST_CASE("recovery e2e: a loss that forces borrow: the shrunken pipeline takes 
   // 5 nodes: pipelines of 3 and 2 (n0 = 2). A node of the 2-node pipeline dies: 1 node is left,
   // below n0, and the 3-node pipeline can spare one (it still has a 2-node template).
   const auto run = run_single_loss(make_job(5, 1, 1'500'000), "borrow");
-  CHECK(run.result.events.at(0)["copy_bytes"].get<std::int64_t>() > 0);
+  CHECK(run.result.records.at(0)["copy_bytes"].get<std::int64_t>() > 0);
 }
 
 TEST_CASE("recovery e2e: a loss that forces merge: no pipeline can spare a node, the survivor joins another") {
@@ -123,7 +123,7 @@ TEST_CASE("recovery e2e: two losses in a row: a second node dies in the step aft
   CHECK(s.losses.front().rules == "simple");
   CHECK(s.losses.back().lost == std::vector<int>{b});
   CHECK(s.losses.back().rules == "borrow");
-  REQUIRE(r.events.size() == 2);  // two recoveries, each ended by a commit
-  CHECK(r.events[0]["resumed_step"] == 3);
-  CHECK(r.events[1]["resumed_step"] == 4);
+  REQUIRE(r.records.size() == 2);  // two recoveries, each ended by a commit
+  CHECK(r.records[0]["resumed_step"] == 3);
+  CHECK(r.records[1]["resumed_step"] == 4);
 }

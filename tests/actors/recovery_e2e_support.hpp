@@ -7,14 +7,16 @@
 //   (3) the loss curve equals the failure-free single-process run (actors::train_single_process)
 //       within 1e-4 relative,
 // and, beyond them, that the coordinator did what the reconfiguration policy says: each
-// "reconfigured after losing node(s) ..." (or "... to admit node(s) ...") line of its log is
-// replayed through planning::reconfigure on the coordinator's own profile (the synthetic profile
-// of the job's model), from the last configuration that formed, and must name the same rules
-// (simple / borrow / merge / join ...); every committed step ran on exactly the pipelines (nodes
-// in stage order, microbatches) the policy predicted for its epoch; lost nodes never appear
-// again; a node that registers during training enters at the next step boundary. Victims are
-// chosen by asking the planner, so each test takes the policy path it names; the seeded chaos
-// schedules (support/recovery_model) mix kills, hangs and joins. Every wait has a deadline.
+// reconfiguration it published (an epoch_forming event after the first epoch formed, with the
+// nodes lost and joined since the last formed epoch and the policy's rules) is replayed through
+// planning::reconfigure on the coordinator's own profile (the synthetic profile of the job's
+// model), from the last configuration that formed, and must name the same rules (simple / borrow
+// / merge / join ...); every committed step ran on exactly the pipelines (nodes in stage order,
+// microbatches) the policy predicted for its epoch; lost nodes never appear again; a node that
+// registers during training enters at the next step boundary. Everything is read from the job's
+// events (--events-out) and metrics, never from log lines. Victims are chosen by asking the
+// planner, so each test takes the policy path it names; the seeded chaos schedules
+// (support/recovery_model) mix kills, hangs and joins. Every wait has a deadline.
 //
 // This header holds what the recovery_e2e_*_test.cpp files share: the job and its failure-free
 // reference, one oobleck-local run, and the checks above.
@@ -48,25 +50,22 @@ using run_result = local_run;
 
 /// Runs oobleck-local on the job; `during` runs while it does (a test's own failure injection).
 run_result run_local(const job_case& c, int steps, const std::vector<std::string>& extra,
-                     const std::function<void(background_process&)>& during = {});
+                     const std::function<void(running_local&)>& during = {});
 
-/// One reconfiguration the coordinator logged.
-struct logged_reconfiguration {
-  std::vector<int> lost;
-  std::vector<int> joined;
-  std::string rules;
+/// One reconfiguration the coordinator published: an epoch_forming event once an epoch has formed.
+struct published_reconfiguration {
+  std::vector<int> lost;    ///< since the last formed epoch
+  std::vector<int> joined;  ///< since the last formed epoch
+  std::string rules;        ///< the policy's ("" when the epoch was formed again unchanged)
   std::uint64_t epoch = 0;
 };
 
 /// What a run did, as the checks saw it.
 struct run_summary {
-  std::vector<logged_reconfiguration> reconfigurations;  ///< also re-formations without a loss
-  std::vector<logged_reconfiguration> losses;            ///< those after lost nodes
+  std::vector<published_reconfiguration> reconfigurations;  ///< also re-formations without a loss
+  std::vector<published_reconfiguration> losses;            ///< those after lost nodes
   std::set<int> lost;
 };
-
-/// The lines of the coordinator in an output, without their "[coordinator] " prefix.
-std::vector<std::string> coordinator_lines(const std::string& output);
 
 /// Every invariant of one run (see this header's comment). `victims`: the nodes the run killed.
 /// `stopped`: the run was stopped (at a trace's end) rather than finishing its steps.
@@ -80,6 +79,6 @@ struct checked_run {
   run_summary summary;
 };
 checked_run run_faults(const job_case& c, int steps, const std::vector<std::string>& args, const std::set<int>& scheduled,
-                       const std::function<void(background_process&)>& during = {});
+                       const std::function<void(running_local&)>& during = {});
 
 }  // namespace oobleck::testing

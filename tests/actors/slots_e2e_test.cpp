@@ -4,6 +4,9 @@
 // and the training equals the single-process run of the same job within 1e-4 (DESIGN §5,
 // "nothing lost" (1)-(3)): every step B samples, every layer's holders bitwise equal.
 //
+// What each run did is read from the coordinator's events (--events-out; an epoch's shape is its
+// epoch_formed detail) and the metrics, never from log lines.
+//
 // The jobs carry a profile (written here, for the job's config hash) in which a stage of width 2
 // is slower than two of width 1, so the planner cuts nodes into stages of width 1; the synthetic
 // profile would give each node one stage of width 2, the case of the third test.
@@ -21,10 +24,13 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/stage_job.hpp"
+#include "planning/planner.hpp"
+#include "planning/synthetic_profile.hpp"
 #include "support/local_run.hpp"
 
 using namespace oobleck;
 using namespace oobleck::testing;
+using messages::event_kind;
 
 namespace {
 
@@ -73,13 +79,9 @@ void write_profile(const job_dir& d, const apps::job_file& job) {
 }
 
 /// Runs the job of `text` (on its cluster.nodes workers) for `steps` steps, with `extra` flags;
-/// checks it against the single-process run and returns oobleck-local's output and the
-/// reconfiguration records (none unless `extra` injects a failure).
-struct outcome {
-  std::string output;
-  std::vector<nlohmann::json> events;
-};
-outcome run_against_single_process(const std::string& text, bool with_profile, int steps = 5,
+/// checks it against the single-process run and returns the run (its events; the metrics' records:
+/// none unless `extra` injects a failure).
+local_run run_against_single_process(const std::string& text, bool with_profile, int steps = 5,
                                    const std::vector<std::string>& extra = {}) {
   job_dir d;
   std::ofstream(d.path("job.toml")) << text;
@@ -89,10 +91,13 @@ outcome run_against_single_process(const std::string& text, bool with_profile, i
   std::vector<std::string> args{"--config", d.path("job.toml"), "--steps", std::to_string(steps), "--metrics-out",
                                 d.path("metrics.jsonl"), "--timeout", "150"};
   args.insert(args.end(), extra.begin(), extra.end());
-  const auto run = run_to_end(bin + "/oobleck-local", args, d.path("metrics.jsonl"), std::chrono::seconds(170));
+  auto run = run_to_end(bin + "/oobleck-local", args, d.path("metrics.jsonl"), d.path("events.jsonl"),
+                        std::chrono::seconds(170));
   INFO(run.output);
+  INFO(describe(run.events));
   REQUIRE(run.status == 0);
-  if (extra.empty()) CHECK(run.events.empty());  // no reconfiguration
+  CHECK(contains(run.events, finished(static_cast<std::uint64_t>(steps))));
+  if (extra.empty()) CHECK(run.records.empty());  // no reconfiguration
   REQUIRE(run.steps.size() == static_cast<std::size_t>(steps));
   for (int k = 0; k < steps; ++k) {
     CAPTURE(k);
@@ -111,41 +116,64 @@ outcome run_against_single_process(const std::string& text, bool with_profile, i
     CHECK(std::abs(loss - want) <= 1e-4 * std::abs(want));
   }
   CHECK(run.steps.back()["loss"].get<double>() < run.steps.front()["loss"].get<double>());
-  return {run.output, run.events};
+  return run;
 }
 
-std::string check_equals_single_process(const std::string& text, bool with_profile, int steps = 5) {
-  return run_against_single_process(text, with_profile, steps).output;
+/// The shape of epoch `epoch` ("S stage(s) x M microbatch(es)" per pipeline) from its epoch_formed
+/// event ("" when it did not form).
+std::string shape_of(const local_run& run, std::uint64_t epoch) {
+  const auto formed = all_of(run.events, {.kind = event_kind::epoch_formed, .epoch = epoch});
+  return formed.empty() ? "" : formed.front().detail;
 }
 
-bool has(const std::string& output, const std::string& text) { return output.find(text) != std::string::npos; }
+/// Every step of the run on one-node pipelines: node n's pipeline is node n alone, so a pipeline's
+/// stages are all stages of one node (the node's slots).
+void check_one_node_pipelines(const local_run& run) {
+  for (const auto& m : run.steps)
+    for (const auto& p : m["pipelines"]) CHECK(p["nodes"].size() == 1u);
+}
 
 }  // namespace
 
 TEST_CASE("slots: 2 workers of 2 slots, each running both stages of a pipeline, train exactly like one process") {
   // f = 1: 2 pipelines of one node each; a node's two stages hand over in memory, and each layer's
   // gradient all-reduce joins the two nodes (two reducers per node, one per stage).
-  const auto out = check_equals_single_process(job_text(1, "", true), true);
-  CHECK(has(out, "pipeline 0 stage 0 of 2"));
-  CHECK(has(out, "pipeline 0 stage 1 of 2"));
-  CHECK(has(out, "pipeline 1 stage 0 of 2"));
-  CHECK(has(out, "pipeline 1 stage 1 of 2"));
-  CHECK(has(out, "epoch 1 formed: 2 pipeline(s): 2 stage(s) x 2 microbatch(es), 2 stage(s) x 2 microbatch(es)"));
+  const auto run = run_against_single_process(job_text(1, "", true), true);
+  CHECK(shape_of(run, 1) == "2 stage(s) x 2 microbatch(es), 2 stage(s) x 2 microbatch(es)");
+  check_one_node_pipelines(run);  // so each node runs both stages of its pipeline
 }
 
 TEST_CASE("slots: one pipeline of 4 stages on 2 workers of 2 slots trains exactly like one process") {
   // f = 0 and slots of 10 MB: one node cannot hold the model (~24 MB of state), two can, so the
   // pipeline spans both nodes: stages 0-1 on one, 2-3 on the other (in memory within a node,
   // over the transport between them).
-  const auto out = check_equals_single_process(job_text(0, "device_memory_bytes = 10485760\n", true), true);
-  for (int s = 0; s < 4; ++s) CHECK(has(out, "pipeline 0 stage " + std::to_string(s) + " of 4"));
-  CHECK(has(out, "epoch 1 formed: 1 pipeline(s): 4 stage(s) x 4 microbatch(es)"));
+  const auto run = run_against_single_process(job_text(0, "device_memory_bytes = 10485760\n", true), true);
+  CHECK(shape_of(run, 1) == "4 stage(s) x 4 microbatch(es)");
+  for (const auto& m : run.steps) {
+    REQUIRE(m["pipelines"].size() == 1u);
+    CHECK(m["pipelines"][0]["nodes"].size() == 2u);  // 4 stages on 2 nodes of 2 slots
+  }
 }
 
 TEST_CASE("slots: 2 workers of 2 slots, one stage of width 2 each (2 intra-op threads), train exactly like one process") {
-  const auto out = check_equals_single_process(job_text(1, "", false), false, 3);
-  CHECK(has(out, "pipeline 0 stage 0 of 1, layers [0, 6), width 2"));
-  CHECK(has(out, "pipeline 1 stage 0 of 1, layers [0, 6), width 2"));
+  // No profile: the synthetic one makes a stage of width 2 faster than two of width 1, so each
+  // one-node pipeline is a single stage spanning both of its node's slots (layers [0, 6)).
+  const auto run = run_against_single_process(job_text(1, "", false), false, 3);
+  CHECK(shape_of(run, 1) == "1 stage(s) x 2 microbatch(es), 1 stage(s) x 2 microbatch(es)");
+  check_one_node_pipelines(run);
+  // The width: the planner, on the same synthetic profile as the coordinator, gives that one stage
+  // both of its node's slots.
+  const auto job = apps::parse_job(job_text(1, "", false), "job");
+  auto profile = planning::synthetic_gpt_profile(apps::synthetic_model(job));
+  profile.config_hash = job.model.hash();
+  const auto plan = planning::plan_job(profile, apps::planner_job(job, job.cluster.nodes, job.cluster.fault_tolerance));
+  REQUIRE(plan.pipelines.size() == 2u);
+  for (const auto& p : plan.pipelines) {
+    const auto* t = plan.templates.find(p.template_nodes);
+    REQUIRE(t != nullptr);
+    REQUIRE(t->stages.size() == 1u);
+    CHECK(t->stages[0].gpus == 2);
+  }
 }
 
 TEST_CASE("slots: a worker of 2 slots killed in the middle of a step: recovery with layer copies, still exactly one process") {
@@ -155,17 +183,20 @@ TEST_CASE("slots: a worker of 2 slots killed in the middle of a step: recovery w
   // their new stages from surviving replicas, and step 2 runs again.
   const auto r = run_against_single_process(job_text(1, "device_memory_bytes = 10485760\n", true, 5), true, 5,
                                             {"--fail-at", "2:4"});
-  CHECK(has(r.output, "injected fault: kill (step 2)"));
-  CHECK(has(r.output, "node 4 lost"));
-  CHECK(has(r.output, "step 2 runs again"));
+  // Node 4 was lost in step 2 (its fault fired), the policy borrowed, and step 2 ran again after.
+  const auto lost = position(r.events, {.kind = event_kind::node_lost, .step = 2, .node = 4});
+  const auto forming = position(r.events, {.kind = event_kind::epoch_forming, .step = 2, .lost = {{4}}});
+  CHECK(lost < forming);
+  REQUIRE(forming < r.events.size());
+  CHECK(r.events[forming].detail.rfind("borrow", 0) == 0);
+  CHECK(position(r.events, {.kind = event_kind::step_committed, .step = 2}, forming) < r.events.size());
   // Heterogeneous pipelines of two stages per node (a 3-node and a 2-node one), then node 4's
   // pipeline borrows a node of the other: 2 pipelines of 2 nodes, 4 stages each.
-  CHECK(has(r.output, "epoch 1 formed: 2 pipeline(s): 6 stage(s) x 2 microbatch(es), 4 stage(s) x 2 microbatch(es)"));
-  CHECK(has(r.output, "reconfigured after losing node(s) 4 (borrow"));
-  CHECK(has(r.output, "epoch 2 formed: 2 pipeline(s): 4 stage(s) x 2 microbatch(es), 4 stage(s) x 2 microbatch(es)"));
-  REQUIRE(r.events.size() == 1);
-  CHECK(r.events[0]["event"] == "reconfigured");
-  CHECK(r.events[0]["lost"] == nlohmann::json::array({4}));
-  CHECK(r.events[0]["resumed_step"] == 2);
-  CHECK(r.events[0]["copy_bytes"].get<std::int64_t>() > 0);
+  CHECK(shape_of(r, 1) == "6 stage(s) x 2 microbatch(es), 4 stage(s) x 2 microbatch(es)");
+  CHECK(shape_of(r, r.events[forming].epoch) == "4 stage(s) x 2 microbatch(es), 4 stage(s) x 2 microbatch(es)");
+  REQUIRE(r.records.size() == 1);
+  CHECK(r.records[0]["event"] == "reconfigured");
+  CHECK(r.records[0]["lost"] == nlohmann::json::array({4}));
+  CHECK(r.records[0]["resumed_step"] == 2);
+  CHECK(r.records[0]["copy_bytes"].get<std::int64_t>() > 0);
 }

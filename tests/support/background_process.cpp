@@ -34,7 +34,7 @@ std::string background_process::output() const {
   return s.str();
 }
 
-std::string background_process::wait_for_line(const std::string& text, std::chrono::milliseconds timeout) {
+std::string background_process::wait_for_output(const std::string& text, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     std::istringstream lines(output());
@@ -57,20 +57,59 @@ int background_process::wait_exit(std::chrono::milliseconds timeout) {
 
 void background_process::signal(int sig) { child_.signal(sig); }
 
+namespace {
+
+/// State and parent of a process from /proc/PID/stat; false when it is gone.
+bool read_stat(const std::filesystem::path& proc_dir, char& state, pid_t& ppid) {
+  std::ifstream stat(proc_dir / "stat");
+  std::string statline;
+  std::getline(stat, statline);
+  const auto close = statline.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream fields(statline.substr(close + 2));
+  return static_cast<bool>(fields >> state >> ppid);
+}
+
+}  // namespace
+
+char process_state(pid_t pid) {
+  char state = 0;
+  pid_t ppid = 0;
+  return read_stat(std::filesystem::path("/proc") / std::to_string(pid), state, ppid) ? state : 0;
+}
+
+std::set<std::uint16_t> listening_ports(pid_t pid) {
+  const auto proc = std::filesystem::path("/proc") / std::to_string(pid);
+  std::set<std::string> inodes;  // of its sockets: fd links read "socket:[INODE]"
+  std::error_code ec;
+  for (const auto& fd : std::filesystem::directory_iterator(proc / "fd", ec)) {
+    const auto target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (!ec && target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::set<std::uint16_t> ports;
+  for (const char* table : {"net/tcp", "net/tcp6"}) {
+    std::ifstream in(proc / table);
+    std::string line;
+    std::getline(in, line);  // the header
+    // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, st, queues, timer, retransmits, uid, timeout, inode;
+      if (!(f >> sl >> local >> remote >> st >> queues >> timer >> retransmits >> uid >> timeout >> inode)) continue;
+      if (st != "0A" || !inodes.count(inode)) continue;  // 0A: LISTEN
+      ports.insert(static_cast<std::uint16_t>(std::stoul(local.substr(local.rfind(':') + 1), nullptr, 16)));
+    }
+  }
+  return ports;
+}
+
 pid_t child_named(pid_t parent, const std::string& name) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const std::string pid = entry.path().filename().string();
     if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string statline;
-    std::getline(stat, statline);
-    const auto close = statline.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(statline.substr(close + 2));
     char state = 0;
     pid_t ppid = 0;
-    fields >> state >> ppid;
-    if (ppid != parent) continue;
+    if (!read_stat(entry.path(), state, ppid) || ppid != parent) continue;
     std::ifstream cmd(entry.path() / "cmdline", std::ios::binary);
     std::vector<std::string> argv;
     for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);

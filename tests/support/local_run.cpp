@@ -7,12 +7,30 @@
 
 namespace oobleck::testing {
 
-local_run run_to_end(const std::string& program, const std::vector<std::string>& args, const std::string& metrics_path,
-                     std::chrono::seconds wait, const std::function<void(background_process&)>& during) {
+pid_t running_local::worker_pid(int node, std::chrono::milliseconds timeout) const {
+  const std::string name = worker_name(events, node, timeout);
+  const pid_t pid = child_named(process.pid(), name);
+  if (pid < 0) throw std::runtime_error("no worker process named " + name + " (node " + std::to_string(node) + ")");
+  return pid;
+}
+
+void read_metrics(const std::string& path, local_run& into) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    (j.contains("event") ? into.records : into.steps).push_back(std::move(j));
+  }
+}
+
+local_run run_to_end(const std::string& program, std::vector<std::string> args, const std::string& metrics,
+                     const std::string& events, std::chrono::seconds wait,
+                     const std::function<void(running_local&)>& during) {
+  args.insert(args.end(), {"--events-out", events});
   background_process p(program, args);
+  running_local running{p, events};
   local_run r;
   try {
-    if (during) during(p);
+    if (during) during(running);
     r.status = p.wait_exit(wait);
   } catch (...) {
     p.signal(SIGTERM);
@@ -23,21 +41,9 @@ local_run run_to_end(const std::string& program, const std::vector<std::string>&
     throw;
   }
   r.output = p.output();
-  std::ifstream in(metrics_path);
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    (j.contains("event") ? r.events : r.steps).push_back(std::move(j));
-  }
+  r.events = read_event_file(events);
+  if (!metrics.empty()) read_metrics(metrics, r);
   return r;
-}
-
-pid_t worker_pid(background_process& local, int node, std::chrono::milliseconds timeout) {
-  const auto line = local.wait_for_line("node " + std::to_string(node) + " joined: ", timeout);
-  const auto begin = line.find("joined: ") + 8;
-  const std::string name = line.substr(begin, line.find(' ', begin) - begin);
-  const pid_t pid = child_named(local.pid(), name);
-  if (pid < 0) throw std::runtime_error("no worker process named " + name + " (node " + std::to_string(node) + ")");
-  return pid;
 }
 
 }  // namespace oobleck::testing

@@ -145,7 +145,7 @@ struct chaos_schedule {
 /// victim's fault fires in the re-run of the step), in any order; each victim runs a stage when its
 /// fault is due (otherwise it would never fire). Joined nodes (ids N, N+1, ... in registration
 /// order) start after step `join_step` commits, so they may enter at any step boundary after it,
-/// a few at a time, or with any loss after it ("reconfigured after losing ... and admitting ..."),
+/// a few at a time, or with any loss after it (one reconfiguration whose lost and joined are both set),
 /// or never (the run ends first); every such interleaving must continue too.
 bool survivable(const planner_model& planner, int nodes, const std::map<int, std::vector<int>>& faults, int join_step,
                 int join_count);
