@@ -22,7 +22,7 @@ std::string line_of(const job_event& e) { return event_json({e, 1.7e12}).dump() 
 
 }  // namespace
 
-TEST_CASE("job events: a file's complete lines are its events; a line being written is not one yet") {
+TEST_CASE("job events: a file's complete lines are its events, a line being written is not one yet") {
   const temp_dir tmp("oobleck-events-");
   const auto path = (tmp.path() / "events.jsonl").string();
   CHECK(read_event_file(path).empty());  // not there yet
