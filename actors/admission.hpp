@@ -1,9 +1,11 @@
 #pragma once
-// Admission of worker nodes (DESIGN §5, issue "actor runtime" item 10), as plain functions the
-// coordinator actor calls: the job token never crosses the wire. The coordinator hands out a
-// single-use random nonce; the worker answers with HMAC-SHA256(token, nonce || name) in hex; the
-// coordinator recomputes it. A wrong version, another job's config or a bad proof is refused with
-// a protocol_error that says what differs (also a worker whose --slots is not the job's M), and nothing of the running job changes.
+// Admission of worker nodes (DESIGN §5), as plain functions the coordinator actor calls; the
+// messages are in messages/admission_messages.hpp. The job token never crosses the wire: the
+// coordinator hands out a single-use random nonce; the worker answers with
+// HMAC-SHA256(token, "register\n" + nonce + "\n" + name) in hex; the coordinator recomputes it. A
+// wrong version, another job's config or a bad proof is refused with a protocol_error that says
+// what differs (also a worker whose --slots is not the job's M), and nothing of the running job
+// changes.
 
 #include <chrono>
 #include <cstdint>
@@ -14,7 +16,7 @@
 
 #include <caf/error.hpp>
 
-#include "messages/admission.hpp"
+#include "messages/admission_messages.hpp"
 
 namespace oobleck::actors {
 

@@ -15,7 +15,7 @@ namespace oobleck::actors {
 
 using namespace oobleck::messages;
 
-bool epoch_layout::contains(std::int64_t node) const {
+bool epoch_layout::contains(node_id node) const {
   return std::find(nodes.begin(), nodes.end(), node) != nodes.end();
 }
 
@@ -82,15 +82,16 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   }
   auto monitor = caf::actor_cast<monitor_actor>(self->current_sender());
   if (!monitor) return make_error(protocol_error::bad_request, "registration without a sender");
-  const std::int64_t id = st.next_node++;
+  const node_id id = st.next_node;
+  st.next_node = node_id{id.value + 1};
   self->monitor(monitor);
   const bool training = !before_training(st.phase);
   st.nodes[id] = node_entry{r.name, r.slots, r.data, monitor, training ? node_state::joining : node_state::registered, {}};
   if (training) st.joining.push_back(id);
-  st.deps.log("node " + std::to_string(id) + " joined: " + r.name + " (" + std::to_string(r.slots) +
+  st.deps.log(to_string(id) + " joined: " + r.name + " (" + std::to_string(r.slots) +
               " slot(s), data plane " + r.data.host + ":" + std::to_string(r.data.port) + ")" +
               (training ? "; it enters at the next step boundary" : ""));
-  publish(self, {event_kind::node_joined, st.epoch, st.step, id, 0, r.name});
+  publish(self, {event_kind::node_joined, st.epoch, st.step, id.value, 0, r.name});
   // The admission must reach the node before its first epoch assignment, which this very
   // registration may trigger: deliver it now, then update the job.
   auto promise = self->make_response_promise<admission>();
@@ -98,8 +99,8 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   if (auto pending = st.pending_faults.extract(id)) {
     for (const auto& f : pending.mapped()) {
       self->send(monitor, f);
-      st.deps.log("sent " + to_string(f.kind) + " at step " + std::to_string(f.at_step) + " to node " +
-                  std::to_string(id) + " (" + r.name + ") on its admission");
+      st.deps.log("sent " + to_string(f.kind) + " at step " + std::to_string(f.at_step) + " to " + to_string(id) +
+                  " (" + r.name + ") on its admission");
     }
   }
   update_admission(self);
@@ -112,10 +113,10 @@ void on_down(coordinator_pointer self, const caf::down_msg& dm) {
     if (n.state == node_state::lost || n.monitor.address() != dm.source) continue;
     n.state = node_state::lost;
     n.lost_reason = self->system().render(dm.reason);
-    st.deps.log("node " + std::to_string(id) + " lost: " + n.name + " (" + n.lost_reason + ")");
-    publish(self, {event_kind::node_lost, st.epoch, st.step, id, 0, n.lost_reason});
+    st.deps.log(to_string(id) + " lost: " + n.name + " (" + n.lost_reason + ")");
+    publish(self, {event_kind::node_lost, st.epoch, st.step, id.value, 0, n.lost_reason});
     std::erase(st.joining, id);
-    const std::int64_t node = id;
+    const node_id node = id;
     std::visit(overloaded{
                    [&](phase::registering&) { update_admission(self); },
                    [&](phase::ready&) { update_admission(self); },
@@ -141,9 +142,10 @@ caf::error check_operator(coordinator_pointer self, const control_proof& p) {
 
 caf::result<std::string> on_inject(coordinator_pointer self, const inject_fault& f) {
   auto& st = self->state;
-  auto it = st.nodes.find(f.node);
-  if (it == st.nodes.end() && f.node >= st.next_node && f.at_step >= 0) {
-    st.pending_faults[f.node].push_back(f);
+  const node_id target{f.node};  // operators name nodes by their number
+  auto it = st.nodes.find(target);
+  if (it == st.nodes.end() && target >= st.next_node && f.at_step >= 0) {
+    st.pending_faults[target].push_back(f);
     const std::string what = to_string(f.kind) + " at step " + std::to_string(f.at_step) + " for node " +
                              std::to_string(f.node) + ": delivered when it joins";
     st.deps.log(what);
@@ -182,9 +184,13 @@ job_status make_status(const coordinator_state& st) {
                         : n.state == node_state::joining ? "joining"
                                                          : "registered";
     if (n.state == node_state::registered && st.epoch > 0) state = rank >= 0 ? "training" : "idle";
-    s.nodes.push_back({id, n.name, state, rank});
+    s.nodes.push_back({id.value, n.name, state, rank});
   }
-  for (const auto& p : st.current.pipelines) s.pipelines.push_back({p.nodes, {}, p.microbatches});
+  for (const auto& p : st.current.pipelines) {
+    pipeline_status ps{{}, {}, p.microbatches};
+    for (node_id n : p.nodes) ps.nodes.push_back(n.value);
+    s.pipelines.push_back(std::move(ps));
+  }
   return s;
 }
 

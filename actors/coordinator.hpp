@@ -32,8 +32,8 @@ namespace oobleck::actors {
 /// One reconfiguration, for metrics: written once the first step after it has committed.
 struct reconfiguration_record {
   std::uint64_t epoch = 0;            ///< the epoch that took over
-  std::vector<std::int64_t> lost;     ///< nodes lost since the last formed epoch
-  std::vector<std::int64_t> joined;
+  std::vector<node_id> lost;  ///< nodes lost since the last formed epoch
+  std::vector<node_id> joined;
   std::string action;                 ///< the policy's rules, e.g. "simple", "borrow+merge", "unchanged"
   double detect_ms = 0;   ///< from the start of the interrupted step to the loss notice (an upper bound)
   double plan_ms = 0;     ///< the policy's decision and the epoch mapping
@@ -103,6 +103,9 @@ struct coordinator_deps {
   std::uint64_t steps = 0;
   std::function<void(const step_record&)> on_step = [](const step_record&) {};
   std::function<void(const reconfiguration_record&)> on_reconfigured = [](const reconfiguration_record&) {};
+  /// Called with a sentence when the coordinator finds a bug of its own (a phase entered along an
+  /// edge its machine does not have); it goes on. Tests fail on it.
+  std::function<void(const std::string&)> on_bug = [](const std::string&) {};
   /// Every event published to subscribers, as it is published (--events-out writes them).
   std::function<void(const messages::job_event&)> on_event = [](const messages::job_event&) {};
   checkpoint_deps checkpoint;
@@ -127,7 +130,7 @@ struct node_entry {
 
 /// A pipeline of the current epoch.
 struct running_pipeline {
-  std::vector<std::int64_t> nodes;  ///< in stage order
+  std::vector<node_id> nodes;  ///< in stage order
   std::int32_t first_microbatch = 0;
   std::int32_t microbatches = 0;
   messages::pipeline_actor actor;
@@ -135,12 +138,12 @@ struct running_pipeline {
 
 /// The epoch in force (assigned, forming or formed): who is in it and what each pipeline runs.
 struct epoch_layout {
-  std::vector<std::int64_t> nodes;  ///< every node assigned in this epoch (ranked or idle)
+  std::vector<node_id> nodes;  ///< every node assigned in this epoch (ranked or idle)
   std::vector<running_pipeline> pipelines;
   /// [pipeline][stage]: the node running it and the stage's index in that node's node_ready.
-  std::vector<std::vector<std::pair<std::int64_t, std::int32_t>>> stages;
+  std::vector<std::vector<std::pair<node_id, std::int32_t>>> stages;
 
-  bool contains(std::int64_t node) const;
+  bool contains(node_id node) const;
 };
 
 struct coordinator_state {
@@ -148,12 +151,12 @@ struct coordinator_state {
   job_phase phase;  ///< where the job is; each phase's own fields live in it
 
   // The node registry.
-  std::map<std::int64_t, node_entry> nodes;
-  std::int64_t next_node = 0;
+  std::map<node_id, node_entry> nodes;
+  node_id next_node{0};
   nonce_book nonces;
   /// Faults asked for nodes that have not joined yet: delivered to each node's monitor right after
   /// its admission, before any epoch assignment, so a fault for step K is armed before step K.
-  std::map<std::int64_t, std::vector<messages::inject_fault>> pending_faults;
+  std::map<node_id, std::vector<messages::inject_fault>> pending_faults;
   std::vector<caf::actor> subscribers;
   std::uint64_t refused = 0;  ///< registrations refused so far
 
@@ -172,8 +175,8 @@ struct coordinator_state {
   planning::template_set templates;  ///< of the job, from the first plan
   planning::cluster_state formed;    ///< the last epoch that formed everywhere: where layers are
   bool formed_once = false;          ///< some epoch has formed everywhere (layers exist)
-  std::vector<std::int64_t> lost_since_formed;
-  std::vector<std::int64_t> joining;  ///< admitted during training: enter at the next step boundary
+  std::vector<node_id> lost_since_formed;
+  std::vector<node_id> joining;  ///< admitted during training: enter at the next step boundary
 
   // Timing and metrics.
   std::chrono::steady_clock::time_point step_started;  ///< of the step in progress (or the last one)

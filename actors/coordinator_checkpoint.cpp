@@ -15,14 +15,14 @@ namespace {
 /// Per layer, the live nodes that hold it: the holders in the last configuration that formed
 /// everywhere (their layers are the committed state), minus the lost ones. Empty lists are layers
 /// nobody alive holds.
-std::map<std::int32_t, std::vector<std::int64_t>> surviving_holders(const coordinator_state& st, std::int32_t& layers) {
+std::map<layer_index, std::vector<node_id>> surviving_holders(const coordinator_state& st, std::int32_t& layers) {
   const auto ep = planning::map_epoch(st.templates, st.formed.pipelines, {});
   layers = ep.num_layers();
-  std::map<std::int32_t, std::vector<std::int64_t>> out;
+  std::map<layer_index, std::vector<node_id>> out;
   for (int l = 0; l < ep.num_layers(); ++l) {
-    auto& list = out[l];
-    for (auto r : ep.holders(planning::layer_index{l})) {
-      const std::int64_t node = ep.node(r).value;
+    auto& list = out[layer_index{l}];
+    for (auto r : ep.holders(layer_index{l})) {
+      const node_id node = ep.node(r);
       const auto it = st.nodes.find(node);
       if (it != st.nodes.end() && it->second.state != node_state::lost) list.push_back(node);
     }
@@ -30,9 +30,9 @@ std::map<std::int32_t, std::vector<std::int64_t>> surviving_holders(const coordi
   return out;
 }
 
-std::string list(const std::vector<std::int32_t>& ids) {
+std::string list(const std::vector<layer_index>& layers) {
   std::string out;
-  for (auto n : ids) out += (out.empty() ? "" : ", ") + std::to_string(n);
+  for (auto l : layers) out += (out.empty() ? "" : ", ") + std::to_string(l.value);
   return out;
 }
 
@@ -81,21 +81,21 @@ void fail(coordinator_pointer self, phase::checkpointing& ph, const std::string&
 
 /// Asks the least loaded remaining candidate of each layer in `layers` to write it. False when a
 /// layer has no candidate left: the checkpoint failed and the phase was left.
-bool ask(coordinator_pointer self, phase::checkpointing& ph, const std::vector<std::int32_t>& layers) {
+bool ask(coordinator_pointer self, phase::checkpointing& ph, const std::vector<layer_index>& layers) {
   auto& st = self->state;
   auto& ck = ph.progress;
-  std::map<std::int64_t, std::vector<std::int32_t>> orders;
+  std::map<node_id, std::vector<layer_index>> orders;
   for (auto layer : layers) {
     auto& cands = ck.candidates[layer];
-    std::erase_if(cands, [&](std::int64_t n) { return st.nodes.at(n).state == node_state::lost; });
+    std::erase_if(cands, [&](node_id n) { return st.nodes.at(n).state == node_state::lost; });
     if (cands.empty()) {
-      fail(self, ph, "layer " + std::to_string(layer) + " has no surviving holder that could write it");
+      fail(self, ph, to_string(layer) + " has no surviving holder that could write it");
       return false;
     }
-    const auto best = std::min_element(cands.begin(), cands.end(), [&](std::int64_t a, std::int64_t b) {
+    const auto best = std::min_element(cands.begin(), cands.end(), [&](node_id a, node_id b) {
       return ck.asked[a].size() < ck.asked[b].size();
     });
-    const std::int64_t node = *best;
+    const node_id node = *best;
     cands.erase(best);
     ck.asked[node].push_back(layer);
     orders[node].push_back(layer);
@@ -142,7 +142,7 @@ void start(coordinator_pointer self, bool stop_after, const std::string& reason)
   ck.started = st.deps.now();
   ck.stop_after = stop_after;
   ck.reason = reason;
-  std::map<std::int32_t, std::vector<std::int64_t>> holders;
+  std::map<layer_index, std::vector<node_id>> holders;
   try {
     holders = surviving_holders(st, ck.num_layers);
   } catch (const std::exception& e) {
@@ -150,7 +150,7 @@ void start(coordinator_pointer self, bool stop_after, const std::string& reason)
     st.deps.log(std::string("checkpoint skipped: ") + e.what());
     return after_commit(self);
   }
-  std::vector<std::int32_t> orphans;
+  std::vector<layer_index> orphans;
   for (const auto& [layer, nodes] : holders)
     if (nodes.empty()) orphans.push_back(layer);
   if (!orphans.empty()) {
@@ -167,8 +167,8 @@ void start(coordinator_pointer self, bool stop_after, const std::string& reason)
     return after_commit(self);
   }
   ck.candidates = std::move(holders);
-  std::vector<std::int32_t> all;
-  for (std::int32_t l = 0; l < ck.num_layers; ++l) all.push_back(l);
+  std::vector<layer_index> all;
+  for (std::int32_t l = 0; l < ck.num_layers; ++l) all.push_back(layer_index{l});
   st.deps.log(std::string(stop_after ? "writing a checkpoint of step " : "periodic checkpoint of step ") +
               std::to_string(st.step) + " (" + std::to_string(all.size()) + " layers) to " + st.deps.checkpoint.root);
   auto& ph = enter(self, phase::checkpointing{std::move(ck)});
@@ -199,7 +199,7 @@ bool handle(coordinator_pointer self, phase::checkpointing& ph, checkpoint_writt
   auto& ck = ph.progress;
   if (w.request != ck.request) return false;
   if (!w.error.empty()) {
-    fail(self, ph, "node " + std::to_string(w.node) + ": " + w.error);
+    fail(self, ph, to_string(w.node) + ": " + w.error);
     return true;
   }
   auto& asked = ck.asked[w.node];
@@ -207,25 +207,25 @@ bool handle(coordinator_pointer self, phase::checkpointing& ph, checkpoint_writt
     if (std::erase(asked, f.layer) == 0) continue;  // not asked of this node (a bug): ignore it
     ck.files.push_back(f);
   }
-  std::vector<std::int32_t> again;
+  std::vector<layer_index> again;
   for (auto l : w.missing)
     if (std::erase(asked, l) > 0) again.push_back(l);
   if (!again.empty()) {
-    st.deps.log("node " + std::to_string(w.node) + " no longer holds layer(s) " + list(again) + ": asking another holder");
+    st.deps.log(to_string(w.node) + " no longer holds layer(s) " + list(again) + ": asking another holder");
     if (!ask(self, ph, again)) return true;  // failed: the phase is gone
   }
   if (all_written(ck)) complete(self, ph);
   return true;
 }
 
-void fallback_writer_lost(coordinator_pointer self, phase::checkpointing& ph, std::int64_t node) {
+void fallback_writer_lost(coordinator_pointer self, phase::checkpointing& ph, node_id node) {
   auto& st = self->state;
   auto& ck = ph.progress;
   const auto it = ck.asked.find(node);
   if (it == ck.asked.end() || it->second.empty()) return;
   auto again = std::move(it->second);
   ck.asked.erase(it);
-  st.deps.log("node " + std::to_string(node) + " was lost while writing layer(s) " + list(again) +
+  st.deps.log(to_string(node) + " was lost while writing layer(s) " + list(again) +
               ": asking another holder");
   if (!ask(self, ph, again)) return;
   if (all_written(ck)) complete(self, ph);

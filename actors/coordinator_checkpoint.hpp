@@ -31,7 +31,7 @@ bool handle(coordinator_pointer self, phase::checkpointing& ph, messages::checkp
 
 /// The fallback checkpoint lost a writer: another holder writes its layers, or the job stops
 /// without a checkpoint.
-void fallback_writer_lost(coordinator_pointer self, phase::checkpointing& ph, std::int64_t node);
+void fallback_writer_lost(coordinator_pointer self, phase::checkpointing& ph, node_id node);
 
 /// A periodic checkpoint is abandoned (its temporary directory removed) because `why`; the caller
 /// then leaves the phase (a reconfiguration).

@@ -50,14 +50,18 @@
 
 namespace oobleck::actors {
 
+using planning::layer_index;
+using planning::node_id;
+using planning::rank;
+
 /// One committed step, for metrics (--metrics-out writes one JSON line each).
 struct step_record {
   std::uint64_t step = 0;
   std::uint64_t epoch = 0;
   double loss = 0;  ///< mean over the global batch
   std::int64_t samples = 0;
-  std::vector<std::pair<std::vector<std::int64_t>, std::int32_t>> pipelines;  ///< nodes, microbatches
-  std::map<std::int32_t, std::vector<std::uint64_t>> layer_digests;  ///< per layer: every holder's
+  std::vector<std::pair<std::vector<node_id>, std::int32_t>> pipelines;  ///< nodes, microbatches
+  std::map<layer_index, std::vector<std::uint64_t>> layer_digests;      ///< per layer: every holder's
   double wall_ms = 0;
   step_breakdown breakdown;  ///< where wall_ms went (step_breakdown.hpp)
 };
@@ -76,8 +80,8 @@ struct checkpoint_progress {
   std::string temp;
   std::chrono::steady_clock::time_point started;
   std::int32_t num_layers = 0;
-  std::map<std::int32_t, std::vector<std::int64_t>> candidates;  ///< per layer: holders not asked yet
-  std::map<std::int64_t, std::vector<std::int32_t>> asked;       ///< node -> layers it has not answered for
+  std::map<layer_index, std::vector<node_id>> candidates;  ///< per layer: holders not asked yet
+  std::map<node_id, std::vector<layer_index>> asked;       ///< node -> layers it has not answered for
   std::vector<messages::checkpoint_layer_file> files;
   bool stop_after = false;  ///< the fallback: the job stops when it is written (or not)
   std::string reason;       ///< why the job stops
@@ -99,8 +103,8 @@ struct ready {
 struct forming {
   static constexpr std::string_view name = "forming";
   planning::cluster_state configuration;                         ///< what the epoch runs
-  std::map<std::int64_t, std::vector<caf::actor>> ready;         ///< node_ready so far: stage handles
-  std::map<std::int64_t, messages::form_timing> timing;          ///< node_ready so far: where forming went
+  std::map<node_id, std::vector<caf::actor>> ready;   ///< node_ready so far: stage handles
+  std::map<node_id, messages::form_timing> timing;    ///< node_ready so far: where forming went
   std::chrono::steady_clock::time_point assignments_sent;
 };
 
@@ -115,7 +119,7 @@ struct training {
 struct committing {
   static constexpr std::string_view name = "committing";
   step_progress step;
-  std::set<std::int64_t> pending;  ///< nodes whose step_committed has not arrived
+  std::set<node_id> pending;  ///< nodes whose step_committed has not arrived
 };
 
 /// A checkpoint is being written (periodic, between steps; or the fallback before stopping).

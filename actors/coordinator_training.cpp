@@ -17,8 +17,8 @@ using namespace oobleck::messages;
 
 namespace {
 
-std::vector<std::int64_t> live_nodes(const coordinator_state& st) {
-  std::vector<std::int64_t> out;
+std::vector<node_id> live_nodes(const coordinator_state& st) {
+  std::vector<node_id> out;
   for (const auto& [id, n] : st.nodes)
     if (n.state != node_state::lost) out.push_back(id);
   return out;
@@ -32,16 +32,22 @@ messages::stage_assignment to_message(const planning::stage_assignment& s) {
   return {s.pipeline,
           s.stage,
           s.num_stages,
-          s.first_layer.value,
-          s.end_layer.value,
-          s.prev ? s.prev->value : -1,
-          s.next ? s.next->value : -1,
+          s.first_layer,
+          s.end_layer,
+          s.prev.value_or(planning::no_rank),
+          s.next.value_or(planning::no_rank),
           s.gpus};
 }
 
-std::string id_list(const std::vector<std::int64_t>& ids) {
+std::vector<std::int64_t> numbers(const std::vector<node_id>& ids) {
+  std::vector<std::int64_t> out;
+  for (auto n : ids) out.push_back(n.value);
+  return out;
+}
+
+std::string id_list(const std::vector<node_id>& ids) {
   std::string out;
-  for (auto n : ids) out += " " + std::to_string(n);
+  for (auto n : ids) out += " " + std::to_string(n.value);
   return out;
 }
 
@@ -75,7 +81,7 @@ void record_committed_step(coordinator_pointer self, step_progress& progress, co
   std::string mismatch;
   for (const auto& [layer, digests] : rec.layer_digests)
     if (std::adjacent_find(digests.begin(), digests.end(), std::not_equal_to<>()) != digests.end())
-      mismatch += " " + std::to_string(layer);
+      mismatch += " " + std::to_string(layer.value);
   st.last_loss = rec.loss;
   st.samples_per_second = rec.wall_ms > 0 ? 1000.0 * rec.samples / rec.wall_ms : 0;
   ++st.committed;
@@ -95,7 +101,7 @@ void record_committed_step(coordinator_pointer self, step_progress& progress, co
 
 /// -> forming: sends every node in `live` its part of `ep` (the epoch after st.epoch), which runs
 /// `configuration`.
-void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::vector<std::int64_t>& live,
+void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::vector<node_id>& live,
                 planning::cluster_state configuration) {
   auto& st = self->state;
   ++st.epoch;
@@ -107,7 +113,7 @@ void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::
   std::int32_t first = 0;
   for (std::size_t i = 0; i < ep.pipelines().size(); ++i) {
     running_pipeline p;
-    for (auto r : ep.pipelines()[i].ranks) p.nodes.push_back(ep.node(r).value);
+    for (auto r : ep.pipelines()[i].ranks) p.nodes.push_back(ep.node(r));
     p.first_microbatch = first;
     p.microbatches = ep.pipelines()[i].microbatches;
     first += p.microbatches;
@@ -118,21 +124,17 @@ void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::
   epoch_assignment base;
   base.epoch = st.epoch;
   base.next_step = st.step;
-  for (int r = 0; r < ep.num_ranks(); ++r) base.peers.push_back(st.nodes.at(ep.node(planning::rank{r}).value).data);
-  for (int l = 0; l < ep.num_layers(); ++l) {
-    std::vector<std::int32_t> group;
-    for (auto r : ep.holders(planning::layer_index{l})) group.push_back(r.value);
-    base.layer_groups.push_back(std::move(group));
-  }
-  for (const auto& c : ep.copies()) base.copies.push_back({c.layer.value, c.from.value, c.to.value});
+  for (int r = 0; r < ep.num_ranks(); ++r) base.peers.push_back(st.nodes.at(ep.node(rank{r})).data);
+  for (int l = 0; l < ep.num_layers(); ++l) base.layer_groups.push_back(ep.holders(layer_index{l}));
+  for (const auto& c : ep.copies()) base.copies.push_back({c.layer, c.from, c.to});
   for (const auto& p : st.current.pipelines) base.pipeline_microbatches.push_back(p.microbatches);
   // A resumed job's layers come from its checkpoint until an epoch has formed everywhere.
   if (!st.formed_once) base.resume_dir = st.deps.checkpoint.resume_dir;
 
-  for (std::int64_t id : live) {
+  for (node_id id : live) {
     epoch_assignment a = base;
-    if (auto r = ep.rank_of(planning::node_id{static_cast<int>(id)})) {
-      a.rank = r->value;
+    if (auto r = ep.rank_of(id)) {
+      a.rank = *r;
       const auto& stages = ep.stages(*r);
       for (std::size_t k = 0; k < stages.size(); ++k) {
         a.stages.push_back(to_message(stages[k]));
@@ -153,8 +155,10 @@ void start_training(coordinator_pointer self, phase::forming& ph) {
   st.lost_since_formed.clear();
   // The joining nodes this epoch was planned with are in; one that registered while it formed
   // is not, and enters at the next step boundary.
-  std::erase_if(st.joining, [&](std::int64_t id) {
-    const auto in = [id](const std::vector<int>& nodes) { return std::find(nodes.begin(), nodes.end(), id) != nodes.end(); };
+  std::erase_if(st.joining, [&](node_id id) {
+    const auto in = [id](const std::vector<node_id>& nodes) {
+      return std::find(nodes.begin(), nodes.end(), id) != nodes.end();
+    };
     bool planned = in(st.formed.idle_nodes);
     for (const auto& p : st.formed.pipelines) planned = planned || in(p.nodes);
     if (planned) st.nodes.at(id).state = node_state::registered;
@@ -205,7 +209,7 @@ std::string rules_of(const planning::reconfiguration& r) {
 /// from the last commit to the next; a second reconfiguration before that commit merges into it
 /// (every node lost or joined, every action, every byte copied).
 void record_reconfiguration(coordinator_pointer self, const planning::reconfiguration& r,
-                            const std::vector<std::int64_t>& lost, const std::vector<std::int64_t>& joined,
+                            const std::vector<node_id>& lost, const std::vector<node_id>& joined,
                             double detect_ms, double plan_ms) {
   auto& st = self->state;
   reconfiguration_record rec = st.recovering.value_or(reconfiguration_record{});
@@ -233,13 +237,13 @@ void record_reconfiguration(coordinator_pointer self, const planning::reconfigur
 /// A failure while committing: the commit was decided before it, so it stands. Survivors apply it
 /// before anything of the next epoch (their stages handle messages in order); the record holds the
 /// digests that arrived (the lost node's never will).
-void commit_stands_if_decided(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
+void commit_stands_if_decided(coordinator_pointer self, std::optional<node_id> lost_node) {
   auto& st = self->state;
   auto* c = std::get_if<phase::committing>(&st.phase);
   if (!c) return;
   st.deps.log("step " + std::to_string(st.step) + " was committed before " +
-              (lost_node ? "node " + std::to_string(*lost_node) + " was lost" : "the failure"));
-  publish(self, {event_kind::commit_stood, st.epoch, st.step, lost_node.value_or(-1), 0, {}});
+              (lost_node ? to_string(*lost_node) + " was lost" : "the failure"));
+  publish(self, {event_kind::commit_stood, st.epoch, st.step, lost_node ? lost_node->value : -1, 0, {}});
   record_committed_step(self, c->step, " (committed before the failure; digests of the nodes that replied)");
   st.last_commit = st.deps.now();
 }
@@ -248,20 +252,20 @@ void commit_stands_if_decided(coordinator_pointer self, std::optional<std::int64
 /// join): the survivors leave the epoch in force; the job ends when a commit that stood was its
 /// last step; otherwise the reconfiguration policy decides from the last
 /// formed configuration (or says checkpoint and stop) and the new epoch is assigned.
-void enter_forming(coordinator_pointer self, std::optional<std::int64_t> lost_node) {
+void enter_forming(coordinator_pointer self, std::optional<node_id> lost_node) {
   auto& st = self->state;
-  const std::string cause = lost_node ? "node " + std::to_string(*lost_node) + " was lost" : "the epoch failed";
+  const std::string cause = lost_node ? to_string(*lost_node) + " was lost" : "the epoch failed";
   if (!st.formed_once) {
     // Nothing has trained yet, and no epoch has formed everywhere: plan the job afresh on the
     // survivors (every layer from its seed; there is nothing to copy).
-    for (std::int64_t id : st.current.nodes) {
+    for (node_id id : st.current.nodes) {
       const auto& n = st.nodes.at(id);
       if (n.state != node_state::lost) self->send(n.monitor, abort_epoch{st.epoch, "re-planning before the first step"});
     }
     st.deps.log("node lost before the job's first epoch formed: planning the job again on the survivors");
     return plan_first_epoch(self);
   }
-  for (std::int64_t id : st.current.nodes) {
+  for (node_id id : st.current.nodes) {
     const auto& n = st.nodes.at(id);
     if (n.state != node_state::lost) self->send(n.monitor, abort_epoch{st.epoch, cause});
   }
@@ -276,21 +280,19 @@ void enter_forming(coordinator_pointer self, std::optional<std::int64_t> lost_no
   const planning::reconfiguration_context ctx{st.templates, costs, st.deps.job.fault_tolerance,
                                               st.deps.job.global_batch / st.deps.job.microbatch,
                                               st.deps.job.microbatch};
-  const std::vector<std::int64_t> lost = st.lost_since_formed, joined = st.joining;
-  const std::vector<int> lost_ids(lost.begin(), lost.end()), joined_ids(joined.begin(), joined.end());
-  const auto r = planning::reconfigure(ctx, st.formed, lost_ids, joined_ids);
+  const std::vector<node_id> lost = st.lost_since_formed, joined = st.joining;
+  const auto r = planning::reconfigure(ctx, st.formed, lost, joined);
   if (r.action == planning::reconfiguration_action::checkpoint_and_stop)
     return checkpoint_and_stop(self, "cannot continue after losing node(s)" + id_list(lost) + ": " + r.reason);
   const planning::epoch ep = planning::map_epoch(st.templates, r);
-  std::vector<std::int64_t> live;
-  for (const auto& p : r.pipelines)
-    for (int n : p.nodes) live.push_back(n);
-  for (int n : r.idle_nodes) live.push_back(n);
+  std::vector<node_id> live;
+  for (const auto& p : r.pipelines) live.insert(live.end(), p.nodes.begin(), p.nodes.end());
+  live.insert(live.end(), r.idle_nodes.begin(), r.idle_nodes.end());
   std::sort(live.begin(), live.end());
   live.erase(std::unique(live.begin(), live.end()), live.end());
   // Nodes alive but outside the new configuration (none today: the policy keeps every survivor)
   // still learn the epoch, so they leave the old one.
-  for (std::int64_t id : live_nodes(st))
+  for (node_id id : live_nodes(st))
     if (!std::binary_search(live.begin(), live.end(), id)) live.insert(std::upper_bound(live.begin(), live.end(), id), id);
   ++st.reconfigurations;
   std::int64_t bytes = 0;
@@ -308,8 +310,8 @@ void enter_forming(coordinator_pointer self, std::optional<std::int64_t> lost_no
               " layer copies (" + std::to_string(bytes) + " bytes); step " + std::to_string(st.step) +
               (lost.empty() && !joined.empty() ? " is next" : " runs again"));
   job_event forming{event_kind::epoch_forming, st.epoch, st.step, -1, 0, rules};
-  forming.lost = lost;
-  forming.joined = joined;
+  forming.lost = numbers(lost);
+  forming.joined = numbers(joined);
   publish(self, forming);
 }
 
@@ -317,9 +319,9 @@ void enter_forming(coordinator_pointer self, std::optional<std::int64_t> lost_no
 /// peer's crash before CAF's down message arrived; sometimes a real stage error. The epoch is
 /// formed again on the same nodes (a dead one then never reports ready, and its loss, when it
 /// arrives, starts the recovery over); a failure that repeats without any loss stops the job.
-void on_retry(coordinator_pointer self, const std::string& what, std::int64_t failed_node) {
+void on_retry(coordinator_pointer self, const std::string& what, std::optional<node_id> failed_node) {
   auto& st = self->state;
-  publish(self, {event_kind::step_failed, st.epoch, st.step, failed_node, 0, what});
+  publish(self, {event_kind::step_failed, st.epoch, st.step, failed_node ? failed_node->value : -1, 0, what});
   if (++st.failures_without_loss > coordinator_state::max_failures_without_loss)
     return stop_job(self, stop_outcome::failed,
                     what + " (" + std::to_string(st.failures_without_loss) + " failures in a row without a lost node)");
@@ -331,7 +333,7 @@ void on_retry(coordinator_pointer self, const std::string& what, std::int64_t fa
 bool node_failed(coordinator_pointer self, node_fault& f) {
   auto& st = self->state;
   if (f.epoch != st.epoch) return false;
-  on_retry(self, "node " + std::to_string(f.node) + " failed in epoch " + std::to_string(f.epoch) + ": " + f.what, f.node);
+  on_retry(self, to_string(f.node) + " failed in epoch " + std::to_string(f.epoch) + ": " + f.what, f.node);
   return true;
 }
 
@@ -342,8 +344,10 @@ void check_transition(coordinator_pointer self, std::string_view to) {
   const auto from = phase_name(st.phase);
   if (transition_allowed(from, to)) return;
   ++st.illegal_transitions;
-  st.deps.log("BUG: the coordinator went from " + std::string(from) + " to " + std::string(to) +
-              ", an edge its machine does not have");
+  const std::string what =
+      "the coordinator went from " + std::string(from) + " to " + std::string(to) + ", an edge its machine does not have";
+  st.deps.log("BUG: " + what);
+  st.deps.on_bug(what);
 }
 
 void publish(coordinator_pointer self, const job_event& event) {
@@ -378,14 +382,11 @@ void plan_first_epoch(coordinator_pointer self) {
   job.nodes = static_cast<int>(live.size());
   planning::job_plan plan;
   try {
-    plan = planning::plan_job(st.deps.profile, job);
+    plan = planning::plan_job(st.deps.profile, job, live);
   } catch (const std::exception& e) {
     return stop_job(self, stop_outcome::failed,
                     "cannot plan the job on " + std::to_string(live.size()) + " node(s): " + e.what());
   }
-  for (auto& p : plan.pipelines)
-    for (auto& n : p.nodes) n = static_cast<int>(live.at(static_cast<std::size_t>(n)));
-  for (auto& n : plan.idle_nodes) n = static_cast<int>(live.at(static_cast<std::size_t>(n)));
   st.templates = plan.templates;
   st.formed = {plan.pipelines, plan.idle_nodes};
   st.lost_since_formed.clear();
@@ -396,11 +397,11 @@ void plan_first_epoch(coordinator_pointer self) {
               std::to_string(plan.step_ms) + " ms");
 }
 
-void on_loss(coordinator_pointer self, std::int64_t node) {
+void on_loss(coordinator_pointer self, node_id node) {
   auto& st = self->state;
   if (auto* ck = std::get_if<phase::checkpointing>(&st.phase)) {
     if (ck->progress.stop_after) return fallback_writer_lost(self, *ck, node);
-    abandon_periodic_checkpoint(self, *ck, "node " + std::to_string(node) + " was lost");
+    abandon_periodic_checkpoint(self, *ck, to_string(node) + " was lost");
   }
   commit_stands_if_decided(self, node);
   st.lost_since_formed.push_back(node);
@@ -424,7 +425,7 @@ bool handle(coordinator_pointer self, phase::forming& ph, node_ready& r) {
   if (r.epoch != st.epoch) return false;
   ph.ready[r.node] = std::move(r.stages);
   ph.timing[r.node] = r.timing;
-  for (std::int64_t id : st.current.nodes)
+  for (node_id id : st.current.nodes)
     if (!ph.ready.count(id)) return true;
   start_training(self, ph);
   return true;
@@ -439,7 +440,7 @@ bool handle(coordinator_pointer self, phase::training& ph, pipeline_done& d) {
   if (d.epoch != st.epoch || d.step != st.step) return false;
   if (!d.error.empty()) {
     on_retry(self, "step " + std::to_string(d.step) + " failed in pipeline " + std::to_string(d.pipeline) + ": " + d.error,
-             -1);
+             std::nullopt);
     return true;
   }
   ph.step.loss_sum += d.loss_sum;
@@ -449,7 +450,7 @@ bool handle(coordinator_pointer self, phase::training& ph, pipeline_done& d) {
   phase::committing next{std::move(ph.step), {}};
   next.pending.insert(st.current.nodes.begin(), st.current.nodes.end());
   enter(self, std::move(next));
-  for (std::int64_t id : st.current.nodes) self->send(st.nodes.at(id).monitor, commit_step{st.epoch, st.step});
+  for (node_id id : st.current.nodes) self->send(st.nodes.at(id).monitor, commit_step{st.epoch, st.step});
   return true;
 }
 

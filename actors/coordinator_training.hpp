@@ -41,7 +41,7 @@ void plan_first_epoch(coordinator_pointer self);
 /// stands, every survivor aborts its data plane, the reconfiguration policy decides the new
 /// pipelines and the copy plan, and the uncommitted step runs again in the new epoch. During a
 /// checkpoint: the fallback asks another holder; a periodic one is abandoned first.
-void on_loss(coordinator_pointer self, std::int64_t node);
+void on_loss(coordinator_pointer self, node_id node);
 
 /// The step boundary after a commit (and its checkpoint, if one was due): the job finishes, joined
 /// nodes enter (a join: a new epoch), or the next step runs.

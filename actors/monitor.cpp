@@ -53,7 +53,7 @@ void start_registration(monitor_pointer self) {
                       self->state.node = a.node;
                       self->state.job = a;
                       start_stage(self);
-                      self->state.deps.log("admitted as node " + std::to_string(a.node));
+                      self->state.deps.log("admitted as node " + std::to_string(a.node.value));
                       self->state.deps.admitted(a);
                     },
                     [self](caf::error& err) {
@@ -97,13 +97,13 @@ void start_stage(monitor_pointer self) {
 
 void on_assignment(monitor_pointer self, epoch_assignment& a) {
   auto& st = self->state;
-  if (a.epoch <= st.epoch || st.node < 0) {
+  if (a.epoch <= st.epoch || st.node.value < 0) {
     ++st.dropped;  // stale, or (a protocol error) ahead of this node's admission
     return;
   }
   st.epoch = a.epoch;
   if (!st.stage) {
-    if (a.rank < 0) {
+    if (a.rank == planning::no_rank) {
       self->send(st.deps.coordinator, node_ready{a.epoch, st.node, {}});
     } else {
       self->send(st.deps.coordinator, node_fault{a.epoch, st.node, "this node cannot run stages"});
@@ -119,19 +119,19 @@ void on_assignment(monitor_pointer self, epoch_assignment& a) {
     self->send(st.deps.coordinator, node_fault{a.epoch, st.node, why});
     return;
   }
-  if (a.rank < 0) {
+  if (a.rank == planning::no_rank) {
     st.deps.log("epoch " + std::to_string(a.epoch) + ": idle");
   } else if (a.stages.empty()) {
-    st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank) + ", sends copies only");
+    st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank.value) + ", sends copies only");
   } else {
     for (const auto& s : a.stages)
-      st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank) + ", pipeline " +
+      st.deps.log("epoch " + std::to_string(a.epoch) + ": rank " + std::to_string(a.rank.value) + ", pipeline " +
                   std::to_string(s.pipeline) + " stage " + std::to_string(s.stage) + " of " +
-                  std::to_string(s.num_stages) + ", layers [" + std::to_string(s.first_layer) + ", " +
-                  std::to_string(s.end_layer) + ")" + (s.width > 1 ? ", width " + std::to_string(s.width) : ""));
+                  std::to_string(s.num_stages) + ", layers [" + std::to_string(s.first_layer.value) + ", " +
+                  std::to_string(s.end_layer.value) + ")" + (s.width > 1 ? ", width " + std::to_string(s.width) : ""));
   }
   const std::uint64_t e = a.epoch;
-  const std::size_t runs_stages = a.rank >= 0 ? a.stages.size() : 0;
+  const std::size_t runs_stages = a.rank != planning::no_rank ? a.stages.size() : 0;
   self->request(st.stage->actor, caf::infinite, std::move(a))
       .then(
           [self, e, runs_stages](form_timing& timing) {

@@ -48,7 +48,7 @@ struct monitor_deps {
 
 struct monitor_state {
   monitor_deps deps;
-  std::int64_t node = -1;
+  planning::node_id node{-1};  ///< -1 until admitted
   messages::admission job;
   std::uint64_t epoch = 0;  ///< the newest epoch assigned
   std::optional<spawned_stage> stage;  ///< the node's stage slots, once admitted

@@ -73,7 +73,7 @@ struct stage_runtime {
   std::vector<std::unique_ptr<runtime::stage_executor>> executors;
   std::vector<std::vector<int>> layer_groups;
 
-  bool runs_layer(int l) const {
+  bool runs_layer(planning::layer_index l) const {
     for (const auto& s : assignment.stages)
       if (l >= s.first_layer && l < s.end_layer) return true;
     return false;
@@ -83,7 +83,7 @@ struct stage_runtime {
   /// anyone's source. Caller holds views_mu exclusively.
   void drop_layers_outside_range() {
     for (int l : store.layers_held())
-      if (!runs_layer(l)) store.drop(l);
+      if (!runs_layer(planning::layer_index{l})) store.drop(l);
   }
 
   std::mutex fault_mu;
@@ -167,8 +167,8 @@ void check_fits_slots(const stage_runtime& rt, const epoch_assignment& a) {
 form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   form_timing t;
   check_fits_slots(rt, a);
-  if (a.rank >= static_cast<std::int32_t>(a.peers.size()))
-    throw std::invalid_argument("rank " + std::to_string(a.rank) + " is not among the epoch's peers");
+  if (a.rank.value >= static_cast<std::int32_t>(a.peers.size()))
+    throw std::invalid_argument(to_string(a.rank) + " is not among the epoch's peers");
   // The old epoch's data plane goes now (it would at its destruction below anyway): a stage of
   // this node still in a step of it fails at once and gives up the views.
   rt.abort(a.epoch - 1, "epoch " + std::to_string(a.epoch) + " is forming");
@@ -190,13 +190,13 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   }
   rt.assignment = a;
   rt.layer_groups.clear();
-  if (a.rank < 0) {  // idle: the layers it held are no longer needed
+  if (a.rank == planning::no_rank) {  // idle: the layers it held are no longer needed
     for (int l : rt.store.layers_held()) rt.store.drop(l);
     return t;
   }
 
   runtime::transport_config cfg;
-  cfg.rank = a.rank;
+  cfg.rank = a.rank.value;
   cfg.epoch = a.epoch;
   cfg.connect_timeout = std::chrono::milliseconds(rt.job.connect_timeout_ms);
   // The buffers of the layers this node receives are allocated and their pages faulted in
@@ -204,8 +204,8 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   // otherwise be faulted in during the transfer, on the transport's I/O thread.
   const auto preparing = std::chrono::steady_clock::now();
   std::vector<runtime::copy_entry> copy_plan;
-  for (const auto& c : a.copies) copy_plan.push_back({c.layer, c.source, c.target});
-  runtime::layer_copies copies(rt.store, a.rank, !a.stages.empty(), std::move(copy_plan));
+  for (const auto& c : a.copies) copy_plan.push_back({c.layer.value, c.source.value, c.target.value});
+  runtime::layer_copies copies(rt.store, a.rank.value, !a.stages.empty(), std::move(copy_plan));
   t.prepare_us = runtime::micros_since(preparing);
   const auto phase = std::chrono::steady_clock::now();
   for (const auto& p : a.peers) cfg.peers.push_back({p.host, p.port});
@@ -231,7 +231,7 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
     // everywhere); later a layer is kept (it stayed in the store) or copied.
     for (const auto& s : a.stages) {
       if (!a.resume_dir.empty()) install_from_checkpoint(rt.store, a.resume_dir, s.first_layer, s.end_layer);
-      else if (!rt.formed_once) rt.store.ensure(s.first_layer, s.end_layer);
+      else if (!rt.formed_once) rt.store.ensure(s.first_layer.value, s.end_layer.value);
     }
     const runtime::copy_timing copied = copies.run(*rt.transport, *rt.comm);
     t.copies_us = copied.copies_us;
@@ -241,7 +241,7 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   } catch (...) {
     // The epoch cannot form here: end a connect() that still waits for peers. A connect() that
     // failed first has aborted the transport with its reason, which the copy's error names.
-    rt.transport->abort("forming epoch " + std::to_string(a.epoch) + " failed on rank " + std::to_string(a.rank));
+    rt.transport->abort("forming epoch " + std::to_string(a.epoch) + " failed on " + to_string(a.rank));
     connecting.join();
     throw;
   }
@@ -255,16 +255,21 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
 
   const auto views_started = std::chrono::steady_clock::now();
   for (const auto& s : a.stages) {
-    for (int l = s.first_layer; l < s.end_layer; ++l)
+    for (int l = s.first_layer.value; l < s.end_layer.value; ++l)
       if (!rt.store.holds(l))
         throw std::logic_error("epoch " + std::to_string(a.epoch) + ": layer " + std::to_string(l) +
-                               " is neither kept nor copied to rank " + std::to_string(a.rank));
-    runtime::stage_position pos{s.first_layer, s.end_layer, s.stage, s.num_stages, s.prev_rank, s.next_rank};
+                               " is neither kept nor copied to " + to_string(a.rank));
+    // The runtime below speaks plain integers (ranks of this epoch, layer numbers of the model).
+    runtime::stage_position pos{s.first_layer.value, s.end_layer.value, s.stage,
+                                s.num_stages,        s.prev_rank.value, s.next_rank.value};
     rt.executors.push_back(std::make_unique<runtime::stage_executor>(rt.store, pos, *rt.local, options_of(rt.job)));
   }
   t.views_us = runtime::micros_since(views_started);
   rt.formed_once = true;
-  for (const auto& g : a.layer_groups) rt.layer_groups.emplace_back(g.begin(), g.end());
+  for (const auto& g : a.layer_groups) {
+    auto& group = rt.layer_groups.emplace_back();
+    for (auto r : g) group.push_back(r.value);
+  }
   return t;
 }
 

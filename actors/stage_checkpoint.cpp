@@ -12,12 +12,12 @@ messages::checkpoint_written write_checkpoint_layers(const runtime::layer_store&
   messages::checkpoint_written out;
   out.request = order.request;
   try {
-    for (int layer : order.layers) {
-      if (!store.holds(layer)) {
+    for (planning::layer_index layer : order.layers) {
+      if (!store.holds(layer.value)) {
         out.missing.push_back(layer);
         continue;
       }
-      const auto f = runtime::write_layer_file(order.dir, layer, store.serialize_layer(layer));
+      const auto f = runtime::write_layer_file(order.dir, layer.value, store.serialize_layer(layer.value));
       out.files.push_back({layer, f.bytes, f.sha256});
     }
   } catch (const std::exception& e) {
@@ -26,13 +26,14 @@ messages::checkpoint_written write_checkpoint_layers(const runtime::layer_store&
   return out;
 }
 
-void install_from_checkpoint(runtime::layer_store& store, const std::string& dir, int first, int end) {
+void install_from_checkpoint(runtime::layer_store& store, const std::string& dir, planning::layer_index first,
+                             planning::layer_index end) {
   const auto manifest = runtime::read_manifest(dir);
   if (manifest.num_layers != store.model().num_layers())
     throw runtime::checkpoint_error(dir + ": " + std::to_string(manifest.num_layers) + " layers, the job's model has " +
                                     std::to_string(store.model().num_layers()));
   std::vector<std::pair<int, std::vector<std::byte>>> files;
-  for (int l = first; l < end; ++l) files.emplace_back(l, runtime::read_layer_file(dir, runtime::file_of(manifest, l)));
+  for (int l = first.value; l < end.value; ++l) files.emplace_back(l, runtime::read_layer_file(dir, runtime::file_of(manifest, l)));
   // The store checks each layer's header (layer, model) before it changes that layer. The
   // coordinator validated the job hash (which covers the model), so a refusal here is a bug or a
   // file changed under us: the stage fails to form, trains nothing, and a later assignment of a
@@ -57,12 +58,13 @@ std::vector<float> values(const std::vector<torch::Tensor>& parts) {
 }
 }  // namespace
 
-layer_state_values decode_layer_state(const runtime::gpt_config& model, int layer, std::span<const std::byte> bytes) {
+layer_state_values decode_layer_state(const runtime::gpt_config& model, planning::layer_index layer,
+                                      std::span<const std::byte> bytes) {
   runtime::layer_store store(model);
-  store.install_layer(layer, bytes);
+  store.install_layer(layer.value, bytes);
   layer_state_values v;
-  v.parameters = values({store.flat_parameters(layer)});
-  const auto& opt = store.optimizer_state(layer);
+  v.parameters = values({store.flat_parameters(layer.value)});
+  const auto& opt = store.optimizer_state(layer.value);
   v.exp_avg = values(opt.exp_avg);
   v.exp_avg_sq = values(opt.exp_avg_sq);
   v.step = opt.step;

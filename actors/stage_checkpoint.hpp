@@ -29,7 +29,8 @@ messages::checkpoint_written write_checkpoint_layers(const runtime::layer_store&
 /// file is read and checked (size, SHA-256) before the first layer is installed, so a torn or
 /// corrupt file changes nothing; the store then checks each layer's own header. Throws runtime::checkpoint_error or
 /// runtime::layer_install_error naming the file.
-void install_from_checkpoint(runtime::layer_store& store, const std::string& dir, int first, int end);
+void install_from_checkpoint(runtime::layer_store& store, const std::string& dir, planning::layer_index first,
+                             planning::layer_index end);
 
 /// One layer's state as numbers (tests compare replicas and checkpoints with a tolerance).
 struct layer_state_values {
@@ -41,6 +42,7 @@ struct layer_state_values {
 
 /// Decodes layer `layer`'s serialized state (a checkpoint's layer file, or layer_store bytes) of
 /// `model`. Throws runtime::layer_install_error on bytes of another layer or model.
-layer_state_values decode_layer_state(const runtime::gpt_config& model, int layer, std::span<const std::byte> bytes);
+layer_state_values decode_layer_state(const runtime::gpt_config& model, planning::layer_index layer,
+                                      std::span<const std::byte> bytes);
 
 }  // namespace oobleck::actors

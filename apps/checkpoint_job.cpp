@@ -62,7 +62,8 @@ actors::checkpoint_deps checkpoint_deps_for(const job_file& job, const std::stri
     m.model_seed = model_seed;
     m.sample_seed = sample_seed;
     m.num_layers = layers;
-    for (const auto& f : files) m.files.push_back({f.layer, runtime::layer_file_name(f.layer), f.bytes, f.sha256});
+    for (const auto& f : files)
+      m.files.push_back({f.layer.value, runtime::layer_file_name(f.layer.value), f.bytes, f.sha256});
     return runtime::finish_checkpoint(temp, m).string();
   };
   d.discard = [](const std::string& temp) {

@@ -115,16 +115,17 @@ std::vector<plan_event> replay(const plan_options& o, const planning::profile& p
   std::vector<plan_event> events;
   for (std::size_t i = 0; i < o.events.size(); ++i) {
     plan_event e;
-    e.lost = o.events[i].first;
-    for (int n : e.lost)
+    for (int n : o.events[i].first) {
       if (!alive.count(n))
         throw planning_error("event " + std::to_string(i + 1) + ": node " + std::to_string(n) + " is not alive");
-    if (std::set<int>(e.lost.begin(), e.lost.end()).size() != e.lost.size())
+      e.lost.push_back(planning::node_id{n});
+    }
+    if (std::set<planning::node_id>(e.lost.begin(), e.lost.end()).size() != e.lost.size())
       throw planning_error("event " + std::to_string(i + 1) + ": a node id is listed twice");
-    for (int k = 0; k < o.events[i].second; ++k) e.joined.push_back(next_id++);
+    for (int k = 0; k < o.events[i].second; ++k) e.joined.push_back(planning::node_id{next_id++});
     e.result = planning::reconfigure(ctx, state, e.lost, e.joined);
-    for (int n : e.lost) alive.erase(n);
-    alive.insert(e.joined.begin(), e.joined.end());
+    for (int n : o.events[i].first) alive.erase(n);
+    for (int k = 0; k < o.events[i].second; ++k) alive.insert(next_id - o.events[i].second + k);
     state = {e.result.pipelines, e.result.idle_nodes};
     const bool stop = e.result.action == planning::reconfiguration_action::checkpoint_and_stop;
     events.push_back(std::move(e));

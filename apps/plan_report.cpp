@@ -12,13 +12,17 @@ namespace {
 value object() { return value::object(); }
 value array() { return value::array(); }
 
-value ints(const std::vector<int>& xs) { return value(xs); }
+value ids(const std::vector<planning::node_id>& xs) {
+  value out = array();
+  for (auto x : xs) out.push_back(x.value);
+  return out;
+}
 
 double samples_per_s(int global_batch, double step_ms) { return step_ms > 0 ? global_batch * 1000.0 / step_ms : 0; }
 
-std::string node_list(const std::vector<int>& nodes) {
+std::string node_list(const std::vector<planning::node_id>& nodes) {
   std::ostringstream os;
-  for (std::size_t i = 0; i < nodes.size(); ++i) os << (i ? "," : "") << nodes[i];
+  for (std::size_t i = 0; i < nodes.size(); ++i) os << (i ? "," : "") << nodes[i].value;
   return os.str();
 }
 
@@ -68,7 +72,7 @@ value pipelines_to_json(const std::vector<planning::pipeline_instance>& ps) {
   value out = array();
   for (const auto& p : ps) {
     value o = object();
-    o["nodes"] = ints(p.nodes);
+    o["nodes"] = ids(p.nodes);
     o["template_nodes"] = p.template_nodes;
     o["microbatches"] = p.microbatches;
     o["time_ms"] = p.time_ms;
@@ -84,8 +88,8 @@ value plan_to_json(const planning::job_plan& plan, const std::vector<plan_event>
   for (const auto& e : events) {
     const auto& r = e.result;
     value o = object();
-    o["lost"] = ints(e.lost);
-    o["joined"] = ints(e.joined);
+    o["lost"] = ids(e.lost);
+    o["joined"] = ids(e.joined);
     o["action"] = to_string(r.action);
     if (r.action == planning::reconfiguration_action::checkpoint_and_stop) {
       o["reason"] = r.reason;
@@ -98,15 +102,15 @@ value plan_to_json(const planning::job_plan& plan, const std::vector<plan_event>
       value copies = array();
       for (const auto& c : r.copies) {
         value copy = object();
-        copy["layer"] = c.layer;
-        copy["from_node"] = c.from_node;
-        copy["to_node"] = c.to_node;
+        copy["layer"] = c.layer.value;
+        copy["from_node"] = c.from_node.value;
+        copy["to_node"] = c.to_node.value;
         copy["bytes"] = c.bytes;
         copies.push_back(std::move(copy));
       }
       o["rules"] = std::move(rules);
       o["pipelines"] = pipelines_to_json(r.pipelines);
-      o["idle_nodes"] = ints(r.idle_nodes);
+      o["idle_nodes"] = ids(r.idle_nodes);
       o["step_ms"] = r.step_ms;
       o["samples_per_s"] = samples_per_s(global_batch, r.step_ms);
       o["copies"] = std::move(copies);
@@ -115,13 +119,13 @@ value plan_to_json(const planning::job_plan& plan, const std::vector<plan_event>
   }
   value instantiation = object();
   instantiation["pipelines"] = pipelines_to_json(plan.pipelines);
-  instantiation["idle_nodes"] = ints(plan.idle_nodes);
+  instantiation["idle_nodes"] = ids(plan.idle_nodes);
   instantiation["step_ms"] = plan.step_ms;
   instantiation["samples_per_s"] = samples_per_s(global_batch, plan.step_ms);
   value out = object();
   out["n0"] = plan.spec.n0;
   out["n_max"] = plan.spec.n_max;
-  out["covered_node_counts"] = ints(plan.spec.covered_node_counts);
+  out["covered_node_counts"] = value(plan.spec.covered_node_counts);
   out["templates"] = std::move(templates);
   out["instantiation"] = std::move(instantiation);
   out["events"] = std::move(evs);

@@ -12,8 +12,8 @@ namespace oobleck::apps {
 
 /// One --fail / --join event and what the policy decided.
 struct plan_event {
-  std::vector<int> lost;
-  std::vector<int> joined;
+  std::vector<planning::node_id> lost;
+  std::vector<planning::node_id> joined;
   planning::reconfiguration result;
 };
 

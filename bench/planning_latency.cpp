@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   const layer_costs costs64(mid, job_memory(mid, job64));
   const reconfiguration_context ctx{plan64.templates, costs64, 2, plan64.num_microbatches, 1};
   const cluster_state state{plan64.pipelines, plan64.idle_nodes};
-  const std::vector<int> lost{plan64.pipelines.front().nodes.front()};
+  const std::vector<node_id> lost{plan64.pipelines.front().nodes.front()};
   reconfiguration r;
   const double reconf_s = time_it([&] { r = reconfigure(ctx, state, lost, {}); });
   std::cout << "reconfiguration decision, 64 nodes x 1 GPU, " << mid.num_layers() << " layers, "

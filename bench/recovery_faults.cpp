@@ -98,11 +98,11 @@ std::vector<fault_result> run_scenario(const std::string& bin, const scenario& s
   plan_replay replay(model);
   std::size_t next = 0;
   for (const auto& e : events) {
-    std::vector<int> lost;
-    for (const auto& n : e["lost"]) lost.push_back(n.get<int>());
+    std::vector<planning::node_id> lost;
+    for (const auto& n : e["lost"]) lost.push_back(planning::node_id{n.get<std::int64_t>()});
     const auto r = lost.empty() ? planning::reconfiguration{} : replay.lose(lost);
     for (std::size_t i = next; i < results.size(); ++i) {
-      if (std::find(lost.begin(), lost.end(), results[i].node) == lost.end()) continue;
+      if (std::find(lost.begin(), lost.end(), planning::node_id{results[i].node}) == lost.end()) continue;
       auto& res = results[i];
       res.record = json::parse(e.dump());
       std::int64_t total = 0;

@@ -17,7 +17,7 @@ plan_replay::plan_replay(const job_model& m) : m_(m), plan_(planning::plan_job(m
   formed_ = {plan_.pipelines, plan_.idle_nodes};
 }
 
-planning::reconfiguration plan_replay::lose(const std::vector<int>& lost) {
+planning::reconfiguration plan_replay::lose(const std::vector<planning::node_id>& lost) {
   const planning::reconfiguration_context ctx{plan_.templates, *costs_, m_.config.fault_tolerance,
                                               m_.config.global_batch / m_.config.microbatch, m_.config.microbatch};
   auto r = planning::reconfigure(ctx, formed_, lost, {});
@@ -26,7 +26,7 @@ planning::reconfiguration plan_replay::lose(const std::vector<int>& lost) {
 }
 
 std::int64_t busiest_link_bytes(const std::vector<planning::layer_copy>& copies) {
-  std::map<int, std::int64_t> sent, received;
+  std::map<planning::node_id, std::int64_t> sent, received;
   for (const auto& c : copies) {
     sent[c.from_node] += c.bytes;
     received[c.to_node] += c.bytes;

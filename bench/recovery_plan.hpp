@@ -27,7 +27,7 @@ struct job_model {
 class plan_replay {
  public:
   explicit plan_replay(const job_model& m);
-  planning::reconfiguration lose(const std::vector<int>& lost);
+  planning::reconfiguration lose(const std::vector<planning::node_id>& lost);
   [[nodiscard]] const planning::cluster_state& formed() const { return formed_; }
   [[nodiscard]] double predicted_step_ms() const { return plan_.step_ms; }
 

@@ -21,7 +21,7 @@ foreach(folder planning actors)
     FILES_MATCHING PATTERN "*.hpp")
 endforeach()
 install(FILES
-    messages/actor_interfaces.hpp messages/admission.hpp messages/checkpoint_messages.hpp messages/control_messages.hpp
+    messages/actor_interfaces.hpp messages/admission_messages.hpp messages/checkpoint_messages.hpp messages/control_messages.hpp
     messages/epoch_messages.hpp messages/input_error.hpp messages/protocol.hpp messages/step_messages.hpp
     messages/wire_double.hpp
   DESTINATION ${OOBLECK_INSTALL_INCLUDEDIR}/messages)

@@ -47,7 +47,7 @@ bool all_ours(const caf::message& m) {
 
 bool protocol_only(const caf::message& m) {
   using namespace oobleck::messages;
-  return all_ours<endpoint, nonce_request, register_node, admission, control_proof, stage_assignment, layer_copy,
+  return all_ours<endpoint, nonce_request, register_node, admission, control_proof, stage_assignment, epoch_copy,
                   epoch_assignment, node_ready, abort_epoch, epoch_aborted, node_fault, run_step, stage_step,
                   stage_timing, stage_done, pipeline_done, commit_step, layer_digest, step_committed, inject_fault,
                   node_status, pipeline_status, job_status, job_event, write_checkpoint, checkpoint_layer_file,

@@ -14,6 +14,8 @@
 
 #include <caf/meta/type_name.hpp>
 
+#include "planning/ids.hpp"
+
 namespace oobleck::messages {
 
 /// Write the listed layers' files (the state of the last committed step) into `dir`.
@@ -21,7 +23,7 @@ struct write_checkpoint {
   std::uint64_t request = 0;  ///< the coordinator's id of this checkpoint; replies carry it back
   std::uint64_t step = 0;     ///< the next step: the layers hold steps 0..step-1
   std::string dir;            ///< the temporary checkpoint directory (absolute, shared)
-  std::vector<std::int32_t> layers;
+  std::vector<planning::layer_index> layers;
 
   bool operator==(const write_checkpoint&) const = default;
 };
@@ -33,7 +35,7 @@ typename Inspector::result_type inspect(Inspector& f, write_checkpoint& x) {
 
 /// One layer file written: what the manifest lists.
 struct checkpoint_layer_file {
-  std::int32_t layer = 0;
+  planning::layer_index layer;
   std::uint64_t bytes = 0;
   std::string sha256;  ///< lowercase hex
 
@@ -49,9 +51,9 @@ typename Inspector::result_type inspect(Inspector& f, checkpoint_layer_file& x) 
 /// coordinator asks another holder), or an error (I/O) that fails the checkpoint.
 struct checkpoint_written {
   std::uint64_t request = 0;
-  std::int64_t node = -1;
+  planning::node_id node;
   std::vector<checkpoint_layer_file> files;
-  std::vector<std::int32_t> missing;
+  std::vector<planning::layer_index> missing;
   std::string error;
 
   bool operator==(const checkpoint_written&) const = default;

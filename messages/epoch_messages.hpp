@@ -16,19 +16,20 @@
 #include <caf/actor.hpp>
 #include <caf/meta/type_name.hpp>
 
-#include "messages/admission.hpp"
+#include "messages/admission_messages.hpp"
+#include "planning/ids.hpp"
 
 namespace oobleck::messages {
 
-/// One stage a node runs in an epoch (ranks are the epoch's; -1: none).
+/// One stage a node runs in an epoch (ranks are the epoch's; planning::no_rank: none).
 struct stage_assignment {
   std::int32_t pipeline = 0;
   std::int32_t stage = 0;
   std::int32_t num_stages = 1;
-  std::int32_t first_layer = 0;
-  std::int32_t end_layer = 0;  ///< layers [first_layer, end_layer)
-  std::int32_t prev_rank = -1;
-  std::int32_t next_rank = -1;
+  planning::layer_index first_layer;
+  planning::layer_index end_layer;  ///< layers [first_layer, end_layer)
+  planning::rank prev_rank = planning::no_rank;
+  planning::rank next_rank = planning::no_rank;
   /// d: the node's slots the stage runs on (a power of two; the widths of a node's stages add up
   /// to its slots). On CPU, its LibTorch intra-op threads.
   std::int32_t width = 1;
@@ -42,29 +43,31 @@ typename Inspector::result_type inspect(Inspector& f, stage_assignment& x) {
            x.end_layer, x.prev_rank, x.next_rank, x.width);
 }
 
-/// One entry of the copy plan: the full state of `layer` goes from rank `source` to rank `target`.
-struct layer_copy {
-  std::int32_t layer = 0;
-  std::int32_t source = 0;
-  std::int32_t target = 0;
+/// One entry of an epoch's copy plan, in the epoch's ranks (planning::epoch_copy on the wire; the
+/// same copy by node id is planning::layer_copy): the full state of `layer` goes from rank `source`
+/// to rank `target`.
+struct epoch_copy {
+  planning::layer_index layer;
+  planning::rank source;
+  planning::rank target;
 
-  bool operator==(const layer_copy&) const = default;
+  bool operator==(const epoch_copy&) const = default;
 };
 
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, layer_copy& x) {
-  return f(caf::meta::type_name("layer_copy"), x.layer, x.source, x.target);
+typename Inspector::result_type inspect(Inspector& f, epoch_copy& x) {
+  return f(caf::meta::type_name("epoch_copy"), x.layer, x.source, x.target);
 }
 
 /// What one node does in epoch `epoch`.
 struct epoch_assignment {
   std::uint64_t epoch = 0;
   std::uint64_t next_step = 0;          ///< the step the epoch starts with (re-run if uncommitted)
-  std::int32_t rank = -1;               ///< this node's rank; -1: idle in this epoch
+  planning::rank rank = planning::no_rank;  ///< this node's rank; no_rank: idle in this epoch
   std::vector<endpoint> peers;          ///< data-plane endpoint of every rank
   std::vector<stage_assignment> stages; ///< this node's stages in pipeline order (empty when idle)
-  std::vector<std::vector<std::int32_t>> layer_groups;  ///< per layer: ranks of all its holders
-  std::vector<layer_copy> copies;       ///< the whole copy plan (each node runs its part)
+  std::vector<std::vector<planning::rank>> layer_groups;  ///< per layer: ranks of all its holders
+  std::vector<epoch_copy> copies;       ///< the whole copy plan (each node runs its part)
   std::vector<std::int32_t> pipeline_microbatches;  ///< batch distribution, per pipeline
   /// The job's first epoch of a resumed job: the checkpoint directory its layers come from
   /// (validated by the coordinator); empty: layers are built from their seed (or kept, copied).
@@ -109,7 +112,7 @@ typename Inspector::result_type inspect(Inspector& f, form_timing& x) {
 /// A node formed its part of the epoch: stage actor handles in the order of its assignment.
 struct node_ready {
   std::uint64_t epoch = 0;
-  std::int64_t node = -1;
+  planning::node_id node;
   std::vector<caf::actor> stages;
   form_timing timing;
 
@@ -136,7 +139,7 @@ typename Inspector::result_type inspect(Inspector& f, abort_epoch& x) {
 
 struct epoch_aborted {
   std::uint64_t epoch = 0;
-  std::int64_t node = -1;
+  planning::node_id node;
 
   bool operator==(const epoch_aborted&) const = default;
 };
@@ -150,7 +153,7 @@ typename Inspector::result_type inspect(Inspector& f, epoch_aborted& x) {
 /// error, copy failure); the coordinator reacts as to a loss of the epoch, not of the node.
 struct node_fault {
   std::uint64_t epoch = 0;
-  std::int64_t node = -1;
+  planning::node_id node;
   std::string what;
 
   bool operator==(const node_fault&) const = default;

@@ -12,7 +12,7 @@
 #include <caf/error.hpp>
 #include <caf/type_id.hpp>
 
-#include "messages/admission.hpp"
+#include "messages/admission_messages.hpp"
 #include "messages/checkpoint_messages.hpp"
 #include "messages/control_messages.hpp"
 #include "messages/epoch_messages.hpp"
@@ -21,7 +21,7 @@
 namespace oobleck::messages {
 
 /// Bumped on every incompatible change of a message; nodes of another version are refused.
-constexpr std::uint32_t protocol_version = 7;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing; 7: typed job events (epoch_forming, commit_stood, step_failed, checkpoint_written, node_refused; stop outcome)
+constexpr std::uint32_t protocol_version = 8;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing; 7: typed job events (epoch_forming, commit_stood, step_failed, checkpoint_written, node_refused; stop outcome); 8: typed ids (node_id, rank, layer_index) in the node-side messages, epoch_copy
 
 /// Expected failures returned as values (caf::error with category "oobleck").
 enum class protocol_error : std::uint8_t {
@@ -59,7 +59,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(oobleck, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::admission))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::control_proof))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::stage_assignment))
-  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::layer_copy))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::epoch_copy))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::epoch_assignment))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::node_ready))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::form_timing))

@@ -16,6 +16,7 @@
 #include <caf/meta/type_name.hpp>
 
 #include "messages/wire_double.hpp"
+#include "planning/ids.hpp"
 
 namespace oobleck::messages {
 
@@ -115,7 +116,7 @@ typename Inspector::result_type inspect(Inspector& f, commit_step& x) {
 
 /// A layer's parameter digest after a commit (FNV-1a over its parameter bytes, 8-byte words at a time).
 struct layer_digest {
-  std::int32_t layer = 0;
+  planning::layer_index layer;
   std::uint64_t digest = 0;
 
   bool operator==(const layer_digest&) const = default;
@@ -130,7 +131,7 @@ typename Inspector::result_type inspect(Inspector& f, layer_digest& x) {
 struct step_committed {
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;
-  std::int64_t node = -1;
+  planning::node_id node;
   std::vector<layer_digest> digests;
   wire_double commit_ms = 0;     ///< the stage's commit handling: optimizer and digests (its clock)
   wire_double optimizer_ms = 0;  ///< of which AdamW

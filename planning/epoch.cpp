@@ -42,9 +42,9 @@ epoch map_epoch(const template_set& templates, std::span<const pipeline_instance
              " nodes has no template of that size");
     epoch_pipeline out;
     out.microbatches = pipe.microbatches;
-    for (int id : pipe.nodes) {
-      if (rank_of.count(node_id{id})) refuse(to_string(node_id{id}) + " is in two pipelines");
-      out.ranks.push_back(add_rank(node_id{id}));
+    for (node_id id : pipe.nodes) {
+      if (rank_of.count(id)) refuse(to_string(id) + " is in two pipelines");
+      out.ranks.push_back(add_rank(id));
     }
     e.pipelines_.push_back(std::move(out));
   }
@@ -80,19 +80,19 @@ epoch map_epoch(const template_set& templates, std::span<const pipeline_instance
   // by node id) because it must send.
   std::vector<node_id> senders;
   for (const auto& c : copies)
-    if (!rank_of.count(node_id{c.from_node})) senders.push_back(node_id{c.from_node});
+    if (!rank_of.count(c.from_node)) senders.push_back(c.from_node);
   std::sort(senders.begin(), senders.end());
   senders.erase(std::unique(senders.begin(), senders.end()), senders.end());
   for (node_id n : senders) add_rank(n);
   for (const auto& c : copies) {
-    const layer_index l{c.layer};
-    if (c.layer < 0 || c.layer >= num_layers) refuse("copy of " + to_string(l) + ", which does not exist");
-    const auto to = rank_of.find(node_id{c.to_node});
-    const auto& h = e.holders_[c.layer];
+    const layer_index l = c.layer;
+    if (l.value < 0 || l.value >= num_layers) refuse("copy of " + to_string(l) + ", which does not exist");
+    const auto to = rank_of.find(c.to_node);
+    const auto& h = e.holders_[static_cast<std::size_t>(l.value)];
     if (to == rank_of.end() || !std::binary_search(h.begin(), h.end(), to->second))
-      refuse("copy of " + to_string(l) + " to " + to_string(node_id{c.to_node}) + ", which runs no stage holding it");
-    const rank from = rank_of.at(node_id{c.from_node});
-    if (from == to->second) refuse("copy of " + to_string(l) + " from " + to_string(node_id{c.from_node}) + " to itself");
+      refuse("copy of " + to_string(l) + " to " + to_string(c.to_node) + ", which runs no stage holding it");
+    const rank from = rank_of.at(c.from_node);
+    if (from == to->second) refuse("copy of " + to_string(l) + " from " + to_string(c.from_node) + " to itself");
     e.copies_.push_back({l, from, to->second, c.bytes});
   }
   return e;

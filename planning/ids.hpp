@@ -2,16 +2,19 @@
 // Distinct types for the three integers the runtime must never mix up (DESIGN §4): a node id is
 // stable for the life of the job (a restarted worker gets a new one), a rank is a node's number
 // in one epoch (renumbered every epoch), a layer index names a layer of the model. Each wraps an
-// int, converts from nothing implicitly and compares only with its own kind.
+// integer, converts from nothing implicitly and compares only with its own kind. They run from the
+// coordinator's registry through the planner and the epoch mapping into the messages (each has an
+// inspect(), so CAF carries it as its integer; no CAF header is needed here).
 
 #include <compare>
+#include <cstdint>
 #include <string>
 
 namespace oobleck::planning {
 
 /// A worker node, for the life of the job.
 struct node_id {
-  int value = 0;
+  std::int64_t value = 0;
   auto operator<=>(const node_id&) const = default;
 };
 
@@ -30,5 +33,22 @@ struct layer_index {
 inline std::string to_string(node_id n) { return "node " + std::to_string(n.value); }
 inline std::string to_string(rank r) { return "rank " + std::to_string(r.value); }
 inline std::string to_string(layer_index l) { return "layer " + std::to_string(l.value); }
+
+/// "no rank" where a message needs one (a first stage's previous, a last stage's next).
+inline constexpr rank no_rank{-1};
+
+// On the wire each is its integer (CAF's inspect protocol; found by argument-dependent lookup).
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_id& x) {
+  return f(x.value);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rank& x) {
+  return f(x.value);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, layer_index& x) {
+  return f(x.value);
+}
 
 }  // namespace oobleck::planning

@@ -54,7 +54,7 @@ double template_synchronisation_ms(const layer_costs& costs, const pipeline_temp
   return slowest;
 }
 
-std::vector<pipeline_instance> place_pipelines(const instantiation& inst, const std::vector<int>& node_ids) {
+std::vector<pipeline_instance> place_pipelines(const instantiation& inst, std::span<const node_id> node_ids) {
   std::vector<pipeline_instance> out;
   std::size_t next = 0;
   for (std::size_t i = 0; i < inst.template_nodes.size(); ++i) {
@@ -98,6 +98,15 @@ instantiation instantiate_or_shrink(const template_set& templates, int nodes, in
 }
 
 job_plan plan_job(const profile& p, const job_config& job) {
+  std::vector<node_id> ids;
+  for (int i = 0; i < job.nodes; ++i) ids.push_back(node_id{i});
+  return plan_job(p, job, ids);
+}
+
+job_plan plan_job(const profile& p, const job_config& job, std::span<const node_id> ids) {
+  if (static_cast<int>(ids.size()) != job.nodes)
+    throw planning_error("a job of " + std::to_string(job.nodes) + " nodes planned on " + std::to_string(ids.size()) +
+                         " node ids");
   validate(p);
   const layer_costs costs(p, job_memory(p, job));
   job_plan plan;
@@ -110,8 +119,6 @@ job_plan plan_job(const profile& p, const job_config& job) {
   int used = 0;
   const auto inst = instantiate_or_shrink(plan.templates, job.nodes, job.fault_tolerance + 1, plan.num_microbatches,
                                           job.microbatch, &used);
-  std::vector<int> ids(job.nodes);
-  for (int i = 0; i < job.nodes; ++i) ids[i] = i;
   plan.pipelines = place_pipelines(inst, ids);
   plan.idle_nodes.assign(ids.begin() + used, ids.end());
   plan.step_ms = inst.batch.step_ms + synchronisation_ms(costs, plan.templates, plan.pipelines);

@@ -5,7 +5,10 @@
 #include <optional>
 #include <vector>
 
+#include <span>
+
 #include "planning/cost_model.hpp"
+#include "planning/ids.hpp"
 #include "planning/instantiation.hpp"
 #include "planning/node_spec.hpp"
 #include "planning/pipeline_template.hpp"
@@ -32,7 +35,7 @@ struct template_set {
 
 /// A running pipeline: its nodes (stable ids, in stage order) and the template it instantiates.
 struct pipeline_instance {
-  std::vector<int> nodes;
+  std::vector<node_id> nodes;
   int template_nodes = 0;
   int microbatches = 0;
   double time_ms = 0;
@@ -43,7 +46,7 @@ struct job_plan {
   template_set templates;
   int num_microbatches = 0;
   std::vector<pipeline_instance> pipelines;
-  std::vector<int> idle_nodes;  ///< alive but unused: the count has no exact cover
+  std::vector<node_id> idle_nodes;  ///< alive but unused: the count has no exact cover
   /// Predicted step: the slowest pipeline's time plus synchronisation_ms of the pipelines.
   double step_ms = 0;
 };
@@ -51,8 +54,11 @@ struct job_plan {
 /// Memory model of a job: the profile's device memory unless the job overrides it.
 memory_model job_memory(const profile& p, const job_config& job);
 
-/// Plans a job end to end; throws planning_error with one line for the user on impossible input.
+/// Plans a job end to end on nodes 0 .. job.nodes-1; throws planning_error with one line for the
+/// user on impossible input.
 job_plan plan_job(const profile& p, const job_config& job);
+/// The same on the nodes `nodes` (job.nodes is their count): pipelines and idle nodes name them.
+job_plan plan_job(const profile& p, const job_config& job, std::span<const node_id> nodes);
 
 /// The part of a step after the pipelines' schedules, predicted from the profile: every node
 /// all-reduces the gradient of each layer it holds over the layer's holders (one per pipeline:
@@ -67,7 +73,7 @@ double synchronisation_ms(const layer_costs& costs, const template_set& template
 double template_synchronisation_ms(const layer_costs& costs, const pipeline_template& t, int holders);
 
 /// Places instantiated pipelines on node ids in order; ids left over become idle.
-std::vector<pipeline_instance> place_pipelines(const instantiation& inst, const std::vector<int>& node_ids);
+std::vector<pipeline_instance> place_pipelines(const instantiation& inst, std::span<const node_id> node_ids);
 
 /// Best instantiation of `nodes` nodes, or of the largest coverable count below it (the rest idle).
 /// Throws planning_error (with the nearest distributable global batch where that is the cause).

@@ -14,7 +14,7 @@ namespace oobleck::planning {
 
 namespace {
 
-using node_list = std::vector<int>;
+using node_list = std::vector<node_id>;
 
 struct draft {
   node_list nodes;  // in stage order
@@ -24,7 +24,7 @@ int smallest_size(const template_set& t) { return t.templates.front().nodes; }
 int largest_size(const template_set& t) { return t.templates.back().nodes; }
 
 /// Layers [u, v) each node holds in a configuration.
-using holding_map = std::map<int, std::pair<layer_index, layer_index>>;
+using holding_map = std::map<node_id, std::pair<layer_index, layer_index>>;
 
 /// Precondition: inconsistency() found nothing, so every pipeline has its template.
 holding_map holdings(const template_set& templates, const std::vector<pipeline_instance>& ps) {
@@ -40,8 +40,8 @@ holding_map holdings(const template_set& templates, const std::vector<pipeline_i
 /// What makes a configuration unreadable (a pipeline on a template the job does not have, or on
 /// another number of nodes than its template; a node in two places); empty when it is sound.
 std::string inconsistency(const template_set& templates, const cluster_state& state) {
-  std::set<int> seen;
-  auto twice = [&](int n) { return !seen.insert(n).second; };
+  std::set<node_id> seen;
+  auto twice = [&](node_id n) { return !seen.insert(n).second; };
   for (std::size_t i = 0; i < state.pipelines.size(); ++i) {
     const auto& p = state.pipelines[i];
     const std::string which = "pipeline " + std::to_string(i);
@@ -50,11 +50,11 @@ std::string inconsistency(const template_set& templates, const cluster_state& st
     if (static_cast<int>(p.nodes.size()) != p.template_nodes)
       return which + " has " + std::to_string(p.nodes.size()) + " nodes for a template of " +
              std::to_string(p.template_nodes);
-    for (int n : p.nodes)
-      if (twice(n)) return "node " + std::to_string(n) + " is in two places";
+    for (node_id n : p.nodes)
+      if (twice(n)) return to_string(n) + " is in two places";
   }
-  for (int n : state.idle_nodes)
-    if (twice(n)) return "node " + std::to_string(n) + " is in two places";
+  for (node_id n : state.idle_nodes)
+    if (twice(n)) return to_string(n) + " is in two places";
   return {};
 }
 
@@ -172,8 +172,9 @@ std::optional<std::vector<draft>> replan(const reconfiguration_context& ctx, std
 }
 
 /// Surviving holders of each layer in the old configuration.
-std::vector<std::vector<int>> surviving_holders(const holding_map& old_hold, const std::set<int>& lost, int layers) {
-  std::vector<std::vector<int>> holders(layers);
+std::vector<std::vector<node_id>> surviving_holders(const holding_map& old_hold, const std::set<node_id>& lost,
+                                                   int layers) {
+  std::vector<std::vector<node_id>> holders(layers);
   for (const auto& [node, range] : old_hold)
     if (!lost.count(node))
       for (int l = range.first.value; l < range.second.value; ++l) holders[l].push_back(node);
@@ -181,20 +182,20 @@ std::vector<std::vector<int>> surviving_holders(const holding_map& old_hold, con
 }
 
 std::vector<layer_copy> plan_copies(const reconfiguration_context& ctx, const holding_map& old_hold,
-                                    const std::vector<std::vector<int>>& holders,
+                                    const std::vector<std::vector<node_id>>& holders,
                                     const std::vector<pipeline_instance>& after) {
-  std::map<int, std::int64_t> sent;  // bytes each source sends, to spread the load
+  std::map<node_id, std::int64_t> sent;  // bytes each source sends, to spread the load
   std::vector<layer_copy> copies;
   for (const auto& [node, range] : holdings(ctx.templates, after)) {
     auto it = old_hold.find(node);
     for (layer_index l = range.first; l < range.second; l = layer_index{l.value + 1}) {
       if (it != old_hold.end() && l >= it->second.first && l < it->second.second) continue;
-      int source = -1;
-      for (int h : holders[static_cast<std::size_t>(l.value)])
-        if (source < 0 || sent[h] < sent[source]) source = h;
+      std::optional<node_id> source;
+      for (node_id h : holders[static_cast<std::size_t>(l.value)])
+        if (!source || sent[h] < sent[*source]) source = h;
       const auto bytes = layer_copy_bytes(ctx.costs, l);
-      sent[source] += bytes;
-      copies.push_back({l.value, source, node, bytes});
+      sent[*source] += bytes;  // every layer has a surviving holder: checked before (rule 5)
+      copies.push_back({l, *source, node, bytes});
     }
   }
   return copies;
@@ -226,7 +227,7 @@ const char* to_string(reconfiguration_rule r) {
 }
 
 reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_state& current,
-                            std::span<const int> lost_ids, std::span<const int> joined_ids) {
+                            std::span<const node_id> lost_ids, std::span<const node_id> joined_ids) {
   reconfiguration out;
   auto stop = [&](std::string why) {
     out.action = reconfiguration_action::checkpoint_and_stop;
@@ -243,13 +244,13 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
 
   // A loss reported for a node that is not in the configuration (reported twice) and a join of a
   // node that already is are no-ops.
-  std::set<int> present(current.idle_nodes.begin(), current.idle_nodes.end());
+  std::set<node_id> present(current.idle_nodes.begin(), current.idle_nodes.end());
   for (const auto& p : current.pipelines) present.insert(p.nodes.begin(), p.nodes.end());
-  std::set<int> lost;
-  for (int n : lost_ids)
+  std::set<node_id> lost;
+  for (node_id n : lost_ids)
     if (present.count(n)) lost.insert(n);
   node_list joined;
-  for (int n : joined_ids)
+  for (node_id n : joined_ids)
     if (!present.count(n) && std::find(joined.begin(), joined.end(), n) == joined.end()) joined.push_back(n);
 
   std::vector<node_list> groups;
@@ -257,7 +258,7 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
   int alive = 0;
   for (const auto& p : current.pipelines) {
     node_list g;
-    for (int n : p.nodes)
+    for (node_id n : p.nodes)
       if (!lost.count(n)) g.push_back(n);
     alive += static_cast<int>(g.size());
     if (g.empty()) continue;
@@ -265,7 +266,7 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
     groups.push_back(std::move(g));
   }
   node_list pool;
-  for (int n : current.idle_nodes)
+  for (node_id n : current.idle_nodes)
     if (!lost.count(n)) pool.push_back(n);
   pool.insert(pool.end(), joined.begin(), joined.end());
   alive += static_cast<int>(pool.size());
@@ -308,7 +309,7 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
   }
 
   std::vector<pipeline_time> lines;
-  std::set<int> in_use;
+  std::set<node_id> in_use;
   for (const auto& d : drafts) {
     pipeline_instance p;
     p.nodes = d.nodes;
@@ -324,9 +325,9 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
   }
   out.step_ms = batch.step_ms + synchronisation_ms(ctx.costs, ctx.templates, out.pipelines);
   for (const auto& g : groups)
-    for (int n : g)
+    for (node_id n : g)
       if (!in_use.count(n)) out.idle_nodes.push_back(n);
-  for (int n : pool)
+  for (node_id n : pool)
     if (!in_use.count(n)) out.idle_nodes.push_back(n);
   std::sort(out.idle_nodes.begin(), out.idle_nodes.end());
   out.copies = plan_copies(ctx, old_hold, holders, out.pipelines);

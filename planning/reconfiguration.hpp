@@ -12,12 +12,14 @@
 
 namespace oobleck::planning {
 
-/// Copy one layer's parameters and optimizer state from a surviving holder to a new holder.
+/// Copy one layer's parameters and optimizer state from a surviving holder to a new holder, by
+/// node id (epoch_copy, in epoch.hpp, is the same copy in one epoch's ranks).
 struct layer_copy {
-  int layer = 0;
-  int from_node = 0;
-  int to_node = 0;
+  layer_index layer;
+  node_id from_node;
+  node_id to_node;
   std::int64_t bytes = 0;
+  bool operator==(const layer_copy&) const = default;
 };
 
 enum class reconfiguration_action { continue_training, checkpoint_and_stop };
@@ -30,7 +32,7 @@ struct reconfiguration {
   std::string reason;  ///< why training stops, or which rules applied
   std::vector<reconfiguration_rule> rules;
   std::vector<pipeline_instance> pipelines;
-  std::vector<int> idle_nodes;
+  std::vector<node_id> idle_nodes;
   std::vector<layer_copy> copies;
   double step_ms = 0;  ///< predicted, as job_plan::step_ms
 };
@@ -47,7 +49,7 @@ struct reconfiguration_context {
 /// The current configuration: pipelines (nodes in stage order) and idle nodes.
 struct cluster_state {
   std::vector<pipeline_instance> pipelines;
-  std::vector<int> idle_nodes;
+  std::vector<node_id> idle_nodes;
 };
 
 /// Applies one event. Rules, in order: (1) a pipeline that keeps >= n0 nodes is re-instantiated
@@ -65,7 +67,7 @@ struct cluster_state {
 /// or a context no job has (no templates, B/b < f + 1) is answered with checkpoint and stop and the
 /// reason.
 reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_state& current,
-                            std::span<const int> lost, std::span<const int> joined);
+                            std::span<const node_id> lost, std::span<const node_id> joined);
 
 /// Bytes moved to give a node one layer: parameters and optimizer state, not gradients.
 std::int64_t layer_copy_bytes(const layer_costs& costs, layer_index layer);

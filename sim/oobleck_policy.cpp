@@ -10,6 +10,18 @@
 
 namespace oobleck::sim {
 
+namespace {
+
+/// A trace's node numbers as the planner's node ids.
+template <class Range>
+std::vector<planning::node_id> node_ids(const Range& numbers) {
+  std::vector<planning::node_id> out;
+  for (int n : numbers) out.push_back(planning::node_id{n});
+  return out;
+}
+
+}  // namespace
+
 oobleck_policy::oobleck_policy(const sim_job& job, const recovery_costs& costs, double start_ms)
     : policy(start_ms), job_(job), rc_(costs) {
   planning::validate(job_.profile);
@@ -45,7 +57,7 @@ double oobleck_policy::scaled(double step_ms, int nodes) const {
 }
 
 double oobleck_policy::copy_ms(const std::vector<planning::layer_copy>& copies) const {
-  std::map<int, double> in, out;
+  std::map<planning::node_id, double> in, out;
   double busiest = 0;
   for (const auto& c : copies) {
     busiest = std::max(busiest, in[c.to_node] += static_cast<double>(c.bytes));
@@ -64,7 +76,7 @@ void oobleck_policy::start() {
   int used = 0;
   const auto inst = planning::instantiate_or_shrink(templates_, static_cast<int>(alive_.size()),
                                                     job_.fault_tolerance + 1, num_microbatches_, job_.microbatch, &used);
-  const std::vector<int> ids(alive_.begin(), alive_.end());
+  const std::vector<planning::node_id> ids = node_ids(alive_);
   state_.pipelines = planning::place_pipelines(inst, ids);
   state_.idle_nodes.assign(ids.begin() + used, ids.end());
   if (started_once_) clock_.pause(activity::restart, restart_ms(rc_, state_bytes_));
@@ -86,12 +98,12 @@ void oobleck_policy::on_change(const std::vector<int>& ready, const std::vector<
     start();
     return;
   }
-  std::vector<int> lost;
-  std::set<int> in_config;
+  std::vector<planning::node_id> lost;
+  std::set<planning::node_id> in_config;
   for (const auto& p : state_.pipelines) in_config.insert(p.nodes.begin(), p.nodes.end());
   in_config.insert(state_.idle_nodes.begin(), state_.idle_nodes.end());
   for (int n : removed)
-    if (in_config.count(n)) lost.push_back(n);
+    if (in_config.count(planning::node_id{n})) lost.push_back(planning::node_id{n});
   if (lost.empty() && ready.empty()) return;
   if (!lost.empty()) {
     clock_.interrupt();  // the step in progress is lost; it re-runs in the next epoch
@@ -101,7 +113,7 @@ void oobleck_policy::on_change(const std::vector<int>& ready, const std::vector<
   }
   const planning::reconfiguration_context ctx{templates_, *costs_, job_.fault_tolerance, num_microbatches_,
                                               job_.microbatch};
-  const auto r = planning::reconfigure(ctx, state_, lost, ready);
+  const auto r = planning::reconfigure(ctx, state_, lost, node_ids(ready));
   if (r.action == planning::reconfiguration_action::checkpoint_and_stop) {
     const bool enough = static_cast<int>(alive_.size()) >= (job_.fault_tolerance + 1) * n0_;
     if (enough) {

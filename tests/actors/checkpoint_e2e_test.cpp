@@ -135,8 +135,9 @@ void check_state(const fs::path& dir, const reference_run& ref, std::uint64_t st
   CHECK(m.step == step);
   for (int l = 0; l < job.model.num_layers(); ++l) {
     CAPTURE(l);
-    const auto got = actors::decode_layer_state(job.model, l, runtime::read_layer_file(dir, runtime::file_of(m, l)));
-    const auto want = actors::decode_layer_state(job.model, l, ref.layers.at(static_cast<std::size_t>(l)));
+    const planning::layer_index layer{l};
+    const auto got = actors::decode_layer_state(job.model, layer, runtime::read_layer_file(dir, runtime::file_of(m, l)));
+    const auto want = actors::decode_layer_state(job.model, layer, ref.layers.at(static_cast<std::size_t>(l)));
     CHECK(got.step == static_cast<std::int64_t>(step));
     CHECK(got.step == want.step);
     CHECK(relative_difference(got.parameters, want.parameters) <= 1e-4);
@@ -160,7 +161,9 @@ std::vector<int> first_pipeline(const std::string& text, int nodes) {
                                               cfg.global_batch / cfg.microbatch, cfg.microbatch};
   const auto r = planning::reconfigure(ctx, {plan.pipelines, plan.idle_nodes}, plan.pipelines[0].nodes, {});
   REQUIRE(r.action == planning::reconfiguration_action::checkpoint_and_stop);
-  return plan.pipelines[0].nodes;
+  std::vector<int> out;  // worker numbers, as --fail-at takes them
+  for (auto n : plan.pipelines[0].nodes) out.push_back(static_cast<int>(n.value));
+  return out;
 }
 
 std::string line_with(const std::string& output, const std::string& text) {

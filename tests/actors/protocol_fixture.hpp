@@ -21,6 +21,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <initializer_list>
 #include <vector>
 
 #include <caf/actor_system.hpp>
@@ -36,6 +37,13 @@
 #include "support/job_events.hpp"
 
 namespace oobleck::testing {
+
+/// Node ids from numbers, for expectations written as literals.
+inline std::vector<planning::node_id> ids(std::initializer_list<std::int64_t> numbers) {
+  std::vector<planning::node_id> out;
+  for (auto n : numbers) out.push_back(planning::node_id{n});
+  return out;
+}
 
 /// What one fake stage (one slot of a node) saw, in order, and how it misbehaves.
 struct fake_stage_record {

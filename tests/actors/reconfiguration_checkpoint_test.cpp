@@ -24,7 +24,7 @@ namespace {
 /// Every layer of the fixture's model exactly once among `files`.
 void check_every_layer_once(const std::vector<checkpoint_layer_file>& files, int layers) {
   std::vector<int> seen;
-  for (const auto& f : files) seen.push_back(f.layer);
+  for (const auto& f : files) seen.push_back(f.layer.value);
   std::sort(seen.begin(), seen.end());
   std::vector<int> all(static_cast<std::size_t>(layers));
   for (int l = 0; l < layers; ++l) all[static_cast<std::size_t>(l)] = l;

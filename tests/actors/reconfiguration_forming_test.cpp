@@ -72,13 +72,13 @@ TEST_CASE("reconfiguration protocol: a copy source lost while the new epoch form
   // One recovery: from the last commit before the failure to the first commit after it.
   REQUIRE(f.recoveries.size() == 1);
   CHECK(f.recoveries[0].epoch == 3);
-  CHECK(f.recoveries[0].lost == std::vector<std::int64_t>{a, c});
+  CHECK(f.recoveries[0].lost == ids({a, c}));
   CHECK(f.recoveries[0].action == rules_of(first) + "," + rules_of(both));  // both decisions, in order
   CHECK(f.recoveries[0].resumed_step == 1);
   // Where forming went, from the nodes' own reports: the slowest node of epoch 3 per phase.
   int top_rank = 0;
   for (const auto& [id, rec] : f.stages)
-    if (rec->assignments.count(3)) top_rank = std::max(top_rank, rec->assignments.at(3).rank);
+    if (rec->assignments.count(3)) top_rank = std::max(top_rank, rec->assignments.at(3).rank.value);
   CHECK(f.recoveries[0].copy_ms == doctest::Approx((100 + 1000 * top_rank) / 1000.0));
   CHECK(f.recoveries[0].copy_wait_ms == doctest::Approx((50 + 10 * top_rank) / 1000.0));
   CHECK(f.recoveries[0].connect_ms == doctest::Approx(1.0));
@@ -111,7 +111,7 @@ TEST_CASE("reconfiguration protocol: another node lost while a slow node still f
   CHECK(f.copies_of(3) == fixture::copies_of(both));
   CHECK(!f.stages.at(1)->steps.empty());  // the slow node trains in epoch 3
   REQUIRE(f.recoveries.size() == 1);
-  CHECK(f.recoveries[0].lost == std::vector<std::int64_t>{0, 4});
+  CHECK(f.recoveries[0].lost == ids({0, 4}));
 }
 
 TEST_CASE("reconfiguration protocol: a node that registers while a reconfiguration forms enters at the next step boundary") {

@@ -45,7 +45,7 @@ TEST_CASE("recovery e2e: a copy source is lost while the first reconfiguration f
       const auto first = planner.lose(start, {a});
       if (!continues(first)) continue;
       for (const auto& copy : first.copies) {
-        const int src = copy.from_node;
+        const int src = static_cast<int>(copy.from_node.value);
         if (pass == 0 && pipeline_of(start, src) == pipeline_of(start, a)) continue;
         if (continues(planner.lose(start, {a, src}))) {
           pick = std::pair{a, src};

@@ -164,7 +164,9 @@ run_summary check_run(const job_case& c, const run_result& r, int steps, const s
     std::set<int> used;
     for (std::size_t i = 0; i < expected.pipelines.size(); ++i) {
       const auto& p = m["pipelines"][i];
-      CHECK(p["nodes"].get<std::vector<int>>() == expected.pipelines[i].nodes);
+      std::vector<std::int64_t> expected_nodes;
+      for (auto n : expected.pipelines[i].nodes) expected_nodes.push_back(n.value);
+      CHECK(p["nodes"].get<std::vector<std::int64_t>>() == expected_nodes);
       CHECK(p["microbatches"].get<int>() == expected.pipelines[i].microbatches);
       microbatches += p["microbatches"].get<int>();
       for (int n : p["nodes"].get<std::vector<int>>()) CHECK(used.insert(n).second);

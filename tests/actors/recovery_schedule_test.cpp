@@ -67,7 +67,9 @@ TEST_CASE("recovery chaos: survivable() refuses a schedule the policy cannot sur
   // 6 nodes, two pipelines of 3: losing a whole pipeline leaves one, fewer than f + 1 = 2.
   const auto c = make_job(bin, 6, 1, 1'500'000);
   const planner_model planner(c);
-  const auto first = planner.initial().pipelines.at(0).nodes;
+  const auto start = planner.initial();
+  std::vector<int> first;
+  for (auto n : start.pipelines.at(0).nodes) first.push_back(static_cast<int>(n.value));
   REQUIRE(first.size() == 3u);
   CHECK(!survivable(planner, 6, {{2, first}}, -1, 0));
   CHECK(!survivable(planner, 6, {{2, {first[0]}}, {3, {first[1]}}, {4, {first[2]}}}, -1, 0));

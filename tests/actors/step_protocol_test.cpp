@@ -25,7 +25,7 @@ TEST_CASE("step protocol: an epoch forms, every step runs on every stage and com
   REQUIRE(f.records.size() == 2);
   int used = 0;
   for (const auto& [id, rec] : f.stages) {
-    if (rec->assignment().rank < 0) continue;
+    if (rec->assignment().rank == oobleck::planning::no_rank) continue;
     ++used;
     REQUIRE(rec->steps.size() == 2);
     CHECK(rec->steps[0].step == 0);
@@ -121,7 +121,7 @@ TEST_CASE("slots: an epoch that gives a node more stages than it has slots is a 
   const auto dropped = f.status().dropped_messages;
   epoch_assignment a;
   a.epoch = 99;
-  a.rank = 0;
+  a.rank = oobleck::planning::rank{0};
   a.peers = {{"127.0.0.1", 5000}};
   a.stages.resize(3);
   caf::anon_send(w.handle, a);
@@ -209,7 +209,7 @@ TEST_CASE("recovery: a node lost in the middle of a step: survivors abort, a new
   CHECK(f.records[1].epoch == 2);  // step 1 committed in the new epoch
   for (std::size_t k = 1; k < 5; ++k)
     for (const auto& p : f.records[k].pipelines)
-      for (auto n : p.first) CHECK(n != 3);  // ... on the survivors
+      for (auto n : p.first) CHECK(n != oobleck::planning::node_id{3});  // ... on the survivors
   for (std::int64_t i = 0; i < 3; ++i) {
     CAPTURE(i);
     const auto& rec = *f.stages.at(i);

@@ -20,6 +20,10 @@
 #include "messages/protocol.hpp"
 
 using namespace oobleck::messages;
+using oobleck::planning::layer_index;
+using oobleck::planning::no_rank;
+using oobleck::planning::node_id;
+using oobleck::planning::rank;
 
 namespace {
 
@@ -66,43 +70,44 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: admission messages round-trip") {
   check(nonce_request{protocol_version});
   check(register_node{protocol_version, "0f1e2d", "node-a", 2, sample_endpoint(), "n0nce", "c0ffee",
                       17});
-  check(admission{5, "[model]\nlayers = 4\n", "0f1e2d"});
+  check(admission{node_id{5}, "[model]\nlayers = 4\n", "0f1e2d"});
   check(control_proof{"n0nce", "c0ffee"});
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: epoch messages round-trip") {
-  const stage_assignment s{1, 2, 3, 4, 8, 0, 5, 2};
+  const stage_assignment s{1, 2, 3, layer_index{4}, layer_index{8}, rank{0}, rank{5}, 2};
   check(s);
-  check(layer_copy{3, 1, 4});
+  check(epoch_copy{layer_index{3}, rank{1}, rank{4}});
   epoch_assignment a;
   a.epoch = 7;
   a.next_step = 42;
-  a.rank = 2;
+  a.rank = rank{2};
   a.peers = {sample_endpoint(), {"10.0.0.8", 1}};
-  a.stages = {s, {0, 0, 1, 0, 4, -1, -1}};
-  a.layer_groups = {{0, 1}, {2}, {}};
-  a.copies = {{3, 1, 4}, {0, 0, 2}};
+  a.stages = {s, {0, 0, 1, layer_index{0}, layer_index{4}, no_rank, no_rank}};
+  a.layer_groups = {{rank{0}, rank{1}}, {rank{2}}, {}};
+  a.copies = {{layer_index{3}, rank{1}, rank{4}}, {layer_index{0}, rank{0}, rank{2}}};
   a.pipeline_microbatches = {3, 5};
   check(a);
   a.resume_dir = "/shared/ckpt/step-00000012";
   check(a);
   check(abort_epoch{7, "node 3 lost"});
-  check(epoch_aborted{7, 3});
-  check(node_fault{7, 3, "all_reduce_sum over {0,1}: peer 1 closed the connection"});
+  check(epoch_aborted{7, node_id{3}});
+  check(node_fault{7, node_id{3}, "all_reduce_sum over {0,1}: peer 1 closed the connection"});
   check(form_timing{1200, 35000, 800, 9437184, 4718592, 950, 21000});
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: checkpoint messages round-trip") {
-  check(write_checkpoint{3, 12, "/shared/ckpt/.tmp-step-00000012-1-2", {0, 4, 5}});
-  check(checkpoint_layer_file{4, 123456, std::string(64, 'a')});
-  check(checkpoint_written{3, 2, {{4, 10, "ab"}, {5, 11, "cd"}}, {0}, ""});
-  check(checkpoint_written{3, 2, {}, {}, "cannot create /x: Permission denied"});
+  check(write_checkpoint{3, 12, "/shared/ckpt/.tmp-step-00000012-1-2", {layer_index{0}, layer_index{4}, layer_index{5}}});
+  check(checkpoint_layer_file{layer_index{4}, 123456, std::string(64, 'a')});
+  check(checkpoint_written{
+      3, node_id{2}, {{layer_index{4}, 10, "ab"}, {layer_index{5}, 11, "cd"}}, {layer_index{0}}, ""});
+  check(checkpoint_written{3, node_id{2}, {}, {}, "cannot create /x: Permission denied"});
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: actor handles inside messages round-trip") {
   auto a = sys.spawn([]() -> caf::behavior { return {[](int) {}}; });
   auto b = sys.spawn([]() -> caf::behavior { return {[](int) {}}; });
-  const node_ready r{3, 9, {a, b}, form_timing{1, 2, 3, 4, 5, 6, 7}};
+  const node_ready r{3, node_id{9}, {a, b}, form_timing{1, 2, 3, 4, 5, 6, 7}};
   const node_ready back = round_trip(r);
   CHECK(back == r);
   CHECK(back.stages.at(0) == a);
@@ -119,10 +124,12 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: step messages round-trip") {
   check(stage_timing{40.25, 30.5, 6.125, 2.0});
   check(stage_done{2, 11, 1, 3, 12.5, "", {40.25, 30.5, 6.125, 2.0}});
   check(pipeline_done{2, 11, 1, 12.5, "", {40.25, 30.5, 6.125, 2.0}});
-  check(step_committed{2, 11, 6, {{0, 1}}, 3.5, 2.25});
+  check(step_committed{2, 11, node_id{6}, {{layer_index{0}, 1}}, 3.5, 2.25});
   check(commit_step{2, 11});
-  check(layer_digest{4, 0xdeadbeefcafef00dULL});
-  check(step_committed{2, 11, 6, {{0, 1}, {1, 0xffffffffffffffffULL}}});
+  check(layer_digest{layer_index{4}, 0xdeadbeefcafef00dULL});
+  check(step_committed{2, 11, node_id{6}, {{layer_index{0}, 1}, {layer_index{1}, 0xffffffffffffffffULL}}});
+  // Ids travel as their integers: a node id beyond 32 bits survives.
+  CHECK(round_trip(node_fault{1, node_id{std::int64_t{1} << 40}, ""}).node == node_id{std::int64_t{1} << 40});
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: control messages round-trip, enums by value") {

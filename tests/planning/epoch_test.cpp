@@ -41,19 +41,25 @@ profile eight_layers(int gpus_per_node) {
   return p;
 }
 
-using holding = std::map<int, std::pair<int, int>>;  // node id -> layers [u, v)
+std::vector<node_id> ids(std::initializer_list<int> v) {
+  std::vector<node_id> out;
+  for (int n : v) out.push_back(node_id{n});
+  return out;
+}
+
+using holding = std::map<std::int64_t, std::pair<int, int>>;  // node id -> layers [u, v)
 
 holding holdings_of(const template_set& t, const std::vector<pipeline_instance>& ps) {
   holding out;
   for (const auto& p : ps)
     for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) {
       const auto [u, v] = t.find(p.template_nodes)->node_layers(i);
-      out[p.nodes[i]] = {u.value, v.value};
+      out[p.nodes[i].value] = {u.value, v.value};
     }
   return out;
 }
 
-bool holds(const holding& h, int node, int layer) {
+bool holds(const holding& h, std::int64_t node, int layer) {
   auto it = h.find(node);
   return it != h.end() && layer >= it->second.first && layer < it->second.second;
 }
@@ -175,7 +181,7 @@ TEST_CASE("ranks are renumbered when the node with rank 0 dies, node ids stay") 
   const epoch first = map_epoch(j.plan);
   const node_id zero = first.node(rank{0});
   const cluster_state state{j.plan.pipelines, j.plan.idle_nodes};
-  const std::vector<int> lost{zero.value};
+  const std::vector<node_id> lost{zero};
   const auto r = reconfigure(j.ctx(), state, lost, {});
   REQUIRE(r.action == reconfiguration_action::continue_training);
   const epoch second = map_epoch(j.plan.templates, r);
@@ -190,8 +196,8 @@ TEST_CASE("ranks are renumbered when the node with rank 0 dies, node ids stay") 
 TEST_CASE("a copy source that runs no stage this epoch still gets a rank, after the others") {
   // The policy rarely idles a holder, but a source idle in the new configuration must still send.
   job j(eight_layers(1), {.nodes = 4, .fault_tolerance = 1, .global_batch = 8, .microbatch = 1});
-  const std::vector<pipeline_instance> pipelines{{{0, 1}, 2, 4, 0}, {{2, 3}, 2, 4, 0}};
-  const std::vector<layer_copy> copies{{0, 9, 2, 400}, {7, 5, 1, 400}, {1, 9, 0, 400}};
+  const std::vector<pipeline_instance> pipelines{{ids({0, 1}), 2, 4, 0}, {ids({2, 3}), 2, 4, 0}};
+  const std::vector<layer_copy> copies{{layer_index{0}, node_id{9}, node_id{2}, 400}, {layer_index{7}, node_id{5}, node_id{1}, 400}, {layer_index{1}, node_id{9}, node_id{0}, 400}};
   const epoch e = map_epoch(j.plan.templates, pipelines, copies);
   REQUIRE(e.num_ranks() == 6);
   CHECK(e.node(rank{4}) == node_id{5});  // senders by node id
@@ -204,14 +210,14 @@ TEST_CASE("a copy source that runs no stage this epoch still gets a rank, after 
 
 TEST_CASE("epoch mapping refuses input no plan produces") {
   job j(eight_layers(1), {.nodes = 4, .fault_tolerance = 1, .global_batch = 8, .microbatch = 1});
-  const std::vector<pipeline_instance> unknown{{{0, 1, 2, 3, 4, 5, 6}, 7, 1, 0}};
+  const std::vector<pipeline_instance> unknown{{ids({0, 1, 2, 3, 4, 5, 6}), 7, 1, 0}};
   CHECK_THROWS_AS(map_epoch(j.plan.templates, unknown, {}), std::invalid_argument);
-  const std::vector<pipeline_instance> twice{{{0, 1}, 2, 1, 0}, {{1, 2}, 2, 1, 0}};
+  const std::vector<pipeline_instance> twice{{ids({0, 1}), 2, 1, 0}, {ids({1, 2}), 2, 1, 0}};
   CHECK_THROWS_AS(map_epoch(j.plan.templates, twice, {}), std::invalid_argument);
-  const std::vector<pipeline_instance> ok{{{0, 1}, 2, 1, 0}, {{2, 3}, 2, 1, 0}};
-  const std::vector<layer_copy> to_non_holder{{7, 3, 0, 1}};  // node 0 runs the first stage only
+  const std::vector<pipeline_instance> ok{{ids({0, 1}), 2, 1, 0}, {ids({2, 3}), 2, 1, 0}};
+  const std::vector<layer_copy> to_non_holder{{layer_index{7}, node_id{3}, node_id{0}, 1}};  // node 0 runs the first stage only
   CHECK_THROWS_AS(map_epoch(j.plan.templates, ok, to_non_holder), std::invalid_argument);
-  const std::vector<layer_copy> no_layer{{8, 3, 1, 1}};
+  const std::vector<layer_copy> no_layer{{layer_index{8}, node_id{3}, node_id{1}, 1}};
   CHECK_THROWS_AS(map_epoch(j.plan.templates, ok, no_layer), std::invalid_argument);
   reconfiguration stopped;
   stopped.action = reconfiguration_action::checkpoint_and_stop;
@@ -246,18 +252,19 @@ TEST_CASE("epoch properties over random failure and join sequences") {
     cluster_state state{j->plan.pipelines, j->plan.idle_nodes};
     int next_id = N;
     for (int step = 0; step < 10; ++step) {
-      std::vector<int> lost, joined;
+      std::vector<node_id> lost, joined;
       if (rng() % 3 == 0) {
-        for (int k = 1 + static_cast<int>(rng() % 6); k > 0; --k) joined.push_back(next_id++);
+        for (int k = 1 + static_cast<int>(rng() % 6); k > 0; --k) joined.push_back(node_id{next_id++});
       } else {
-        std::vector<int> pool(alive.begin(), alive.end());
+        std::vector<node_id> pool;
+        for (int n : alive) pool.push_back(node_id{n});
         std::shuffle(pool.begin(), pool.end(), rng);
         lost.assign(pool.begin(), pool.begin() + std::min<int>(1 + static_cast<int>(rng() % (f + 1)), pool.size()));
       }
       const auto r = reconfigure(j->ctx(), state, lost, joined);
       if (r.action == reconfiguration_action::checkpoint_and_stop) break;
-      for (int n : lost) alive.erase(n);
-      alive.insert(joined.begin(), joined.end());
+      for (node_id n : lost) alive.erase(static_cast<int>(n.value));
+      for (node_id n : joined) alive.insert(static_cast<int>(n.value));
       CAPTURE(step);
       const epoch e = map_epoch(templates, r);
       check_epoch(e, templates, r.pipelines, r.copies, holdings_of(templates, state.pipelines), alive, L, M);

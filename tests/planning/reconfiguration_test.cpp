@@ -15,6 +15,14 @@ using namespace oobleck::planning;
 
 namespace {
 
+std::vector<node_id> ids(std::initializer_list<int> v) {
+  std::vector<node_id> out;
+  for (int n : v) out.push_back(node_id{n});
+  return out;
+}
+
+pipeline_instance pipe(std::initializer_list<int> nodes, int template_nodes) { return {ids(nodes), template_nodes}; }
+
 // 8 equal layers of 100 parameter bytes; with state factor 4 and 2000 bytes a node holds at most
 // 5 layers, so n0 = 2 (M = 1).
 profile eight_layers() {
@@ -39,8 +47,8 @@ struct fixture {
   }
 };
 
-std::map<int, std::pair<int, int>> holdings_of(const template_set& t, const std::vector<pipeline_instance>& ps) {
-  std::map<int, std::pair<int, int>> out;
+std::map<node_id, std::pair<int, int>> holdings_of(const template_set& t, const std::vector<pipeline_instance>& ps) {
+  std::map<node_id, std::pair<int, int>> out;
   for (const auto& p : ps)
     for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) {
       const auto [u, v] = t.find(p.template_nodes)->node_layers(i);
@@ -68,7 +76,7 @@ int most_usable(const std::vector<int>& sizes, int min_p, int max_p, int nodes) 
   return best;
 }
 
-bool holds(const std::map<int, std::pair<int, int>>& h, int node, int layer) {
+bool holds(const std::map<node_id, std::pair<int, int>>& h, node_id node, int layer) {
   auto it = h.find(node);
   return it != h.end() && layer >= it->second.first && layer < it->second.second;
 }
@@ -78,34 +86,34 @@ bool holds(const std::map<int, std::pair<int, int>>& h, int node, int layer) {
 TEST_CASE("simple: a pipeline that keeps >= n0 nodes is re-instantiated from its remaining size") {
   fixture f(eight_layers(), {.nodes = 7, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
   REQUIRE(f.plan.spec.n0 == 2);
-  cluster_state state{{{{0, 1, 2, 3}, 4}, {{4, 5, 6}, 3}}, {}};
-  const std::vector<int> lost{2};
+  cluster_state state{{pipe({0, 1, 2, 3}, 4), pipe({4, 5, 6}, 3)}, {}};
+  const std::vector<node_id> lost = ids({2});
   const auto r = reconfigure(f.ctx(), state, lost, {});
   REQUIRE(r.action == reconfiguration_action::continue_training);
   CHECK(sizes_of(r) == std::vector<int>{3, 3});
   CHECK(r.rules == std::vector<reconfiguration_rule>{reconfiguration_rule::simple});
   // Survivors keep their pipeline and order.
-  CHECK(r.pipelines[0].nodes == std::vector<int>{0, 1, 3});
+  CHECK(r.pipelines[0].nodes == ids({0, 1, 3}));
 }
 
 TEST_CASE("borrow: a pipeline below n0 takes a node from one that can spare it") {
   fixture f(eight_layers(), {.nodes = 6, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
-  cluster_state state{{{{0, 1, 2, 3}, 4}, {{4, 5}, 2}}, {}};
-  const std::vector<int> lost{5};
+  cluster_state state{{pipe({0, 1, 2, 3}, 4), pipe({4, 5}, 2)}, {}};
+  const std::vector<node_id> lost = ids({5});
   const auto r = reconfigure(f.ctx(), state, lost, {});
   REQUIRE(r.action == reconfiguration_action::continue_training);
   CHECK(sizes_of(r) == std::vector<int>{2, 3});
   CHECK(std::find(r.rules.begin(), r.rules.end(), reconfiguration_rule::borrow) != r.rules.end());
   // Node 3 was lent to node 4's pipeline and needs the layers it did not hold.
   bool copied_to_3 = false;
-  for (const auto& c : r.copies) copied_to_3 = copied_to_3 || c.to_node == 3;
+  for (const auto& c : r.copies) copied_to_3 = copied_to_3 || c.to_node == node_id{3};
   CHECK(copied_to_3);
 }
 
 TEST_CASE("merge: pipelines that cannot borrow pool their nodes") {
   fixture f(eight_layers(), {.nodes = 6, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
-  cluster_state state{{{{0, 1}, 2}, {{2, 3}, 2}, {{4, 5}, 2}}, {}};
-  const std::vector<int> lost{1, 3};
+  cluster_state state{{pipe({0, 1}, 2), pipe({2, 3}, 2), pipe({4, 5}, 2)}, {}};
+  const std::vector<node_id> lost = ids({1, 3});
   const auto r = reconfigure(f.ctx(), state, lost, {});
   REQUIRE(r.action == reconfiguration_action::continue_training);
   CHECK(sizes_of(r) == std::vector<int>{2, 2});
@@ -116,8 +124,8 @@ TEST_CASE("merge: pipelines that cannot borrow pool their nodes") {
 TEST_CASE("join: new nodes are put to work") {
   // Planned for 6 nodes (templates of 2..4), running on 4 after earlier losses; 3 nodes join.
   fixture f(eight_layers(), {.nodes = 6, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
-  cluster_state state{{{{0, 1}, 2}, {{2, 3}, 2}}, {}};
-  const std::vector<int> joined{6, 7, 8};
+  cluster_state state{{pipe({0, 1}, 2), pipe({2, 3}, 2)}, {}};
+  const std::vector<node_id> joined = ids({6, 7, 8});
   const auto r = reconfigure(f.ctx(), state, {}, joined);
   REQUIRE(r.action == reconfiguration_action::continue_training);
   int used = 0;
@@ -126,18 +134,18 @@ TEST_CASE("join: new nodes are put to work") {
   CHECK(r.idle_nodes.empty());
   CHECK(r.rules == std::vector<reconfiguration_rule>{reconfiguration_rule::join});
   // The running pipelines keep their nodes; joined nodes only receive copies.
-  for (const auto& c : r.copies) CHECK(c.to_node >= 6);
+  for (const auto& c : r.copies) CHECK(c.to_node.value >= 6);
 }
 
 TEST_CASE("nodes the templates cannot cover stay idle, and are used once they can be") {
   // N = 4, f = 1: the only template has 2 nodes, so 7 nodes leave one idle.
   fixture f(eight_layers(), {.nodes = 4, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
-  cluster_state state{{{{0, 1}, 2}, {{2, 3}, 2}}, {}};
-  const auto r = reconfigure(f.ctx(), state, {}, std::vector<int>{4, 5, 6});
+  cluster_state state{{pipe({0, 1}, 2), pipe({2, 3}, 2)}, {}};
+  const auto r = reconfigure(f.ctx(), state, {}, ids({4, 5, 6}));
   REQUIRE(r.action == reconfiguration_action::continue_training);
   CHECK(sizes_of(r) == std::vector<int>{2, 2, 2});
   CHECK(r.idle_nodes.size() == 1);
-  const auto again = reconfigure(f.ctx(), {r.pipelines, r.idle_nodes}, {}, std::vector<int>{7});
+  const auto again = reconfigure(f.ctx(), {r.pipelines, r.idle_nodes}, {}, ids({7}));
   CHECK(sizes_of(again) == std::vector<int>{2, 2, 2, 2});
   CHECK(again.idle_nodes.empty());
 }
@@ -147,8 +155,8 @@ TEST_CASE("joins beyond what B/b pipelines can use leave nodes idle instead of f
   fixture f(eight_layers(), {.nodes = 6, .fault_tolerance = 1, .global_batch = 2, .microbatch = 1});
   cluster_state state{f.plan.pipelines, f.plan.idle_nodes};
   REQUIRE(state.pipelines.size() == 2);
-  std::vector<int> joined;
-  for (int id = 6; id < 16; ++id) joined.push_back(id);
+  std::vector<node_id> joined;
+  for (int id = 6; id < 16; ++id) joined.push_back(node_id{id});
   reconfiguration r;
   REQUIRE_NOTHROW(r = reconfigure(f.ctx(), state, {}, joined));
   REQUIRE(r.action == reconfiguration_action::continue_training);
@@ -156,7 +164,7 @@ TEST_CASE("joins beyond what B/b pipelines can use leave nodes idle instead of f
   CHECK(r.idle_nodes.size() == 8);
   for (const auto& p : r.pipelines) CHECK(p.microbatches == 1);
   // Losing busy nodes afterwards puts idle ones to work.
-  const auto again = reconfigure(f.ctx(), {r.pipelines, r.idle_nodes}, std::vector<int>{r.pipelines[0].nodes[3]}, {});
+  const auto again = reconfigure(f.ctx(), {r.pipelines, r.idle_nodes}, std::vector<node_id>{r.pipelines[0].nodes[3]}, {});
   REQUIRE(again.action == reconfiguration_action::continue_training);
   CHECK(sizes_of(again) == std::vector<int>{4, 4});
   CHECK(again.idle_nodes.size() == 7);
@@ -164,27 +172,27 @@ TEST_CASE("joins beyond what B/b pipelines can use leave nodes idle instead of f
 
 TEST_CASE("inputs no job produces are answered, never thrown or dereferenced") {
   fixture f(eight_layers(), {.nodes = 6, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
-  const cluster_state good{{{{0, 1, 2}, 3}, {{3, 4, 5}, 3}}, {}};
+  const cluster_state good{{pipe({0, 1, 2}, 3), pipe({3, 4, 5}, 3)}, {}};
   SUBCASE("a pipeline on a template the job does not have") {
-    const cluster_state bad{{{{0, 1, 2}, 3}, {{3, 4, 5, 6, 7, 8, 9}, 7}}, {}};
-    const auto r = reconfigure(f.ctx(), bad, std::vector<int>{0}, {});
+    const cluster_state bad{{pipe({0, 1, 2}, 3), pipe({3, 4, 5, 6, 7, 8, 9}, 7)}, {}};
+    const auto r = reconfigure(f.ctx(), bad, ids({0}), {});
     CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
     CHECK(r.reason.find("template of 7 nodes") != std::string::npos);
   }
   SUBCASE("a pipeline whose node count differs from its template's") {
-    const cluster_state bad{{{{0, 1}, 3}, {{3, 4, 5}, 3}}, {}};
+    const cluster_state bad{{pipe({0, 1}, 3), pipe({3, 4, 5}, 3)}, {}};
     const auto r = reconfigure(f.ctx(), bad, {}, {});
     CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
     CHECK(r.reason.find("has 2 nodes for a template of 3") != std::string::npos);
   }
   SUBCASE("a node in two places") {
-    const cluster_state bad{{{{0, 1, 2}, 3}, {{3, 4, 5}, 3}}, {2}};
+    const cluster_state bad{{pipe({0, 1, 2}, 3), pipe({3, 4, 5}, 3)}, ids({2})};
     const auto r = reconfigure(f.ctx(), bad, {}, {});
     CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
     CHECK(r.reason.find("node 2 is in two places") != std::string::npos);
   }
   SUBCASE("a loss reported twice and a join of a present node are no-ops") {
-    const auto r = reconfigure(f.ctx(), good, std::vector<int>{42}, std::vector<int>{4, 6, 6});
+    const auto r = reconfigure(f.ctx(), good, ids({42}), ids({4, 6, 6}));
     REQUIRE(r.action == reconfiguration_action::continue_training);
     int used = 0;
     for (const auto& p : r.pipelines) used += static_cast<int>(p.nodes.size());
@@ -193,7 +201,7 @@ TEST_CASE("inputs no job produces are answered, never thrown or dereferenced") {
   SUBCASE("fewer microbatches than f + 1 pipelines") {
     reconfiguration_context ctx = f.ctx();
     ctx.num_microbatches = 1;
-    const auto r = reconfigure(ctx, good, {}, std::vector<int>{6});
+    const auto r = reconfigure(ctx, good, {}, ids({6}));
     CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
     CHECK(r.reason.find("cannot feed f + 1 = 2 pipelines") != std::string::npos);
   }
@@ -207,14 +215,14 @@ TEST_CASE("inputs no job produces are answered, never thrown or dereferenced") {
 
 TEST_CASE("stop when fewer than (f + 1) n0 nodes remain, or a layer lost every holder") {
   fixture f(eight_layers(), {.nodes = 4, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
-  cluster_state state{{{{0, 1}, 2}, {{2, 3}, 2}}, {}};
-  const std::vector<int> one{0};
+  cluster_state state{{pipe({0, 1}, 2), pipe({2, 3}, 2)}, {}};
+  const std::vector<node_id> one = ids({0});
   auto r = reconfigure(f.ctx(), state, one, {});
   CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
   CHECK(r.reason.find("fewer than (f + 1) * n0 = 4") != std::string::npos);
   // Nodes 0 and 2 hold the same first layers in both pipelines: losing both loses layer 0.
-  const std::vector<int> both{0, 2};
-  r = reconfigure(f.ctx(), state, both, std::vector<int>{7, 8});
+  const std::vector<node_id> both = ids({0, 2});
+  r = reconfigure(f.ctx(), state, both, ids({7, 8}));
   CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
   CHECK(r.reason.find("no surviving copy") != std::string::npos);
 }
@@ -245,25 +253,25 @@ TEST_CASE("reconfiguration properties over random failure and join sequences") {
     const auto& templates = fx->plan.templates;
     const int n0 = fx->plan.spec.n0;
     cluster_state state{fx->plan.pipelines, fx->plan.idle_nodes};
-    std::set<int> alive;
-    for (int i = 0; i < N; ++i) alive.insert(i);
+    std::set<node_id> alive;
+    for (int i = 0; i < N; ++i) alive.insert(node_id{i});
     int next_id = N;
     for (int step = 0; step < 12; ++step) {
-      std::vector<int> lost, joined;
+      std::vector<node_id> lost, joined;
       if (rng() % 3 == 0) {
         const int k_max = rng() % 4 == 0 ? 12 : 3;
-        for (int k = 1 + static_cast<int>(rng() % k_max); k > 0; --k) joined.push_back(next_id++);
+        for (int k = 1 + static_cast<int>(rng() % k_max); k > 0; --k) joined.push_back(node_id{next_id++});
       } else {
-        std::vector<int> pool(alive.begin(), alive.end());
+        std::vector<node_id> pool(alive.begin(), alive.end());
         std::shuffle(pool.begin(), pool.end(), rng);
         // Mostly <= f failures at once, sometimes more, so layer loss can happen too.
         const int k = 1 + static_cast<int>(rng() % (f_tol + (rng() % 4 == 0 ? 3 : 1)));
         lost.assign(pool.begin(), pool.begin() + std::min<int>(k, static_cast<int>(pool.size())));
       }
       const auto before = holdings_of(templates, state.pipelines);
-      std::set<int> after_alive = alive;
-      for (int n : lost) after_alive.erase(n);
-      for (int n : joined) after_alive.insert(n);
+      std::set<node_id> after_alive = alive;
+      for (node_id n : lost) after_alive.erase(n);
+      for (node_id n : joined) after_alive.insert(n);
       bool layer_lost = false;
       for (int l = 0; l < L; ++l) {
         bool held = false;
@@ -288,20 +296,20 @@ TEST_CASE("reconfiguration properties over random failure and join sequences") {
       // f + 1 to B/b pipelines, each on a template, nodes alive and used once.
       CHECK(static_cast<int>(r.pipelines.size()) >= f_tol + 1);
       CHECK(static_cast<int>(r.pipelines.size()) <= fx->plan.num_microbatches);
-      std::set<int> used;
+      std::set<node_id> used;
       int microbatches = 0;
       for (const auto& p : r.pipelines) {
         REQUIRE(templates.find(static_cast<int>(p.nodes.size())) != nullptr);
         CHECK(p.template_nodes == static_cast<int>(p.nodes.size()));
         CHECK(p.microbatches >= 1);
         microbatches += p.microbatches;
-        for (int n : p.nodes) {
+        for (node_id n : p.nodes) {
           CHECK(after_alive.count(n) == 1);
           CHECK(used.insert(n).second);
         }
       }
       CHECK(microbatches == fx->plan.num_microbatches);
-      for (int n : r.idle_nodes) CHECK(used.count(n) == 0);
+      for (node_id n : r.idle_nodes) CHECK(used.count(n) == 0);
       CHECK(used.size() + r.idle_nodes.size() == after_alive.size());
       // As many nodes are used as f + 1 to B/b pipelines can use; every one when that covers them.
       const int a = static_cast<int>(after_alive.size());
@@ -309,14 +317,14 @@ TEST_CASE("reconfiguration properties over random failure and join sequences") {
       CHECK(static_cast<int>(used.size()) == usable);
       if (usable < a) ++capped;
       // Copies come from surviving holders; afterwards every node holds what its stages need.
-      std::map<int, std::set<int>> have;
+      std::map<node_id, std::set<int>> have;
       for (const auto& [node, range] : before)
         for (int l = range.first; l < range.second; ++l) have[node].insert(l);
       for (const auto& c : r.copies) {
         CHECK(after_alive.count(c.from_node) == 1);
-        CHECK(holds(before, c.from_node, c.layer));
-        CHECK(c.bytes == layer_copy_bytes(fx->costs, layer_index{c.layer}));
-        have[c.to_node].insert(c.layer);
+        CHECK(holds(before, c.from_node, c.layer.value));
+        CHECK(c.bytes == layer_copy_bytes(fx->costs, c.layer));
+        have[c.to_node].insert(c.layer.value);
       }
       for (const auto& [node, range] : holdings_of(templates, r.pipelines))
         for (int l = range.first; l < range.second; ++l) CHECK(have[node].count(l) == 1);
@@ -358,7 +366,7 @@ TEST_CASE("predicted steps add the synchronisation of the slowest node to the sl
   CHECK(synchronisation_ms(f.costs, f.plan.templates, f.plan.pipelines) == doctest::Approx(slowest_node));
 
   const cluster_state state{f.plan.pipelines, f.plan.idle_nodes};
-  const auto r = reconfigure(f.ctx(), state, std::vector<int>{f.plan.pipelines[0].nodes[0]}, {});
+  const auto r = reconfigure(f.ctx(), state, std::vector<node_id>{f.plan.pipelines[0].nodes[0]}, {});
   REQUIRE(r.action == reconfiguration_action::continue_training);
   double rslowest = 0;
   for (const auto& pl : r.pipelines) rslowest = std::max(rslowest, pl.time_ms);

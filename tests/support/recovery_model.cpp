@@ -60,8 +60,8 @@ bool continues(const planning::reconfiguration& r) {
 
 int pipeline_of(const planning::cluster_state& s, int node) {
   for (std::size_t i = 0; i < s.pipelines.size(); ++i)
-    for (int n : s.pipelines[i].nodes)
-      if (n == node) return static_cast<int>(i);
+    for (planning::node_id n : s.pipelines[i].nodes)
+      if (n == planning::node_id{node}) return static_cast<int>(i);
   return -1;
 }
 
@@ -69,7 +69,7 @@ std::string describe(const planning::cluster_state& s) {
   std::string out;
   for (const auto& p : s.pipelines) {
     out += "[";
-    for (std::size_t i = 0; i < p.nodes.size(); ++i) out += (i ? " " : "") + std::to_string(p.nodes[i]);
+    for (std::size_t i = 0; i < p.nodes.size(); ++i) out += (i ? " " : "") + std::to_string(p.nodes[i].value);
     out += " x" + std::to_string(p.microbatches) + "] ";
   }
   return out;
@@ -89,7 +89,7 @@ bool survivable(const planner_model& planner, int nodes, const std::map<int, std
   };
   auto key = [](const state& x) {
     std::string k = describe(x.s) + "|";
-    for (int n : x.s.idle_nodes) k += std::to_string(n) + " ";
+    for (planning::node_id n : x.s.idle_nodes) k += std::to_string(n.value) + " ";
     return k + "|" + std::to_string(x.admitted);
   };
   auto joiners = [&](int from, int to) {

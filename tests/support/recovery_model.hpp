@@ -56,7 +56,10 @@ class planner_model {
                                  const std::vector<int>& joined = {}) const {
     const planning::reconfiguration_context ctx{plan_.templates, *costs_, job_.fault_tolerance,
                                                 job_.global_batch / job_.microbatch, job_.microbatch};
-    return planning::reconfigure(ctx, from, lost, joined);
+    std::vector<planning::node_id> lost_ids, joined_ids;  // the chaos schedules number nodes as workers do
+    for (int n : lost) lost_ids.push_back(planning::node_id{n});
+    for (int n : joined) joined_ids.push_back(planning::node_id{n});
+    return planning::reconfigure(ctx, from, lost_ids, joined_ids);
   }
   static planning::cluster_state after(const planning::reconfiguration& r) { return {r.pipelines, r.idle_nodes}; }
 

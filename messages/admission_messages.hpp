@@ -13,6 +13,8 @@
 
 #include <caf/meta/type_name.hpp>
 
+#include "planning/ids.hpp"
+
 namespace oobleck::messages {
 
 /// Where a node's data plane (host transport) listens.
@@ -63,7 +65,7 @@ typename Inspector::result_type inspect(Inspector& f, register_node& x) {
 
 /// The coordinator's answer to an admitted node.
 struct admission {
-  std::int64_t node = -1;  ///< the node id, stable for the job's life
+  planning::node_id node;  ///< the node id, stable for the job's life
   std::string job_toml;    ///< the job file the coordinator runs (the one source of configuration)
   std::string job_hash;
 
