@@ -64,7 +64,7 @@ void layout_dp::set_cap(double cap) {
 }
 
 void layout_dp::reset(table& t, int g_limit) {
-  std::fill(t.value.begin(), t.value.begin() + at(rows_through_[g_limit], 0), kInf);
+  std::fill(t.value.begin(), t.value.begin() + at(rows_through_[g_limit], layer_index{0}), kInf);
 }
 
 // out[u] = min(out[u], min_{v in window(u)} coef * w(u, v, d) + next[v] + add) for the stage [u, v)
@@ -77,10 +77,10 @@ void layout_dp::relax(int g, int r, int d, double coef, double add, rule how, do
   if (next_row < 0) return;
   const int out_row = row(g, r);
   const auto& pre = costs_.time_prefix(d);
-  const double* next_value = &next.value[at(next_row, 0)];
-  double* out_value = &out.value[at(out_row, 0)];
-  std::uint16_t* out_next = &out.next_layer[at(out_row, 0)];
-  std::uint8_t* out_tag = &out.width_tag[at(out_row, 0)];
+  const double* next_value = &next.value[at(next_row, layer_index{0})];
+  double* out_value = &out.value[at(out_row, layer_index{0})];
+  std::uint16_t* out_next = &out.next_layer[at(out_row, layer_index{0})];
+  std::uint8_t* out_tag = &out.width_tag[at(out_row, layer_index{0})];
   const auto tag = static_cast<std::uint8_t>(width_index(d));
   const int last_v = num_layers_ - (r - 1);
   const int L = num_layers_;
@@ -121,7 +121,7 @@ void layout_dp::run_sum(double cap, int node_limit) {
   set_cap(cap);
   const int g_limit = std::min(max_gpus_, node_limit * gpus_per_node_);
   reset(before_, g_limit);
-  before_.value[at(row(0, 0), num_layers_)] = 0;
+  before_.value[at(row(0, 0), layer_index{num_layers_})] = 0;
   for (int g = 1; g <= g_limit; ++g)
     for (int r = min_stages(g); r <= std::min(max_stages_for(g), max_r_); ++r)
       for (int d : widths_)
@@ -131,14 +131,14 @@ void layout_dp::run_sum(double cap, int node_limit) {
 double layout_dp::front_sum(int nodes, int stages) const {
   const int g = nodes * gpus_per_node_;
   const int row_index = row(g, stages);
-  return row_index < 0 ? kInf : before_.value[at(row_index, 0)];
+  return row_index < 0 ? kInf : before_.value[at(row_index, layer_index{0})];
 }
 
 double layout_dp::front_sum(int nodes) const {
   const int g = nodes * gpus_per_node_;
   double best = kInf;
   for (int r = min_stages(g); r <= std::min(max_stages_for(g), max_r_); ++r)
-    best = std::min(best, before_.value[at(row(g, r), 0)]);
+    best = std::min(best, before_.value[at(row(g, r), layer_index{0})]);
   return best;
 }
 
@@ -148,7 +148,7 @@ void layout_dp::run_full(double cap, int r_limit, int node_limit) {
   reset(after_, g_limit);
   reset(at_, g_limit);
   reset(before_, g_limit);
-  after_.value[at(row(0, 0), num_layers_)] = 0;
+  after_.value[at(row(0, 0), layer_index{num_layers_})] = 0;
   for (int g = 1; g <= g_limit; ++g) {
     const int r_hi = std::min({max_stages_for(g), max_r_, r_limit});
     for (int r = min_stages(g); r <= r_hi; ++r) {
@@ -157,7 +157,7 @@ void layout_dp::run_full(double cap, int r_limit, int node_limit) {
         if (d <= room) relax(g, r, d, 2.0, 0.0, rule::below, cap, after_, after_);
       for (int d : widths_)
         if (d <= room) relax(g, r, d, 0.0, (1 - r) * cap, rule::equal, cap, after_, at_);
-      const std::size_t base = at(row(g, r), 0);
+      const std::size_t base = at(row(g, r), layer_index{0});
       for (int u = 0; u <= num_layers_; ++u) {
         before_.value[base + u] = at_.value[base + u];
         before_.width_tag[base + u] = kBottleneck;
@@ -173,7 +173,7 @@ double layout_dp::front_full(int nodes, double cap, int r_limit, int* stages) co
   double best = kInf;
   const int r_hi = std::min({max_stages_for(g), max_r_, r_limit});
   for (int r = min_stages(g); r <= r_hi; ++r) {
-    const double t = before_.value[at(row(g, r), 0)] + 4.0 * r * cap;
+    const double t = before_.value[at(row(g, r), layer_index{0})] + 4.0 * r * cap;
     if (t < best) {
       best = t;
       if (stages) *stages = r;
@@ -188,7 +188,7 @@ std::vector<stage_spec> layout_dp::trace_full(int nodes, int stages) const {
   int u = 0, g = total, r = stages;
   const table* phase = &before_;
   while (r > 0) {
-    const std::size_t i = at(row(g, r), u);
+    const std::size_t i = at(row(g, r), layer_index{u});
     if (phase == &before_ && before_.width_tag[i] == kBottleneck) {
       phase = &at_;
       continue;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "planning/cost_model.hpp"
+#include "planning/ids.hpp"
 #include "planning/pipeline_template.hpp"
 
 namespace oobleck::planning::detail {
@@ -48,8 +49,9 @@ class layout_dp {
   int max_stages_for(int g) const { return g < num_layers_ ? g : num_layers_; }
   /// GPUs left in the node the next stage starts in, with g GPUs remaining overall.
   int node_room(int g) const { return g % gpus_per_node_ == 0 ? gpus_per_node_ : g % gpus_per_node_; }
-  std::size_t at(int row_index, int u) const {
-    return static_cast<std::size_t>(row_index) * (num_layers_ + 1) + u;
+  /// The cell of DP row `row_index` for the layers from `u` on.
+  std::size_t at(int row_index, layer_index u) const {
+    return static_cast<std::size_t>(row_index) * (num_layers_ + 1) + static_cast<std::size_t>(u.value);
   }
   /// Sets the rows of the first g_limit GPUs to inf (rows are stored in order of g).
   void reset(table& t, int g_limit);
