@@ -1,12 +1,14 @@
 #pragma once
-// The coordinator's training protocol (ARCHITECTURE.md §11): epoch formation, transactional steps
-// and the three transitions into `forming` (a loss, a retry, a join), split from the registry and
-// operator handlers in coordinator.cpp. Private to actors/.
+// The coordinator's training protocol (ARCHITECTURE.md §11), split from the registry and operator
+// handlers in coordinator.cpp: the steps (coordinator_training.cpp: run, commit, the step boundary)
+// and the epochs (coordinator_forming.cpp: the first plan, the three transitions into `forming` -
+// a loss, a retry, a join - and the forming itself). Private to actors/.
 //
 // `handle(self, phase, message)` is the handler of a node-side message in the one phase it is
 // valid in (coordinator.cpp dispatches; every other phase drops it). It returns false for a message
 // of another epoch or step (fencing), which the dispatcher counts as dropped.
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,6 +28,11 @@ Phase& enter(coordinator_pointer self, Phase next) {
   return self->state.phase.template emplace<Phase>(std::move(next));
 }
 
+/// Milliseconds from `from` to `to`.
+inline double ms_between(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
 /// Publishes an event to deps.on_event and every subscriber.
 void publish(coordinator_pointer self, const messages::job_event& event);
 
@@ -37,11 +44,26 @@ void stop_job(coordinator_pointer self, messages::stop_outcome outcome, const st
 /// forming -> forming, when a node is lost before any epoch formed everywhere).
 void plan_first_epoch(coordinator_pointer self);
 
-/// A node of the epoch in force was lost (DESIGN §5 "Reconfiguration"): a commit already decided
+/// A node of the epoch in force was lost (ARCHITECTURE.md §5 "Reconfiguration"): a commit already decided
 /// stands, every survivor aborts its data plane, the reconfiguration policy decides the new
 /// pipelines and the copy plan, and the uncommitted step runs again in the new epoch. During a
 /// checkpoint: the fallback asks another holder; a periodic one is abandoned first.
 void on_loss(coordinator_pointer self, node_id node);
+
+/// A step or an epoch failed without a node being declared lost (yet); `failed_node` reported it.
+/// The epoch is formed again (a retry), or the job stops when failures repeat without a loss.
+void on_retry(coordinator_pointer self, const std::string& what, std::optional<node_id> failed_node);
+
+/// The shared step of every transition into `forming` after the first plan: a loss (`lost_node`),
+/// a retry or a join (nullopt).
+void enter_forming(coordinator_pointer self, std::optional<node_id> lost_node);
+
+/// -> training: sends step st.step to every pipeline actor of the epoch in force.
+void run_step(coordinator_pointer self);
+
+/// A failure while committing: the commit was decided before it, so it stands (recorded, and the
+/// survivors apply it before anything of the next epoch). Nothing when not committing.
+void commit_stands_if_decided(coordinator_pointer self, std::optional<node_id> lost_node);
 
 /// The step boundary after a commit (and its checkpoint, if one was due): the job finishes, joined
 /// nodes enter (a join: a new epoch), or the next step runs.
