@@ -1,5 +1,5 @@
 #pragma once
-// Admission of worker nodes (DESIGN §5), as plain functions the coordinator actor calls; the
+// Admission of worker nodes (ARCHITECTURE.md §5), as plain functions the coordinator actor calls; the
 // messages are in messages/admission_messages.hpp. The job token never crosses the wire: the
 // coordinator hands out a single-use random nonce; the worker answers with
 // HMAC-SHA256(token, "register\n" + nonce + "\n" + name) in hex; the coordinator recomputes it. A

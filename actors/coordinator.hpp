@@ -62,7 +62,7 @@ struct checkpoint_stop_record {
   std::uint64_t step = 0;             ///< the next step (the committed state's)
 };
 
-/// Checkpoints (DESIGN §5 "Checkpoint"): the coordinator decides when and who writes what; the
+/// Checkpoints (ARCHITECTURE.md §5 "Checkpoint"): the coordinator decides when and who writes what; the
 /// composition root gives it the file operations (runtime/checkpoint), so this library stays free
 /// of file formats. Every function may throw std::exception with a sentence for the log.
 struct checkpoint_deps {

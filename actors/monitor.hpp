@@ -1,5 +1,5 @@
 #pragma once
-// The monitor actor (DESIGN §5): one per worker process, the node's agent. It registers with the
+// The monitor actor (ARCHITECTURE.md §5): one per worker process, the node's agent. It registers with the
 // coordinator (proving the job token with the coordinator's nonce), watches the coordinator (a
 // worker whose coordinator is gone says so and stops), and executes the faults operators inject.
 //

@@ -1,5 +1,5 @@
 #pragma once
-// The pipeline actor (DESIGN §5): one per pipeline and epoch, in the coordinator's process. It
+// The pipeline actor (ARCHITECTURE.md §5): one per pipeline and epoch, in the coordinator's process. It
 // drives one pipeline's step: tells each of its stages which microbatches of the global batch are
 // theirs, collects their completions and reports the pipeline's to the coordinator. Responses of
 // another epoch or step are dropped and counted (fencing).

@@ -1,12 +1,12 @@
 #pragma once
-// The stage actors (DESIGN §5): one per slot of a worker, for the worker's whole life, detached
+// The stage actors (ARCHITECTURE.md §5): one per slot of a worker, for the worker's whole life, detached
 // (each on a thread of its own), so that LibTorch compute and blocking collectives never run on
 // CAF's cooperative workers. The node's slots share one runtime: its layers across epochs in a
 // layer store (parameters and AdamW state), and per epoch the data plane (host transport and
 // communicator) and one stage executor per stage the node runs: a view over the stage's layer
 // range of the store.
 //
-// Slots (the job's cluster.slots_per_node = M, the planner's M GPUs of a node, DESIGN §4): the
+// Slots (the job's cluster.slots_per_node = M, the planner's M GPUs of a node, ARCHITECTURE.md §4): the
 // planner gives a node consecutive stages of one pipeline whose widths d (powers of two) add up
 // to M. On this CPU runtime a slot is one LibTorch intra-op thread: the stage actor of slot j
 // runs the epoch's stage j of the node with d intra-op threads (set on its own thread; the BLAS
@@ -72,7 +72,7 @@ struct spawned_stage {
 spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job, int slots = 1);
 
 /// The same training in one process, one stage holding every layer and the whole global batch
-/// per step: what any cluster run of `job` must equal (DESIGN §5 "nothing lost" (3)). Returns the
+/// per step: what any cluster run of `job` must equal (ARCHITECTURE.md §5 "nothing lost" (3)). Returns the
 /// mean loss of each step. `final_layers` (optional) receives every layer's full state after the
 /// last step as the layer store serializes it (what a checkpoint's layer file holds).
 std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps,

@@ -1,5 +1,5 @@
 #pragma once
-// The stage's part of checkpoints (DESIGN §5 "Checkpoint"): writing the layers it holds into a
+// The stage's part of checkpoints (ARCHITECTURE.md §5 "Checkpoint"): writing the layers it holds into a
 // checkpoint directory, and installing a resumed job's layers from one. Private to the stage
 // library; no LibTorch in this header.
 

@@ -1,5 +1,5 @@
 #pragma once
-// The coordinator's HTTP status endpoint (DESIGN §5): `GET /status` answers the JSON of
+// The coordinator's HTTP status endpoint (ARCHITECTURE.md §5): `GET /status` answers the JSON of
 // `oobleck-ctl status --json`, `GET /metrics` the Prometheus text of the job's gauges; any other
 // path is 404, any other method 405, a request that is not HTTP 400 (then the connection closes).
 // It runs on a thread of its own (Boost.Asio and Beast; no Boost in this header) and gets each

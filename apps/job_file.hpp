@@ -53,7 +53,7 @@ struct training_section {
 /// [cluster]
 struct cluster_section {
   int nodes = 2;            ///< nodes the coordinator waits for before it starts (its --nodes overrides)
-  /// M, the slots of every node (DESIGN §4: a node's stages use exactly its M slots, in
+  /// M, the slots of every node (ARCHITECTURE.md §4: a node's stages use exactly its M slots, in
   /// power-of-two widths). On the CPU runtime a slot is one LibTorch intra-op thread with
   /// device_memory_bytes of memory: a stage of width d runs on d threads, and a node runs one
   /// stage actor (thread) per stage. Every worker must be started with --slots M; a power of two.

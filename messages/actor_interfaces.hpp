@@ -1,5 +1,5 @@
 #pragma once
-// The typed interfaces of Oobleck's actors (DESIGN §5). A handle of one of these types can only be
+// The typed interfaces of Oobleck's actors (ARCHITECTURE.md §5). A handle of one of these types can only be
 // sent what the actor understands; the compiler checks every send and every reply.
 //
 //   coordinator  <- monitors (admission, epoch formation, commits), pipelines, operators

@@ -1,5 +1,5 @@
 #pragma once
-// Admission of a worker node (DESIGN §5): the worker proves it knows the job token without sending
+// Admission of a worker node (ARCHITECTURE.md §5): the worker proves it knows the job token without sending
 // it (HMAC-SHA256 of a single-use coordinator nonce), and states its protocol version and job.
 //
 //   monitor                          coordinator

@@ -1,5 +1,5 @@
 @0xb13be926063f1a93;
-# A checkpoint's manifest (DESIGN §5 "Checkpoint"): what a checkpoint directory holds and how to
+# A checkpoint's manifest (ARCHITECTURE.md §5 "Checkpoint"): what a checkpoint directory holds and how to
 # check it. The directory holds one file per layer (the layer store's serialized bytes: parameters,
 # AdamW moments and step count, behind the store's own checked header) and this manifest, written
 # last, in a temporary directory that is renamed once everything is on disk.

@@ -1,5 +1,5 @@
 #pragma once
-// Writing a checkpoint from the cluster (DESIGN §5 "Checkpoint"). The checkpoint directory is on a
+// Writing a checkpoint from the cluster (ARCHITECTURE.md §5 "Checkpoint"). The checkpoint directory is on a
 // filesystem every node shares (as for any multi-host trainer); the coordinator makes a temporary
 // directory in it, asks one holder of each layer to write that layer's file, and once every file is
 // reported (byte count, SHA-256) writes the manifest and renames the directory.

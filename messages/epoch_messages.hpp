@@ -1,5 +1,5 @@
 #pragma once
-// Forming an epoch (DESIGN §5 "Reconfiguration"): the coordinator sends every node in the job its
+// Forming an epoch (ARCHITECTURE.md §5 "Reconfiguration"): the coordinator sends every node in the job its
 // part of the epoch mapping and the copy plan; nodes abort the old data plane, form the new one,
 // copy the layers they lack and report ready with the handles of their stage actors.
 //

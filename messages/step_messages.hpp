@@ -1,5 +1,5 @@
 #pragma once
-// One transactional step (DESIGN §5 "Step protocol"): every message carries (epoch, step), and a
+// One transactional step (ARCHITECTURE.md §5 "Step protocol"): every message carries (epoch, step), and a
 // receiver drops (and counts) anything from another epoch or step.
 //
 //   coordinator        pipeline (per pipeline)        stage (per stage)        monitor (per node)
@@ -51,7 +51,7 @@ typename Inspector::result_type inspect(Inspector& f, stage_timing& x) {
 
 /// Pipeline actor -> stage: compute your part of step `step`: the pipeline's microbatches
 /// [first_microbatch, first_microbatch + microbatches) of the step's global batch (the samples
-/// follow from the step alone, DESIGN §5 "Sampler").
+/// follow from the step alone, ARCHITECTURE.md §5 "Sampler").
 struct stage_step {
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;

@@ -1,5 +1,5 @@
 #pragma once
-// The cost and memory model of DESIGN §4 as pure functions over a profile.
+// The cost and memory model of ARCHITECTURE.md §4 as pure functions over a profile.
 
 #include <cstdint>
 #include <span>
@@ -75,7 +75,7 @@ class layer_costs {
   link_profile link_;
 };
 
-/// The paper's closed form below ranks templates only (DESIGN §4): it underestimates the 1F1B
+/// The paper's closed form below ranks templates only (ARCHITECTURE.md §4): it underestimates the 1F1B
 /// makespan for Nb < 4S and goes negative for Nb < S. Predicted times use pipeline_time
 /// (makespan.hpp).
 

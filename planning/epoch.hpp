@@ -1,5 +1,5 @@
 #pragma once
-// Epoch mapping (DESIGN §4): from a plan (pipelines on stable node ids) to what each node runs in
+// Epoch mapping (ARCHITECTURE.md §4): from a plan (pipelines on stable node ids) to what each node runs in
 // one epoch, in ranks. Pure; the runtime builds its communicators from this and nothing else.
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 #pragma once
-// Distinct types for the three integers the runtime must never mix up (DESIGN §4): a node id is
+// Distinct types for the three integers the runtime must never mix up (ARCHITECTURE.md §4): a node id is
 // stable for the life of the job (a restarted worker gets a new one), a rank is a node's number
 // in one epoch (renumbered every epoch), a layer index names a layer of the model. Each wraps an
 // integer, converts from nothing implicitly and compares only with its own kind. They run from the

@@ -1,5 +1,5 @@
 #pragma once
-// Pipeline instantiation (paper §4.2, DESIGN §4): how many pipelines of each template to run on
+// Pipeline instantiation (paper §4.2, ARCHITECTURE.md §4): how many pipelines of each template to run on
 // N' nodes, chosen for the shortest step after batch distribution.
 
 #include <optional>

@@ -1,5 +1,5 @@
 #pragma once
-// Predicted pipeline time (DESIGN §4): the makespan of the 1F1B op lists of planning/schedule.hpp,
+// Predicted pipeline time (ARCHITECTURE.md §4): the makespan of the 1F1B op lists of planning/schedule.hpp,
 // exact for every number of microbatches. The paper's closed form (cost_model.hpp) only ranks
 // templates; it is below the makespan for Nb < 4S and negative for Nb < S.
 

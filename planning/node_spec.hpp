@@ -1,5 +1,5 @@
 #pragma once
-// Node specification (paper §4.1.1, DESIGN §4): which node counts get a pipeline template.
+// Node specification (paper §4.1.1, ARCHITECTURE.md §4): which node counts get a pipeline template.
 
 #include <vector>
 

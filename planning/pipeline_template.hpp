@@ -36,7 +36,7 @@ struct pipeline_template {
 };
 
 /// The predicted time of a pipeline of these stages (their forward_ms and backward_ms set): the
-/// 1F1B makespan (DESIGN §4) with every op charged for receiving its input from another node,
+/// 1F1B makespan (ARCHITECTURE.md §4) with every op charged for receiving its input from another node,
 /// when the profile carries a link: a forward waits for the activation of the stage before it
 /// when that stage is on another node, a backward for the gradient of the stage after it, each
 /// a message of the boundary layer's output bytes (costs.link().message_ms). The receiving op is
@@ -52,7 +52,7 @@ struct generator_stats {
   int feasibility_runs = 0; ///< DP runs for feasibility and the bisection of the smallest cap
 };
 
-/// Exact template generation (DESIGN §4): for each node count, the memory-feasible layout of
+/// Exact template generation (ARCHITECTURE.md §4): for each node count, the memory-feasible layout of
 /// minimal T(4S). Not the paper's divide-and-conquer memo, which keeps one result per sub-problem
 /// although T depends on the bottleneck stage and its suffix.
 ///

@@ -65,7 +65,7 @@ job_plan plan_job(const profile& p, const job_config& job, std::span<const node_
 /// layer_costs::allreduce_ms) and applies AdamW to it (optimizer_ms), one layer after another;
 /// nodes do this at once, so the slowest node's sum counts. Not discounted for the overlap of the
 /// all-reduce with the last backward. The instantiation is chosen on the pipelines' times alone
-/// (DESIGN §4); predicted step times add this. 0 for a profile without link and optimizer costs.
+/// (ARCHITECTURE.md §4); predicted step times add this. 0 for a profile without link and optimizer costs.
 double synchronisation_ms(const layer_costs& costs, const template_set& templates,
                           const std::vector<pipeline_instance>& pipelines);
 /// The same for the nodes of one pipeline of template `t` when each of its layers has `holders`

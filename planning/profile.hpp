@@ -1,5 +1,5 @@
 #pragma once
-// The per-layer profile every planning decision reads (DESIGN §4), and the checks that keep a
+// The per-layer profile every planning decision reads (ARCHITECTURE.md §4), and the checks that keep a
 // wrong or stale profile from reaching the planner.
 
 #include <cstdint>
@@ -33,7 +33,7 @@ struct layer_profile {
 
 /// What moving bytes between two nodes costs: `latency_ms + bytes / bytes_per_ms` per message
 /// (bytes_per_ms = 0: the bytes themselves are free). All zero (the default, and what a profile
-/// without a link measurement has): p2p and all-reduce cost nothing, as in DESIGN §4's base model.
+/// without a link measurement has): p2p and all-reduce cost nothing, as in ARCHITECTURE.md §4's base model.
 struct link_profile {
   double latency_ms = 0;
   double bytes_per_ms = 0;

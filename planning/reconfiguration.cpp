@@ -280,7 +280,7 @@ reconfiguration reconfigure(const reconfiguration_context& ctx, const cluster_st
   const int need = (ctx.fault_tolerance + 1) * n0;
   if (alive < need)
     return stop(std::to_string(alive) + " nodes remain, fewer than (f + 1) * n0 = " + std::to_string(need));
-  // The most nodes f + 1 to B/b pipelines can use; the rest stay idle (DESIGN §4).
+  // The most nodes f + 1 to B/b pipelines can use; the rest stay idle (ARCHITECTURE.md §4).
   const int max_pipelines = std::min(ctx.num_microbatches, alive);
   const int usable =
       largest_covered_node_count(ctx.templates.sizes(), ctx.fault_tolerance + 1, max_pipelines, alive);

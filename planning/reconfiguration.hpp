@@ -1,5 +1,5 @@
 #pragma once
-// The reconfiguration policy (paper §5, DESIGN §4) as a pure function: lost and joined nodes in;
+// The reconfiguration policy (paper §5, ARCHITECTURE.md §4) as a pure function: lost and joined nodes in;
 // new pipelines, the copy plan and the new batch distribution out.
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 #pragma once
-// The 1F1B pipeline schedule as data (DESIGN §4): executors interpret the op list and never do
+// The 1F1B pipeline schedule as data (ARCHITECTURE.md §4): executors interpret the op list and never do
 // schedule arithmetic.
 
 #include <string>

@@ -1,5 +1,5 @@
 #pragma once
-// Checkpoints on disk (DESIGN §5 "Checkpoint"), without LibTorch: a directory per checkpoint,
+// Checkpoints on disk (ARCHITECTURE.md §5 "Checkpoint"), without LibTorch: a directory per checkpoint,
 // `<root>/step-NNNNNNNN/`, holding one file per layer (the layer store's serialized bytes of that
 // layer: parameters, AdamW moments, step count, behind the store's checked header; each written by
 // one holder) and a Cap'n Proto manifest (messages/checkpoint.capnp) with the job's trajectory

@@ -16,7 +16,7 @@ class model_layer : public torch::nn::Module {
  public:
   /// `dropout` draws this forward's dropout masks, in a fixed order; it may be null only when no
   /// mask is drawn (dropout 0 or eval mode), else std::logic_error: LibTorch's global generator is
-  /// never used, so that a re-run or a recompute sees the same masks (DESIGN §5, Randomness).
+  /// never used, so that a re-run or a recompute sees the same masks (ARCHITECTURE.md §5, Randomness).
   virtual torch::Tensor forward(const torch::Tensor& x, at::Generator* dropout) = 0;
   torch::Tensor forward(const torch::Tensor& x) { return forward(x, nullptr); }
 };

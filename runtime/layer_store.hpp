@@ -1,5 +1,5 @@
 #pragma once
-// A node's layers (DESIGN §5, Layer store): per layer its module, gradients and optimizer state,
+// A node's layers (ARCHITECTURE.md §5, Layer store): per layer its module, gradients and optimizer state,
 // each kept in one flat buffer, so that all-reduce, copy and checkpoint are one operation per
 // layer. Stage executors are views over a range of the store; a new epoch builds new views over
 // the same store and keeps the layers the node still holds.

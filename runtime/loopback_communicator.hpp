@@ -1,5 +1,5 @@
 #pragma once
-// A node's communicator for its stages (DESIGN §4: a node of M slots may run several stages of one
+// A node's communicator for its stages (ARCHITECTURE.md §4: a node of M slots may run several stages of one
 // pipeline, consecutive ones). Two adjacent stages on the same node address each other by the
 // node's own rank; the host transport has no link to itself, so those messages are handed over in
 // memory here, with the communicator's usual matching: (peer, tag), in send order per tag.

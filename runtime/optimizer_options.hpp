@@ -2,7 +2,7 @@
 // AdamW's knobs and the learning-rate schedule, without LibTorch: the job file (apps/) fills them,
 // runtime/optimizer applies them. The learning rate is a pure function of the update count, so a
 // layer copied during a reconfiguration carries on at the same point of the schedule (its step
-// count travels with its optimizer state, DESIGN §5).
+// count travels with its optimizer state, ARCHITECTURE.md §5).
 
 #include <cstdint>
 #include <optional>

@@ -1,5 +1,5 @@
 #pragma once
-// Per-layer profiling (DESIGN §4): forward and backward timed separately (backward really runs),
+// Per-layer profiling (ARCHITECTURE.md §4): forward and backward timed separately (backward really runs),
 // each layer where a stage runs it (a microbatch forward through every layer, then backward in reverse),
 // warm-up then the median of repeats, parameter bytes, and the activation bytes autograd retains
 // per in-flight microbatch, counted by the CPU allocator. Unlike the reference code, backward is

@@ -1,5 +1,5 @@
 #pragma once
-// Which samples form a step (DESIGN §5): a pure function of (seed, step, global batch), so no
+// Which samples form a step (ARCHITECTURE.md §5): a pure function of (seed, step, global batch), so no
 // reconfiguration can skip or repeat a sample. No LibTorch here.
 
 #include <cstdint>

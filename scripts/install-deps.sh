@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the project builds against, when any is missing (DESIGN §2, §8).
+# Installs the Debian packages the project builds against, when any is missing (ARCHITECTURE.md §2, §8).
 # libopenblas0 matters: without it LibTorch falls back to the reference BLAS (~15x slower).
 set -euo pipefail
 

@@ -11,7 +11,7 @@
 namespace oobleck::sim {
 
 struct recovery_costs {
-  // --- Oobleck (paper §5; DESIGN §5) ---
+  // --- Oobleck (paper §5; ARCHITECTURE.md §5) ---
   /// From a node's loss to the coordinator's knowing it. A crash closes TCP at once (13-30 ms
   /// measured by bench/recovery on the loaded local cluster); a hung node needs the heartbeat
   /// timeout (cluster.connection_timeout_ms, 10 s by default). 1 s: a crash on a busy cluster

@@ -10,7 +10,7 @@
 // What each run did is read from the coordinator's events (--events-out) and the metrics, never from
 // log lines. Every wait has a deadline.
 
-#include <torch/torch.h>  // before doctest (DESIGN §8)
+#include <torch/torch.h>  // before doctest (ARCHITECTURE.md §8)
 
 #include <doctest/doctest.h>
 

@@ -1,7 +1,7 @@
 // oobleck-local end to end: a coordinator and 4 or 6 worker processes train the default job.
 // Every committed step consumed exactly B samples, every holder of a layer reports the same
 // parameter digest after every commit, and the loss curve equals the single-process run of the
-// same job within 1e-4 relative (DESIGN §5, "nothing lost" (1)-(3), without failures). What the job
+// same job within 1e-4 relative (ARCHITECTURE.md §5, "nothing lost" (1)-(3), without failures). What the job
 // did comes from the coordinator's events (--events-out) and the metrics, never from log lines; the
 // programs' output is only read for what they tell a user on purpose (errors, --help, oobleck-local's
 // own report of the workers it started and stopped).

@@ -55,7 +55,7 @@ TEST_CASE("reconfiguration protocol: a loss during a commit: the commit stands, 
 // (coordinator_training.cpp, recover(): the "committing" branch only logs "step K was committed
 // before node N was lost"). Here, with node 2 lost while applying the commit of step 1, records
 // hold steps 0, 2 and 3: the loss of step 1 (known: every pipeline reported it) and the survivors'
-// digests are lost, and DESIGN §5's "every committed step consumed exactly B samples" cannot be
+// digests are lost, and ARCHITECTURE.md §5's "every committed step consumed exactly B samples" cannot be
 // checked for it. README: "Each committed step prints `step K: ...`; with --metrics-out one JSON
 // line per step". Expected: a record for step 1 with its loss, B samples and the digests of the
 // survivors (or of every holder that replied).

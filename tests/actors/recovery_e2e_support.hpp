@@ -1,7 +1,7 @@
 #pragma once
 // Recovery end to end (issue 8): oobleck-local with worker processes that kill (or freeze)
 // themselves in the middle of a step, workers that join during training, or workers that the test
-// kills while a reconfiguration is forming. Every run checks DESIGN §5's "nothing lost" invariants:
+// kills while a reconfiguration is forming. Every run checks ARCHITECTURE.md §5's "nothing lost" invariants:
 //   (1) every committed step consumed exactly B samples (the pipelines' microbatches tile B/b),
 //   (2) every holder of a layer reports the same parameter digest after every commit,
 //   (3) the loss curve equals the failure-free single-process run (actors::train_single_process)

@@ -1,7 +1,7 @@
-// Nodes of several slots (DESIGN §4's M; the job's cluster.slots_per_node, every worker started
+// Nodes of several slots (ARCHITECTURE.md §4's M; the job's cluster.slots_per_node, every worker started
 // with --slots M) through oobleck-local: a node runs every stage the planner gives it, one stage
 // actor per stage, adjacent stages of a node handing activations and gradients over in memory,
-// and the training equals the single-process run of the same job within 1e-4 (DESIGN §5,
+// and the training equals the single-process run of the same job within 1e-4 (ARCHITECTURE.md §5,
 // "nothing lost" (1)-(3)): every step B samples, every layer's holders bitwise equal.
 //
 // What each run did is read from the coordinator's events (--events-out; an epoch's shape is its

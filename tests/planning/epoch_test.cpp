@@ -64,7 +64,7 @@ bool holds(const holding& h, std::int64_t node, int layer) {
   return it != h.end() && layer >= it->second.first && layer < it->second.second;
 }
 
-/// Every property DESIGN §4 asks of an epoch, against the plan it maps and the holdings before.
+/// Every property ARCHITECTURE.md §4 asks of an epoch, against the plan it maps and the holdings before.
 void check_epoch(const epoch& e, const template_set& templates, const std::vector<pipeline_instance>& pipelines,
                  const std::vector<layer_copy>& copies, const holding& before, const std::set<int>& alive,
                  int num_layers, int gpus_per_node) {

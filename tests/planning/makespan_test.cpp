@@ -107,7 +107,7 @@ TEST_CASE("predicted time with real-valued stages: simulation within rounding, b
 }
 
 TEST_CASE("fewer microbatches than stages: never shorter than one microbatch's trip") {
-  // DESIGN §4's example: the closed form gives -14 for w = [10, 1, 1, 1] and Nb = 1.
+  // ARCHITECTURE.md §4's example: the closed form gives -14 for w = [10, 1, 1, 1] and Nb = 1.
   const std::vector<double> f{4, 0.5, 0.5, 0.5}, b{6, 0.5, 0.5, 0.5};
   const std::vector<double> w{10, 1, 1, 1};
   CHECK(iteration_time(w, 1) == -14);  // the ranking objective, not a prediction
@@ -130,7 +130,7 @@ TEST_CASE("most_below is the largest count finishing strictly before a limit") {
 }
 
 TEST_CASE("a job with fewer microbatches per pipeline than stages predicts at least one trip each") {
-  // 8 layers of 1 + 2 ms; 100 parameter bytes each, 2000 bytes per node: n0 = 2 (DESIGN §4).
+  // 8 layers of 1 + 2 ms; 100 parameter bytes each, 2000 bytes per node: n0 = 2 (ARCHITECTURE.md §4).
   profile p;
   p.model = "eight";
   p.microbatch_size = 1;

@@ -13,7 +13,7 @@ using oobleck::testing::random_profile;
 
 namespace {
 
-// Structural invariants every template must satisfy (DESIGN §4).
+// Structural invariants every template must satisfy (ARCHITECTURE.md §4).
 void check_layout(const pipeline_template& t, const layer_costs& costs) {
   const int L = costs.num_layers();
   const int M = costs.gpus_per_node();

@@ -1,4 +1,4 @@
-// Layer store (DESIGN §5): a layer's full state moves as bytes, a node keeps its layers across
+// Layer store (ARCHITECTURE.md §5): a layer's full state moves as bytes, a node keeps its layers across
 // epochs, and dropout masks are a function of (seed, step, microbatch, layer).
 #include <torch/torch.h>
 

@@ -1,5 +1,5 @@
 // The learning-rate schedule: a pure function of the update count, so a recovered layer carries on
-// where its step count says (DESIGN §5).
+// where its step count says (ARCHITECTURE.md §5).
 #include "runtime/optimizer_options.hpp"
 
 #include <doctest/doctest.h>
