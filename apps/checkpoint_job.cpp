@@ -77,10 +77,33 @@ actors::checkpoint_deps checkpoint_deps_for(const job_file& job, const std::stri
   return d;
 }
 
-void resume_from(actors::checkpoint_deps& deps, const job_file& job, const std::string& dir) {
-  const auto m = runtime::read_checkpoint(dir, trajectory_hash(job), job.model.num_layers());
-  deps.resume_dir = fs::absolute(dir).lexically_normal().string();
-  deps.resume_step = m.step;
+std::string resume_from(actors::checkpoint_deps& deps, const job_file& job, const std::string& dir) {
+  const auto hash = trajectory_hash(job);
+  const int layers = job.model.num_layers();
+  std::error_code ec;
+  const bool is_checkpoint = fs::exists(fs::path(dir) / runtime::checkpoint_manifest_name, ec);
+  const auto found = is_checkpoint ? std::vector<fs::path>{} : runtime::list_checkpoints(dir);
+  if (found.empty()) {  // a checkpoint, or nothing that holds one: read_checkpoint says what is wrong
+    const auto m = runtime::read_checkpoint(dir, hash, layers);
+    deps.resume_dir = fs::absolute(dir).lexically_normal().string();
+    deps.resume_step = m.step;
+    return {};
+  }
+  // The folder of a job's checkpoints: the newest one that is complete and valid for this job.
+  std::string refused;
+  for (auto it = found.rbegin(); it != found.rend(); ++it) {
+    try {
+      const auto m = runtime::read_checkpoint(*it, hash, layers);
+      deps.resume_dir = fs::absolute(*it).lexically_normal().string();
+      deps.resume_step = m.step;
+      return "the newest complete checkpoint in " + dir + " is " + deps.resume_dir +
+             (refused.empty() ? std::string() : " (refused:" + refused + ")");
+    } catch (const runtime::checkpoint_error& e) {
+      refused += " " + it->filename().string() + ": " + e.what() + ";";
+    }
+  }
+  throw runtime::checkpoint_error(dir + ": none of its " + std::to_string(found.size()) +
+                                  " checkpoint(s) is valid for this job:" + refused);
 }
 
 std::string resume_command_line(const std::string& program, const std::vector<std::string>& args, const std::string& dir) {

@@ -26,10 +26,13 @@ std::string trajectory_hash(const job_file& job);
 /// checkpoints) every `every` steps (0: only the fallback).
 actors::checkpoint_deps checkpoint_deps_for(const job_file& job, const std::string& root, std::uint64_t every);
 
-/// Validates `dir` in full as a checkpoint of `job` (runtime::read_checkpoint: throws
+/// Validates a checkpoint of `job` in full (runtime::read_checkpoint: throws
 /// runtime::checkpoint_error, an input_error, naming the file) and sets deps.resume_dir (absolute)
-/// and deps.resume_step from it.
-void resume_from(actors::checkpoint_deps& deps, const job_file& job, const std::string& dir);
+/// and deps.resume_step from it. `dir` is either a checkpoint (a step-N folder) or the folder of
+/// checkpoints a job writes (its --checkpoint-dir): then the newest complete checkpoint in it that
+/// is valid for the job is taken, and the returned line says which (and which newer ones were
+/// refused, and why); for a checkpoint itself the line is empty.
+std::string resume_from(actors::checkpoint_deps& deps, const job_file& job, const std::string& dir);
 
 /// `args` as one shell command line after `program`, with every `--resume X` removed and
 /// `--resume dir` appended: what a stopped job prints to resume it.

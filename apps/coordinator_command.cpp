@@ -182,8 +182,9 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
               "write a checkpoint after every K committed steps (default: the job's [checkpoint] every; "
               "0: only when the policy stops the job)");
   add_text(app, "--resume", resume,
-           "continue the job from the checkpoint in DIR (a step-N directory): it is validated in full "
-           "against the job first, then training starts at its step");
+           "continue the job from the checkpoint in DIR (a step-N directory, or the checkpoint directory "
+           "itself: then its newest complete checkpoint valid for the job, named in a line): it is validated "
+           "in full against the job first, then training starts at its step");
   add_text(app, "--resume-command", resume_command,
            "for launchers: the command printed to resume the job, before ' --resume DIR' (default: this "
            "command line)");
@@ -238,7 +239,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
     throw messages::input_error("--checkpoint-every: needs a checkpoint directory (--checkpoint-dir or [checkpoint] dir)");
   deps.checkpoint = checkpoint_deps_for(job, root, every);
   if (!resume.empty()) {
-    resume_from(deps.checkpoint, job, resume);
+    if (const auto chosen = resume_from(deps.checkpoint, job, resume); !chosen.empty()) log(chosen);
     if (deps.checkpoint.resume_step >= deps.steps)
       throw messages::input_error("--resume: the checkpoint is at step " + std::to_string(deps.checkpoint.resume_step) +
                                   ": nothing is left of the job's " + std::to_string(steps) + " step(s)");

@@ -113,7 +113,7 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
   add_text(app, "--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (default: the job's [checkpoint] dir)");
   add_integer(app, "--checkpoint-every", o.checkpoint_every, 0, std::int64_t{1} << 40,
               "a checkpoint after every K committed steps (default: the job's [checkpoint] every)");
-  add_text(app, "--resume", o.resume, "continue from the checkpoint in DIR (validated against the job first)");
+  add_text(app, "--resume", o.resume, "continue from the checkpoint in DIR (a step-N folder, or the checkpoint folder: then its newest complete checkpoint); validated against the job first");
   app.footer("Exit status: the coordinator's: 0 finished, 1 internal error, 2 bad input, 4 the reconfiguration "
              "policy stopped the job (too few nodes left): a checkpoint was written when possible and the "
              "command that resumes it printed.");
