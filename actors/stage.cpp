@@ -21,6 +21,7 @@
 #include "runtime/layer_copies.hpp"
 #include "runtime/loopback_communicator.hpp"
 #include "runtime/sampler.hpp"
+#include "runtime/solo_communicator.hpp"
 #include "runtime/stage_executor.hpp"
 #include "runtime/transport/host_transport.hpp"
 
@@ -126,20 +127,6 @@ runtime::executor_options options_of(const stage_job& job) {
   opt.overlap_gradient_reduce = job.overlap_gradient_reduce;
   return opt;
 }
-
-/// A communicator for one rank alone: a single stage over all layers never communicates.
-class solo_communicator final : public runtime::communicator {
- public:
-  int rank() const override { return 0; }
-  void send(const torch::Tensor&, int, int) override { fail(); }
-  void recv(torch::Tensor&, int, int) override { fail(); }
-  void all_reduce_sum(torch::Tensor&, const std::vector<int>&, int) override {}
-  void broadcast(torch::Tensor&, int, const std::vector<int>&, int) override {}
-  void abort() override {}
-
- private:
-  [[noreturn]] static void fail() { throw runtime::comm_error("a single-process run has no peers"); }
-};
 
 struct stage_state {
   std::shared_ptr<stage_runtime> rt;
@@ -372,7 +359,7 @@ std::vector<double> train_single_process(const stage_job& job, std::uint64_t ste
   const runtime::token_dataset data(runtime::default_corpus(static_cast<std::size_t>(job.corpus_bytes), job.corpus_seed),
                                     job.model.seq_len);
   const runtime::sampler samples(job.sample_seed, data.size(), job.global_batch);
-  solo_communicator comm;
+  runtime::solo_communicator comm;
   const int layers = job.model.num_layers();
   runtime::layer_store store(job.model);
   store.ensure(0, layers);
