@@ -27,6 +27,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "actors/admission.hpp"
 #include "actors/injector.hpp"
@@ -124,15 +125,16 @@ class event_tail {
       if (n <= 0) break;
       partial_.append(chunk, static_cast<std::size_t>(n));
     }
-    std::size_t begin = 0;
-    for (std::size_t end; (end = partial_.find('\n', begin)) != std::string::npos; begin = end + 1) {
+    std::vector<messages::timed_event> events;
+    for (;;) {
       try {
-        if (auto e = messages::parse_event_line(std::string_view(partial_).substr(begin, end - begin))) on_event_(*e);
+        messages::take_complete_events(partial_, events);
+        break;
       } catch (const messages::input_error& e) {
-        err_ << "warning: " << e.what() << "\n";  // a bug of the coordinator's: skip the line
+        err_ << "warning: " << e.what() << "\n";  // a bug of the coordinator's: skip the line, read on
       }
     }
-    partial_.erase(0, begin);
+    for (const auto& e : events) on_event_(e);
   }
 
   int fd_;

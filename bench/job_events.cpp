@@ -19,8 +19,6 @@ namespace fs = std::filesystem;
 
 namespace oobleck::bench {
 
-double unix_ms_now() { return messages::unix_ms_now(); }
-
 void sleep_until_unix_ms(double unix_ms) {
   const auto at = std::chrono::system_clock::time_point(
       std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double, std::milli>(unix_ms)));
@@ -49,11 +47,7 @@ void event_log::read() {
     if (n <= 0) break;
     partial_.append(chunk, static_cast<std::size_t>(n));
   }
-  std::size_t begin = 0;
-  for (std::size_t nl; (nl = partial_.find('\n', begin)) != std::string::npos; begin = nl + 1)
-    if (auto e = messages::parse_event_line(std::string_view(partial_).substr(begin, nl - begin)))
-      events_.push_back(std::move(*e));
-  partial_.erase(0, begin);
+  messages::take_complete_events(partial_, events_);
 }
 
 void event_log::wait_for_write(int timeout_ms) {

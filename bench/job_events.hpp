@@ -22,8 +22,7 @@ namespace oobleck::bench {
 using messages::event_kind;
 using messages::timed_event;
 
-/// The system clock now, in ms since the Unix epoch (the clock of timed_event::unix_ms).
-double unix_ms_now();
+using messages::unix_ms_now;  ///< the system clock now, in ms since the Unix epoch (timed_event's clock)
 /// Sleeps until the system clock reads `unix_ms` (returns at once if it already has).
 void sleep_until_unix_ms(double unix_ms);
 

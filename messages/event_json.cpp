@@ -72,6 +72,21 @@ std::optional<timed_event> parse_event_line(std::string_view line) {
   }
 }
 
+void take_complete_events(std::string& buffer, std::vector<timed_event>& out) {
+  std::size_t begin = 0;
+  try {
+    for (std::size_t end; (end = buffer.find('\n', begin)) != std::string::npos;) {
+      const auto line = std::string_view(buffer).substr(begin, end - begin);
+      begin = end + 1;  // consumed, event or not, parsed or refused
+      if (auto e = parse_event_line(line)) out.push_back(std::move(*e));
+    }
+  } catch (const input_error&) {
+    buffer.erase(0, begin);
+    throw;
+  }
+  buffer.erase(0, begin);
+}
+
 double unix_ms_now() {
   return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
 }

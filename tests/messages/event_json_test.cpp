@@ -37,3 +37,32 @@ TEST_CASE("event json: every kind and outcome survives a line, and other lines a
   bad["outcome"] = "gone";
   CHECK_THROWS_AS(parse_event_line(bad.dump()), input_error);
 }
+
+TEST_CASE("event json: a file read in pieces gives each complete line's event once, a malformed one refused in place") {
+  const auto line = [](event_kind k, std::uint64_t step) {
+    timed_event t;
+    t.event.kind = k;
+    t.event.step = step;
+    return event_json(t).dump() + "\n";
+  };
+  const std::string first = line(event_kind::node_joined, 0), second = line(event_kind::step_committed, 1);
+  std::vector<timed_event> out;
+  std::string buffer = first + second.substr(0, 10);  // the second line still being written
+  take_complete_events(buffer, out);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].event.kind == event_kind::node_joined);
+  CHECK(buffer == second.substr(0, 10));
+  buffer += second.substr(10) + "[coordinator] not an event\n";
+  take_complete_events(buffer, out);
+  REQUIRE(out.size() == 2);
+  CHECK(out[1].event.step == 1);
+  CHECK(buffer.empty());
+  // A malformed event: the events before it delivered, it and they consumed, the rest left to read.
+  buffer = first + R"({"event": "node_lost", "epoch": 2})" "\n" + second;
+  CHECK_THROWS_AS(take_complete_events(buffer, out), input_error);
+  CHECK(out.size() == 3);
+  CHECK(buffer == second);
+  take_complete_events(buffer, out);
+  CHECK(out.size() == 4);
+  CHECK(buffer.empty());
+}

@@ -98,12 +98,12 @@ std::vector<job_event> read_event_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream s;
   s << in.rdbuf();
-  const std::string text = s.str();
-  std::vector<job_event> out;
-  std::size_t begin = 0;
+  std::string text = s.str();
   // Only complete lines: the coordinator may be in the middle of writing the last one.
-  for (std::size_t end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1)
-    if (auto e = messages::parse_event_line(std::string_view(text).substr(begin, end - begin))) out.push_back(e->event);
+  std::vector<messages::timed_event> timed;
+  messages::take_complete_events(text, timed);
+  std::vector<job_event> out;
+  for (auto& t : timed) out.push_back(std::move(t.event));
   return out;
 }
 
