@@ -166,7 +166,6 @@ struct coordinator_state {
   std::uint64_t committed = 0;
   std::uint64_t dropped = 0;              ///< messages of another epoch, step or phase
   std::uint64_t illegal_transitions = 0;  ///< bugs: a phase entered along an edge not drawn
-  std::uint64_t reconfigurations = 0;
   int failures_without_loss = 0;  ///< failed steps or epochs since the last commit or loss
   static constexpr int max_failures_without_loss = 3;
 

@@ -34,12 +34,6 @@ messages::stage_assignment to_message(const planning::stage_assignment& s) {
           s.gpus};
 }
 
-std::vector<std::int64_t> numbers(const std::vector<node_id>& ids) {
-  std::vector<std::int64_t> out;
-  for (auto n : ids) out.push_back(n.value);
-  return out;
-}
-
 std::string id_list(const std::vector<node_id>& ids) {
   std::string out;
   for (auto n : ids) out += " " + std::to_string(n.value);
@@ -236,7 +230,6 @@ void enter_forming(coordinator_pointer self, std::optional<node_id> lost_node) {
   // still learn the epoch, so they leave the old one.
   for (node_id id : live_nodes(st))
     if (!std::binary_search(live.begin(), live.end(), id)) live.insert(std::upper_bound(live.begin(), live.end(), id), id);
-  ++st.reconfigurations;
   std::int64_t bytes = 0;
   for (const auto& c : r.copies) bytes += c.bytes;
   const std::string rules = rules_of(r);
@@ -252,8 +245,8 @@ void enter_forming(coordinator_pointer self, std::optional<node_id> lost_node) {
               " layer copies (" + std::to_string(bytes) + " bytes); step " + std::to_string(st.step) +
               (lost.empty() && !joined.empty() ? " is next" : " runs again"));
   job_event forming{event_kind::epoch_forming, st.epoch, st.step, -1, 0, rules};
-  forming.lost = numbers(lost);
-  forming.joined = numbers(joined);
+  forming.lost = planning::numbers(lost);
+  forming.joined = planning::numbers(joined);
   publish(self, forming);
 }
 

@@ -97,18 +97,11 @@ planning::profile job_profile(const job_file& job) {
   return p;
 }
 
-/// Node ids as the numbers the metrics file shows.
-std::vector<std::int64_t> numbers(const std::vector<planning::node_id>& ids) {
-  std::vector<std::int64_t> out;
-  for (auto n : ids) out.push_back(n.value);
-  return out;
-}
-
 /// One --metrics-out line.
 std::string step_json(const actors::step_record& r) {
   nlohmann::json pipelines = nlohmann::json::array();
   for (const auto& [nodes, microbatches] : r.pipelines)
-    pipelines.push_back({{"nodes", numbers(nodes)}, {"microbatches", microbatches}});
+    pipelines.push_back({{"nodes", planning::numbers(nodes)}, {"microbatches", microbatches}});
   nlohmann::json digests = nlohmann::json::object();
   for (const auto& [layer, list] : r.layer_digests) {
     nlohmann::json hex = nlohmann::json::array();
@@ -259,8 +252,8 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
       nlohmann::ordered_json j;
       j["event"] = "reconfigured";
       j["epoch"] = r.epoch;
-      j["lost"] = numbers(r.lost);
-      j["joined"] = numbers(r.joined);
+      j["lost"] = planning::numbers(r.lost);
+      j["joined"] = planning::numbers(r.joined);
       j["action"] = r.action;
       j["detect_ms"] = r.detect_ms;
       j["plan_ms"] = r.plan_ms;

@@ -139,9 +139,7 @@ json run_trace_replay(const trace_replay_options& o) {
   const int adds_ignored = schedule.adds_without_slot, removes_elsewhere = schedule.removes_without_worker;
   for (const auto& e : schedule.events) {
     const replay_kill k{e.ms, e.removed, e.killed};
-    std::vector<planning::node_id> lost;
-    for (int n : k.nodes) lost.push_back(planning::node_id{n});
-    const auto r = planner.lose(lost);
+    const auto r = planner.lose(planning::node_ids(k.nodes));
     if (r.action == planning::reconfiguration_action::checkpoint_and_stop) {
       end_trace_ms = e.ms;
       std::string names;

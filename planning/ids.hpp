@@ -8,7 +8,9 @@
 
 #include <compare>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 namespace oobleck::planning {
 
@@ -33,6 +35,25 @@ struct layer_index {
 inline std::string to_string(node_id n) { return "node " + std::to_string(n.value); }
 inline std::string to_string(rank r) { return "rank " + std::to_string(r.value); }
 inline std::string to_string(layer_index l) { return "layer " + std::to_string(l.value); }
+
+/// Node ids as the plain numbers operators, events and JSON show.
+inline std::vector<std::int64_t> numbers(const std::vector<node_id>& ids) {
+  std::vector<std::int64_t> out;
+  out.reserve(ids.size());
+  for (auto n : ids) out.push_back(n.value);
+  return out;
+}
+
+/// Plain numbers (an operator's, a trace's, a test's literal) as node ids: the one way back.
+template <class Range>
+std::vector<node_id> node_ids(const Range& numbers) {
+  std::vector<node_id> out;
+  for (auto n : numbers) out.push_back(node_id{n});
+  return out;
+}
+inline std::vector<node_id> node_ids(std::initializer_list<std::int64_t> numbers) {
+  return node_ids<std::initializer_list<std::int64_t>>(numbers);
+}
 
 /// "no rank" where a message needs one (a first stage's previous, a last stage's next).
 inline constexpr rank no_rank{-1};

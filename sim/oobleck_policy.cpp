@@ -10,18 +10,6 @@
 
 namespace oobleck::sim {
 
-namespace {
-
-/// A trace's node numbers as the planner's node ids.
-template <class Range>
-std::vector<planning::node_id> node_ids(const Range& numbers) {
-  std::vector<planning::node_id> out;
-  for (int n : numbers) out.push_back(planning::node_id{n});
-  return out;
-}
-
-}  // namespace
-
 oobleck_policy::oobleck_policy(const sim_job& job, const recovery_costs& costs, double start_ms)
     : policy(start_ms), job_(job), rc_(costs) {
   planning::validate(job_.profile);
@@ -76,7 +64,7 @@ void oobleck_policy::start() {
   int used = 0;
   const auto inst = planning::instantiate_or_shrink(templates_, static_cast<int>(alive_.size()),
                                                     job_.fault_tolerance + 1, num_microbatches_, job_.microbatch, &used);
-  const std::vector<planning::node_id> ids = node_ids(alive_);
+  const std::vector<planning::node_id> ids = planning::node_ids(alive_);
   state_.pipelines = planning::place_pipelines(inst, ids);
   state_.idle_nodes.assign(ids.begin() + used, ids.end());
   if (started_once_) clock_.pause(activity::restart, restart_ms(rc_, state_bytes_));
@@ -113,7 +101,7 @@ void oobleck_policy::on_change(const std::vector<int>& ready, const std::vector<
   }
   const planning::reconfiguration_context ctx{templates_, *costs_, job_.fault_tolerance, num_microbatches_,
                                               job_.microbatch};
-  const auto r = planning::reconfigure(ctx, state_, lost, node_ids(ready));
+  const auto r = planning::reconfigure(ctx, state_, lost, planning::node_ids(ready));
   if (r.action == planning::reconfiguration_action::checkpoint_and_stop) {
     const bool enough = static_cast<int>(alive_.size()) >= (job_.fault_tolerance + 1) * n0_;
     if (enough) {

@@ -291,10 +291,7 @@ planning::reconfiguration fixture::lose(const planning::cluster_state& from, std
   const planning::layer_costs costs(profile, planning::job_memory(profile, job));
   const planning::reconfiguration_context ctx{plan.templates, costs, job.fault_tolerance,
                                               job.global_batch / job.microbatch, job.microbatch};
-  std::vector<planning::node_id> lost_ids, joined_ids;
-  for (int n : lost) lost_ids.push_back(planning::node_id{n});
-  for (int n : joined) joined_ids.push_back(planning::node_id{n});
-  return planning::reconfigure(ctx, from, lost_ids, joined_ids);
+  return planning::reconfigure(ctx, from, planning::node_ids(lost), planning::node_ids(joined));
 }
 
 std::set<std::tuple<int, int, int>> fixture::copies_of(std::uint64_t epoch) const {

@@ -38,12 +38,7 @@
 
 namespace oobleck::testing {
 
-/// Node ids from numbers, for expectations written as literals.
-inline std::vector<planning::node_id> ids(std::initializer_list<std::int64_t> numbers) {
-  std::vector<planning::node_id> out;
-  for (auto n : numbers) out.push_back(planning::node_id{n});
-  return out;
-}
+using planning::node_ids;
 
 /// What one fake stage (one slot of a node) saw, in order, and how it misbehaves.
 struct fake_stage_record {

@@ -72,7 +72,7 @@ TEST_CASE("reconfiguration protocol: a copy source lost while the new epoch form
   // One recovery: from the last commit before the failure to the first commit after it.
   REQUIRE(f.recoveries.size() == 1);
   CHECK(f.recoveries[0].epoch == 3);
-  CHECK(f.recoveries[0].lost == ids({a, c}));
+  CHECK(f.recoveries[0].lost == node_ids({a, c}));
   CHECK(f.recoveries[0].action == rules_of(first) + "," + rules_of(both));  // both decisions, in order
   CHECK(f.recoveries[0].resumed_step == 1);
   // Where forming went, from the nodes' own reports: the slowest node of epoch 3 per phase.
@@ -111,7 +111,7 @@ TEST_CASE("reconfiguration protocol: another node lost while a slow node still f
   CHECK(f.copies_of(3) == fixture::copies_of(both));
   CHECK(!f.stages.at(1)->steps.empty());  // the slow node trains in epoch 3
   REQUIRE(f.recoveries.size() == 1);
-  CHECK(f.recoveries[0].lost == ids({0, 4}));
+  CHECK(f.recoveries[0].lost == node_ids({0, 4}));
 }
 
 TEST_CASE("reconfiguration protocol: a node that registers while a reconfiguration forms enters at the next step boundary") {

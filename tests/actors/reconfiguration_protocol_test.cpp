@@ -18,8 +18,8 @@ namespace planning = oobleck::planning;
 TEST_CASE("reconfiguration protocol: the fixture's first plan is two pipelines of three nodes") {
   fixture f({.steps = 2});
   REQUIRE(f.plan.pipelines.size() == 2);
-  CHECK(f.plan.pipelines[0].nodes == ids({0, 1, 2}));
-  CHECK(f.plan.pipelines[1].nodes == ids({3, 4, 5}));
+  CHECK(f.plan.pipelines[0].nodes == node_ids({0, 1, 2}));
+  CHECK(f.plan.pipelines[1].nodes == node_ids({3, 4, 5}));
   CHECK(f.plan.spec.n0 == 2);
   f.start();
   CHECK(f.happened(finished(2)));
@@ -48,7 +48,7 @@ TEST_CASE("reconfiguration protocol: two losses at once: one plan without both, 
   f.check_pipelines(2, fixture::after(both));
   CHECK(f.copies_of(3) == fixture::copies_of(both));
   REQUIRE(f.recoveries.size() == 1);
-  CHECK(f.recoveries[0].lost == ids({0, 4}));
+  CHECK(f.recoveries[0].lost == node_ids({0, 4}));
   CHECK(f.recoveries[0].resumed_step == 2);
 }
 
@@ -89,7 +89,7 @@ TEST_CASE("reconfiguration protocol: two losses in a row: the second in the re-r
   }
   // One recovery record from the last commit to the next: both losses, both decisions.
   REQUIRE(f.recoveries.size() == 1);
-  CHECK(f.recoveries.back().lost == ids({0, 1}));
+  CHECK(f.recoveries.back().lost == node_ids({0, 1}));
   CHECK(f.recoveries.back().action == rules_of(first) + ",borrow");
 }
 
@@ -114,6 +114,6 @@ TEST_CASE("reconfiguration protocol: two losses in a row: every lost node appear
   REQUIRE(f.happened(finished(3)));
   std::set<oobleck::planning::node_id> lost;
   for (const auto& r : f.recoveries) lost.insert(r.lost.begin(), r.lost.end());
-  const auto both = ids({0, 1});
+  const auto both = node_ids({0, 1});
   CHECK(lost == std::set<oobleck::planning::node_id>(both.begin(), both.end()));
 }

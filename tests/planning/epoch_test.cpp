@@ -41,12 +41,6 @@ profile eight_layers(int gpus_per_node) {
   return p;
 }
 
-std::vector<node_id> ids(std::initializer_list<int> v) {
-  std::vector<node_id> out;
-  for (int n : v) out.push_back(node_id{n});
-  return out;
-}
-
 using holding = std::map<std::int64_t, std::pair<int, int>>;  // node id -> layers [u, v)
 
 holding holdings_of(const template_set& t, const std::vector<pipeline_instance>& ps) {
@@ -196,7 +190,7 @@ TEST_CASE("ranks are renumbered when the node with rank 0 dies, node ids stay") 
 TEST_CASE("a copy source that runs no stage this epoch still gets a rank, after the others") {
   // The policy rarely idles a holder, but a source idle in the new configuration must still send.
   job j(eight_layers(1), {.nodes = 4, .fault_tolerance = 1, .global_batch = 8, .microbatch = 1});
-  const std::vector<pipeline_instance> pipelines{{ids({0, 1}), 2, 4, 0}, {ids({2, 3}), 2, 4, 0}};
+  const std::vector<pipeline_instance> pipelines{{node_ids({0, 1}), 2, 4, 0}, {node_ids({2, 3}), 2, 4, 0}};
   const std::vector<layer_copy> copies{{layer_index{0}, node_id{9}, node_id{2}, 400}, {layer_index{7}, node_id{5}, node_id{1}, 400}, {layer_index{1}, node_id{9}, node_id{0}, 400}};
   const epoch e = map_epoch(j.plan.templates, pipelines, copies);
   REQUIRE(e.num_ranks() == 6);
@@ -210,11 +204,11 @@ TEST_CASE("a copy source that runs no stage this epoch still gets a rank, after 
 
 TEST_CASE("epoch mapping refuses input no plan produces") {
   job j(eight_layers(1), {.nodes = 4, .fault_tolerance = 1, .global_batch = 8, .microbatch = 1});
-  const std::vector<pipeline_instance> unknown{{ids({0, 1, 2, 3, 4, 5, 6}), 7, 1, 0}};
+  const std::vector<pipeline_instance> unknown{{node_ids({0, 1, 2, 3, 4, 5, 6}), 7, 1, 0}};
   CHECK_THROWS_AS(map_epoch(j.plan.templates, unknown, {}), std::invalid_argument);
-  const std::vector<pipeline_instance> twice{{ids({0, 1}), 2, 1, 0}, {ids({1, 2}), 2, 1, 0}};
+  const std::vector<pipeline_instance> twice{{node_ids({0, 1}), 2, 1, 0}, {node_ids({1, 2}), 2, 1, 0}};
   CHECK_THROWS_AS(map_epoch(j.plan.templates, twice, {}), std::invalid_argument);
-  const std::vector<pipeline_instance> ok{{ids({0, 1}), 2, 1, 0}, {ids({2, 3}), 2, 1, 0}};
+  const std::vector<pipeline_instance> ok{{node_ids({0, 1}), 2, 1, 0}, {node_ids({2, 3}), 2, 1, 0}};
   const std::vector<layer_copy> to_non_holder{{layer_index{7}, node_id{3}, node_id{0}, 1}};  // node 0 runs the first stage only
   CHECK_THROWS_AS(map_epoch(j.plan.templates, ok, to_non_holder), std::invalid_argument);
   const std::vector<layer_copy> no_layer{{layer_index{8}, node_id{3}, node_id{1}, 1}};
@@ -256,8 +250,7 @@ TEST_CASE("epoch properties over random failure and join sequences") {
       if (rng() % 3 == 0) {
         for (int k = 1 + static_cast<int>(rng() % 6); k > 0; --k) joined.push_back(node_id{next_id++});
       } else {
-        std::vector<node_id> pool;
-        for (int n : alive) pool.push_back(node_id{n});
+        auto pool = node_ids(alive);
         std::shuffle(pool.begin(), pool.end(), rng);
         lost.assign(pool.begin(), pool.begin() + std::min<int>(1 + static_cast<int>(rng() % (f + 1)), pool.size()));
       }

@@ -15,13 +15,7 @@ using namespace oobleck::planning;
 
 namespace {
 
-std::vector<node_id> ids(std::initializer_list<int> v) {
-  std::vector<node_id> out;
-  for (int n : v) out.push_back(node_id{n});
-  return out;
-}
-
-pipeline_instance pipe(std::initializer_list<int> nodes, int template_nodes) { return {ids(nodes), template_nodes}; }
+pipeline_instance pipe(std::initializer_list<int> nodes, int template_nodes) { return {node_ids(nodes), template_nodes}; }
 
 // 8 equal layers of 100 parameter bytes; with state factor 4 and 2000 bytes a node holds at most
 // 5 layers, so n0 = 2 (M = 1).
@@ -87,19 +81,19 @@ TEST_CASE("simple: a pipeline that keeps >= n0 nodes is re-instantiated from its
   fixture f(eight_layers(), {.nodes = 7, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
   REQUIRE(f.plan.spec.n0 == 2);
   cluster_state state{{pipe({0, 1, 2, 3}, 4), pipe({4, 5, 6}, 3)}, {}};
-  const std::vector<node_id> lost = ids({2});
+  const std::vector<node_id> lost = node_ids({2});
   const auto r = reconfigure(f.ctx(), state, lost, {});
   REQUIRE(r.action == reconfiguration_action::continue_training);
   CHECK(sizes_of(r) == std::vector<int>{3, 3});
   CHECK(r.rules == std::vector<reconfiguration_rule>{reconfiguration_rule::simple});
   // Survivors keep their pipeline and order.
-  CHECK(r.pipelines[0].nodes == ids({0, 1, 3}));
+  CHECK(r.pipelines[0].nodes == node_ids({0, 1, 3}));
 }
 
 TEST_CASE("borrow: a pipeline below n0 takes a node from one that can spare it") {
   fixture f(eight_layers(), {.nodes = 6, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
   cluster_state state{{pipe({0, 1, 2, 3}, 4), pipe({4, 5}, 2)}, {}};
-  const std::vector<node_id> lost = ids({5});
+  const std::vector<node_id> lost = node_ids({5});
   const auto r = reconfigure(f.ctx(), state, lost, {});
   REQUIRE(r.action == reconfiguration_action::continue_training);
   CHECK(sizes_of(r) == std::vector<int>{2, 3});
@@ -113,7 +107,7 @@ TEST_CASE("borrow: a pipeline below n0 takes a node from one that can spare it")
 TEST_CASE("merge: pipelines that cannot borrow pool their nodes") {
   fixture f(eight_layers(), {.nodes = 6, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
   cluster_state state{{pipe({0, 1}, 2), pipe({2, 3}, 2), pipe({4, 5}, 2)}, {}};
-  const std::vector<node_id> lost = ids({1, 3});
+  const std::vector<node_id> lost = node_ids({1, 3});
   const auto r = reconfigure(f.ctx(), state, lost, {});
   REQUIRE(r.action == reconfiguration_action::continue_training);
   CHECK(sizes_of(r) == std::vector<int>{2, 2});
@@ -125,7 +119,7 @@ TEST_CASE("join: new nodes are put to work") {
   // Planned for 6 nodes (templates of 2..4), running on 4 after earlier losses; 3 nodes join.
   fixture f(eight_layers(), {.nodes = 6, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
   cluster_state state{{pipe({0, 1}, 2), pipe({2, 3}, 2)}, {}};
-  const std::vector<node_id> joined = ids({6, 7, 8});
+  const std::vector<node_id> joined = node_ids({6, 7, 8});
   const auto r = reconfigure(f.ctx(), state, {}, joined);
   REQUIRE(r.action == reconfiguration_action::continue_training);
   int used = 0;
@@ -141,11 +135,11 @@ TEST_CASE("nodes the templates cannot cover stay idle, and are used once they ca
   // N = 4, f = 1: the only template has 2 nodes, so 7 nodes leave one idle.
   fixture f(eight_layers(), {.nodes = 4, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
   cluster_state state{{pipe({0, 1}, 2), pipe({2, 3}, 2)}, {}};
-  const auto r = reconfigure(f.ctx(), state, {}, ids({4, 5, 6}));
+  const auto r = reconfigure(f.ctx(), state, {}, node_ids({4, 5, 6}));
   REQUIRE(r.action == reconfiguration_action::continue_training);
   CHECK(sizes_of(r) == std::vector<int>{2, 2, 2});
   CHECK(r.idle_nodes.size() == 1);
-  const auto again = reconfigure(f.ctx(), {r.pipelines, r.idle_nodes}, {}, ids({7}));
+  const auto again = reconfigure(f.ctx(), {r.pipelines, r.idle_nodes}, {}, node_ids({7}));
   CHECK(sizes_of(again) == std::vector<int>{2, 2, 2, 2});
   CHECK(again.idle_nodes.empty());
 }
@@ -175,7 +169,7 @@ TEST_CASE("inputs no job produces are answered, never thrown or dereferenced") {
   const cluster_state good{{pipe({0, 1, 2}, 3), pipe({3, 4, 5}, 3)}, {}};
   SUBCASE("a pipeline on a template the job does not have") {
     const cluster_state bad{{pipe({0, 1, 2}, 3), pipe({3, 4, 5, 6, 7, 8, 9}, 7)}, {}};
-    const auto r = reconfigure(f.ctx(), bad, ids({0}), {});
+    const auto r = reconfigure(f.ctx(), bad, node_ids({0}), {});
     CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
     CHECK(r.reason.find("template of 7 nodes") != std::string::npos);
   }
@@ -186,13 +180,13 @@ TEST_CASE("inputs no job produces are answered, never thrown or dereferenced") {
     CHECK(r.reason.find("has 2 nodes for a template of 3") != std::string::npos);
   }
   SUBCASE("a node in two places") {
-    const cluster_state bad{{pipe({0, 1, 2}, 3), pipe({3, 4, 5}, 3)}, ids({2})};
+    const cluster_state bad{{pipe({0, 1, 2}, 3), pipe({3, 4, 5}, 3)}, node_ids({2})};
     const auto r = reconfigure(f.ctx(), bad, {}, {});
     CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
     CHECK(r.reason.find("node 2 is in two places") != std::string::npos);
   }
   SUBCASE("a loss reported twice and a join of a present node are no-ops") {
-    const auto r = reconfigure(f.ctx(), good, ids({42}), ids({4, 6, 6}));
+    const auto r = reconfigure(f.ctx(), good, node_ids({42}), node_ids({4, 6, 6}));
     REQUIRE(r.action == reconfiguration_action::continue_training);
     int used = 0;
     for (const auto& p : r.pipelines) used += static_cast<int>(p.nodes.size());
@@ -201,7 +195,7 @@ TEST_CASE("inputs no job produces are answered, never thrown or dereferenced") {
   SUBCASE("fewer microbatches than f + 1 pipelines") {
     reconfiguration_context ctx = f.ctx();
     ctx.num_microbatches = 1;
-    const auto r = reconfigure(ctx, good, {}, ids({6}));
+    const auto r = reconfigure(ctx, good, {}, node_ids({6}));
     CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
     CHECK(r.reason.find("cannot feed f + 1 = 2 pipelines") != std::string::npos);
   }
@@ -216,13 +210,13 @@ TEST_CASE("inputs no job produces are answered, never thrown or dereferenced") {
 TEST_CASE("stop when fewer than (f + 1) n0 nodes remain, or a layer lost every holder") {
   fixture f(eight_layers(), {.nodes = 4, .fault_tolerance = 1, .global_batch = 16, .microbatch = 1});
   cluster_state state{{pipe({0, 1}, 2), pipe({2, 3}, 2)}, {}};
-  const std::vector<node_id> one = ids({0});
+  const std::vector<node_id> one = node_ids({0});
   auto r = reconfigure(f.ctx(), state, one, {});
   CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
   CHECK(r.reason.find("fewer than (f + 1) * n0 = 4") != std::string::npos);
   // Nodes 0 and 2 hold the same first layers in both pipelines: losing both loses layer 0.
-  const std::vector<node_id> both = ids({0, 2});
-  r = reconfigure(f.ctx(), state, both, ids({7, 8}));
+  const std::vector<node_id> both = node_ids({0, 2});
+  r = reconfigure(f.ctx(), state, both, node_ids({7, 8}));
   CHECK(r.action == reconfiguration_action::checkpoint_and_stop);
   CHECK(r.reason.find("no surviving copy") != std::string::npos);
 }

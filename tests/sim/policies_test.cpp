@@ -104,10 +104,7 @@ TEST_CASE("oobleck: the nodes it trains on and its step times are the planner's 
   expected.push_back({used(plan.pipelines), plan.step_ms});
   for (const auto& change : trace.changes) {
     if (change.ms == 0) continue;
-    std::vector<node_id> removed, ready;
-    for (int n : change.removed) removed.push_back(node_id{n});
-    for (int n : change.ready) ready.push_back(node_id{n});
-    const auto next = reconfigure(ctx, state, removed, ready);
+    const auto next = reconfigure(ctx, state, node_ids(change.removed), node_ids(change.ready));
     REQUIRE(next.action == reconfiguration_action::continue_training);
     expected.push_back({used(next.pipelines), next.step_ms});
     state = {next.pipelines, next.idle_nodes};

@@ -56,10 +56,8 @@ class planner_model {
                                  const std::vector<int>& joined = {}) const {
     const planning::reconfiguration_context ctx{plan_.templates, *costs_, job_.fault_tolerance,
                                                 job_.global_batch / job_.microbatch, job_.microbatch};
-    std::vector<planning::node_id> lost_ids, joined_ids;  // the chaos schedules number nodes as workers do
-    for (int n : lost) lost_ids.push_back(planning::node_id{n});
-    for (int n : joined) joined_ids.push_back(planning::node_id{n});
-    return planning::reconfigure(ctx, from, lost_ids, joined_ids);
+    // The chaos schedules number nodes as the workers do.
+    return planning::reconfigure(ctx, from, planning::node_ids(lost), planning::node_ids(joined));
   }
   static planning::cluster_state after(const planning::reconfiguration& r) { return {r.pipelines, r.idle_nodes}; }
 
