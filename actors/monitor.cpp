@@ -1,6 +1,7 @@
 #include "actors/monitor.hpp"
 
 #include <signal.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,7 +33,11 @@ void signal_own_process(const inject_fault& f) {
       ::_exit(0);
     }
   }
-  ::kill(::getpid(), SIGSTOP);
+  // To this thread, not the process: a process-directed stop is taken by whichever thread the
+  // kernel wakes (usually the main one), and until it does, this thread runs on and may finish
+  // the step it should have frozen in the middle of (seen: its stage_done sent and the step
+  // committed). A thread-directed SIGSTOP still stops every thread, this one first.
+  ::syscall(SYS_tgkill, ::getpid(), ::syscall(SYS_gettid), SIGSTOP);
 }
 
 namespace {
