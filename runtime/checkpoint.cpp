@@ -11,6 +11,7 @@
 #include <kj/exception.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -45,8 +46,8 @@ struct fd_guard {
   }
 };
 
-void write_file_synced(const fs::path& p, std::span<const std::byte> bytes) {
-  fd_guard f{::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)};
+void write_file_synced(const fs::path& p, std::span<const std::byte> bytes, bool exclusive = true) {
+  fd_guard f{::open(p.c_str(), O_WRONLY | O_CREAT | (exclusive ? O_EXCL : O_TRUNC) | O_CLOEXEC, 0644)};
   if (f.fd < 0) fail_errno("cannot create", p);
   const auto* data = reinterpret_cast<const char*>(bytes.data());
   std::size_t left = bytes.size();
@@ -231,15 +232,51 @@ fs::path begin_checkpoint(const fs::path& root, std::uint64_t step) {
   return temp;
 }
 
-checkpoint_file write_layer_file(const fs::path& dir, int layer, std::span<const std::byte> bytes) {
+std::string layer_temp_file_name(int layer, const std::string& writer) {
+  std::string w = writer.empty() ? "w" + std::to_string(::getpid()) : writer;
+  for (char& c : w)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) c = '_';
+  return layer_file_name(layer) + "." + w + ".tmp";
+}
+
+checkpoint_file write_layer_file(const fs::path& dir, int layer, std::span<const std::byte> bytes,
+                                 const std::string& writer) {
   checkpoint_file f{layer, layer_file_name(layer), bytes.size(), sha256_hex(bytes)};
-  write_file_synced(dir / f.name, bytes);
+  const auto temp = dir / layer_temp_file_name(layer, writer);
+  // Not O_EXCL: the name is this writer's own (a retry of the same order may find its own partial file).
+  try {
+    write_file_synced(temp, bytes, false);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(temp, ec);
+    throw;
+  }
+  const auto final_path = dir / f.name;
+  if (::rename(temp.c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    std::error_code ec;
+    fs::remove(temp, ec);
+    errno = err;
+    fail_errno("cannot rename " + temp.filename().string() + " to it", final_path);
+  }
+  fsync_dir(dir);
   return f;
 }
 
 fs::path finish_checkpoint(const fs::path& temp, const checkpoint_manifest& manifest) {
   auto m = manifest;
   std::sort(m.files.begin(), m.files.end(), [](const auto& a, const auto& b) { return a.layer < b.layer; });
+  {
+    // Only what the manifest lists stays: writers that died or were replaced leave temporary files.
+    std::set<std::string> listed;
+    for (const auto& f : m.files) listed.insert(f.name);
+    std::error_code ec;
+    std::vector<fs::path> stray;
+    for (const auto& e : fs::directory_iterator(temp, ec))
+      if (!listed.count(e.path().filename().string())) stray.push_back(e.path());
+    if (ec) throw checkpoint_error(temp.string() + ": cannot list it: " + ec.message());
+    for (const auto& p : stray) fs::remove_all(p, ec);
+  }
   write_file_synced(temp / checkpoint_manifest_name, encode_manifest(m));
   read_checkpoint(temp, m.job_hash, m.num_layers);  // what a resume will check, before it counts
   fsync_dir(temp);

@@ -6,7 +6,7 @@
 // hash, the next step, the seeds, and every file's byte count and SHA-256.
 //
 // Writing: begin_checkpoint makes `<root>/.tmp-step-N-...`, holders write their layer files into
-// it (write_layer_file: fsync'd), finish_checkpoint writes the manifest, checks the whole
+// it (write_layer_file: each under a name of its own writer, fsync'd, renamed into place), finish_checkpoint writes the manifest, checks the whole
 // directory, fsyncs it and renames it to `step-N` (then fsyncs the root). A crash at any point
 // leaves a `.tmp-*` directory that nothing reads. Reading: read_checkpoint validates everything
 // (manifest, version, job, every file's presence, size and checksum) before the caller installs
@@ -75,12 +75,21 @@ std::string sha256_hex(std::span<const std::byte> bytes);
 /// returns its path. Throws checkpoint_error when the root cannot be written.
 std::filesystem::path begin_checkpoint(const std::filesystem::path& root, std::uint64_t step);
 
-/// Writes (and fsyncs) `bytes` as layer `layer`'s file in `dir` (a temporary checkpoint
-/// directory); returns its manifest entry. Throws checkpoint_error on any I/O failure.
-checkpoint_file write_layer_file(const std::filesystem::path& dir, int layer, std::span<const std::byte> bytes);
+/// "layer-0003.bin.node2.req7.a1.tmp": where writer `writer` writes layer `layer` before renaming
+/// it into place. Characters of `writer` other than [A-Za-z0-9._-] become '_'; empty: "w<pid>".
+std::string layer_temp_file_name(int layer, const std::string& writer);
 
-/// Completes the checkpoint in temporary directory `temp` (begin_checkpoint's): writes the
-/// manifest, validates the directory as read_checkpoint does, fsyncs it and renames it to
+/// Writes (and fsyncs) `bytes` as layer `layer`'s file in `dir` (a temporary checkpoint
+/// directory): under layer_temp_file_name(layer, writer), renamed into place (atomic, replacing a
+/// file another writer of the same layer, of the same committed state, renamed there before), and
+/// the directory fsync'd; returns its manifest entry. A partial file another writer left (it died
+/// mid-write) stands in nobody's way. Throws checkpoint_error on any I/O failure (the temporary
+/// file is removed).
+checkpoint_file write_layer_file(const std::filesystem::path& dir, int layer, std::span<const std::byte> bytes,
+                                 const std::string& writer = {});
+
+/// Completes the checkpoint in temporary directory `temp` (begin_checkpoint's): removes every file
+/// the manifest does not list (writers' leftover temporary files), writes the manifest, validates the directory as read_checkpoint does, fsyncs it and renames it to
 /// `<root>/step-N` (the root is temp's parent). When `step-N` exists already and is a valid
 /// checkpoint of the same job (a periodic one of the same step), `temp` is removed and the
 /// existing one kept. Returns the final path. Throws checkpoint_error (temp is left for a human).

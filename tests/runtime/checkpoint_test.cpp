@@ -220,3 +220,41 @@ TEST_CASE("checkpoint: fuzz finding: a manifest whose pointers share data is ref
   } catch (const checkpoint_error&) {
   }
 }
+
+TEST_CASE("checkpoint: a writer's stale partial file does not stop another writer; the final file is the complete one") {
+  scratch s;
+  const auto temp = begin_checkpoint(s.root, 5);
+  const auto full = layer_bytes(1, 4000);
+  // A first writer died mid-write: half of layer 1 under its own temporary name, and (as a writer of
+  // the previous format would have left it) half under the final name.
+  const auto stale = temp / layer_temp_file_name(1, "node0.req1.a1");
+  for (const auto& p : {stale, temp / layer_file_name(1)}) {
+    std::ofstream f(p, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(full.data()), static_cast<std::streamsize>(full.size() / 2));
+  }
+  // The replacement writer (another node) writes the same layer: no EEXIST.
+  checkpoint_file written;
+  REQUIRE_NOTHROW(written = write_layer_file(temp, 1, full, "node3.req1.a1"));
+  CHECK(written.name == layer_file_name(1));
+  CHECK(written.bytes == full.size());
+  CHECK(fs::file_size(temp / layer_file_name(1)) == full.size());
+  CHECK(!fs::exists(temp / layer_temp_file_name(1, "node3.req1.a1")));  // renamed into place
+  CHECK(fs::exists(stale));
+  // The writer's own temporary name: only [A-Za-z0-9._-] of its tag.
+  CHECK(layer_temp_file_name(1, "node3/../x y") == "layer-0001.bin.node3_.._x_y.tmp");
+
+  checkpoint_manifest m;
+  m.job_hash = job;
+  m.step = 5;
+  m.num_layers = layers;
+  m.files.push_back(written);
+  for (int l : {0, 2}) m.files.push_back(write_layer_file(temp, l, layer_bytes(l, 1000), "node3.req1.a1"));
+  const auto dir = finish_checkpoint(temp, m);
+  // The dead writer's leftover is gone; the checkpoint reads back whole, layer 1 complete.
+  CHECK(!fs::exists(dir / stale.filename()));
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++entries;
+  CHECK(entries == static_cast<std::size_t>(layers) + 1);  // the layer files and the manifest
+  const auto back = read_checkpoint(dir, job, layers);
+  CHECK(read_layer_file(dir, file_of(back, 1)) == full);
+}
