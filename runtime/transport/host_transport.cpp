@@ -40,6 +40,7 @@ void validate(const transport_config& c) {
   if (c.rank < 0 || c.rank >= static_cast<int>(c.peers.size()))
     throw std::invalid_argument("transport_config: rank " + std::to_string(c.rank) +
                                 " outside 0.." + std::to_string(c.peers.size() - 1));
+  if (c.max_frame_bytes == 0) throw std::invalid_argument("transport_config: max_frame_bytes is 0 (no frame could pass)");
 }
 
 std::string with_tag(const std::string& what, int peer, std::uint32_t tag) {

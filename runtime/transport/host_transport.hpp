@@ -17,6 +17,12 @@
 //   - there are no data timeouts. A recv may legitimately wait minutes for a slow upstream stage;
 //     a frozen peer or a silently lost host is the failure detector's business, which then calls
 //     abort(). Only connect() has a deadline.
+// Peers: a link opens only once both ends have proved that they hold the epoch's key (the job
+// token) with an HMAC over the epoch's nonce, the link's ranks and fresh challenges; the key is
+// never sent (transport_handshake.hpp). A stranger who knows the epoch and the ranks can neither
+// join nor take a rank from its real peer. A frame longer than config.max_frame_bytes, or of no
+// known kind, aborts the transport (a broken peer) before anything is allocated for it. Traffic
+// is not encrypted.
 // One transport object is one epoch (one membership). After a failure, destroy or abandon it and
 // build a new one for epoch e+1, on the same ports or new ones.
 // Destroying a transport closes its sockets, which its peers cannot tell from a crash: their
@@ -64,6 +70,16 @@ struct transport_config {
   std::chrono::milliseconds connect_timeout{30'000};  ///< deadline of connect() only
   /// Large message buffers kept for reuse (fresh ones cost a page fault per 4 KiB touched).
   std::size_t buffer_cache_bytes = std::size_t{256} << 20;
+  /// The secret both ends of every link prove they know in the handshake, without sending it
+  /// (the job token). Empty is a key too, one everybody knows: tests and loopback benchmarks.
+  std::string auth_key;
+  /// Fresh per epoch (the coordinator's epoch assignment carries it): a proof made for one
+  /// epoch, or one link, is worthless for another.
+  std::string auth_nonce;
+  /// The largest frame body a peer may send. A larger one, or a frame of no known kind, is a
+  /// broken peer: the transport aborts (every pending operation fails, naming the peer) instead
+  /// of allocating it. The stage sets it from the job's model (runtime::largest_frame_bytes).
+  std::uint64_t max_frame_bytes = std::uint64_t{1} << 30;
 };
 
 /// Why an operation failed.

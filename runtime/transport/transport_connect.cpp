@@ -1,8 +1,11 @@
 // Mesh set-up: each rank accepts the higher ranks and connects to the lower ones, and a
-// handshake checks the epoch so a straggler of another epoch can never join. connect() waits
+// handshake (transport_handshake.hpp) checks the epoch, so a straggler of another epoch can
+// never join, and makes both ends prove the job's key, so a stranger can neither join nor take
+// a rank from the real peer. connect() waits
 // for the I/O thread to bring every link up, or gives up at its deadline.
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 #include <string>
 
@@ -83,41 +86,70 @@ void host_transport::state::start_accept() {
       auto h = std::make_shared<handshake>(std::move(socket));
       std::erase_if(io_only.handshakes, [](const auto& w) { return w.expired(); });
       io_only.handshakes.push_back(h);
-      asio::async_read(h->socket, asio::buffer(h->hello),
-                       [this, h](boost::system::error_code read_ec, std::size_t) {
-                         if (io_only.closed || read_ec) return;  // the stranger went away
-                         on_hello(h);
-                       });
+      put_u32(h->greeting.data(), handshake_magic);
+      put_u32(h->greeting.data() + 4, handshake_version);
+      std::memcpy(h->greeting.data() + 8, h->challenge.data(), challenge_size);
+      asio::async_write(h->socket, asio::buffer(h->greeting), [this, h](boost::system::error_code write_ec, std::size_t) {
+        if (io_only.closed || write_ec) return;
+        asio::async_read(h->socket, asio::buffer(h->hello), [this, h](boost::system::error_code read_ec, std::size_t) {
+          if (io_only.closed || read_ec) return;  // the stranger went away
+          on_hello(h);
+        });
+      });
     }
     // Errors such as EMFILE are transient for an acceptor; keep serving the mesh.
     start_accept();
   });
 }
 
+handshake_status host_transport::state::check_hello(const std::shared_ptr<handshake>& h) {
+  const std::byte* in = h->hello.data();
+  const std::uint64_t their_epoch = get_u64(in + 8);
+  const int their_rank = static_cast<int>(get_u32(in + 16));
+  const int their_world = static_cast<int>(get_u32(in + 20));
+  if (their_epoch != config.epoch) return handshake_status::wrong_epoch;
+  if (their_world != world || their_rank <= config.rank || their_rank >= world) return handshake_status::bad_rank;
+  challenge_bytes theirs;
+  std::memcpy(theirs.data(), in + 24, challenge_size);
+  const link_claim claim{config.epoch, their_rank, config.rank, world};
+  // The proof comes before the rank is reserved: a connection that cannot prove the key
+  // never holds a rank, so it cannot turn the real peer away as a duplicate.
+  if (!proof_matches({in + 24 + challenge_size, proof_size},
+                     link_proof(link_role::dialer, config.auth_key, config.auth_nonce, claim, h->challenge, theirs)))
+    return handshake_status::unauthenticated;
+  auto lk = lock();
+  link_shared& l = at(their_rank).shared(lk);
+  if (l.handshaking || l.up) return handshake_status::duplicate;
+  l.handshaking = true;
+  return handshake_status::ok;
+}
+
 void host_transport::state::on_hello(const std::shared_ptr<handshake>& h) {
   const std::byte* in = h->hello.data();
   const bool ours = get_u32(in) == handshake_magic && get_u32(in + 4) == handshake_version;
   if (!ours) return;  // not a transport peer: the handshake object closes it when released
-  const std::uint64_t their_epoch = get_u64(in + 8);
   const int their_rank = static_cast<int>(get_u32(in + 16));
-  const int their_world = static_cast<int>(get_u32(in + 20));
-
-  handshake_status status = handshake_status::ok;
-  if (their_epoch != config.epoch) {
-    status = handshake_status::wrong_epoch;
-  } else if (their_world != world || their_rank <= config.rank || their_rank >= world) {
-    status = handshake_status::bad_rank;
-  } else {
+  const handshake_status status = check_hello(h);
+  if (status == handshake_status::unauthenticated) {
+    // What connect() reports if the rank never links: most likely a worker with another token.
+    boost::system::error_code ec;
+    const auto from = h->socket.remote_endpoint(ec);
     auto lk = lock();
-    link_shared& l = at(their_rank).shared(lk);
-    if (l.handshaking || l.up)
-      status = handshake_status::duplicate;
-    else
-      l.handshaking = true;
+    at(their_rank).shared(lk).last_connect_error =
+        "a connection claiming it" + (ec ? std::string() : " from " + from.address().to_string()) +
+        " could not prove the job's key";
   }
   put_u32(h->ack.data(), handshake_magic);
   put_u32(h->ack.data() + 4, static_cast<std::uint32_t>(status));
   put_u64(h->ack.data() + 8, config.epoch);
+  std::fill(h->ack.begin() + 16, h->ack.end(), std::byte{0});
+  if (status == handshake_status::ok) {
+    challenge_bytes theirs;
+    std::memcpy(theirs.data(), in + 24, challenge_size);
+    const proof_bytes mine = link_proof(link_role::acceptor, config.auth_key, config.auth_nonce,
+                                        {config.epoch, their_rank, config.rank, world}, h->challenge, theirs);
+    std::memcpy(h->ack.data() + 16, mine.data(), proof_size);
+  }
   asio::async_write(h->socket, asio::buffer(h->ack),
                     [this, h, status, their_rank](boost::system::error_code ec, std::size_t) {
                       if (io_only.closed || status != handshake_status::ok) return;
@@ -142,42 +174,77 @@ void host_transport::state::start_connect(int peer) {
     if (io_only.closed) return;
     if (ec) return retry_connect(peer, ec.message());
     link_io& l = at(peer).io;
-    std::byte* out = l.dial.hello.data();
-    put_u32(out, handshake_magic);
-    put_u32(out + 4, handshake_version);
-    put_u64(out + 8, config.epoch);
-    put_u32(out + 16, static_cast<std::uint32_t>(config.rank));
-    put_u32(out + 20, static_cast<std::uint32_t>(world));
-    asio::async_write(*l.socket, asio::buffer(l.dial.hello), [this, peer](auto write_ec, auto) {
+    asio::async_read(*l.socket, asio::buffer(l.dial.greeting), [this, peer](auto read_ec, auto) {
       if (io_only.closed) return;
-      if (write_ec) return retry_connect(peer, write_ec.message());
-      link_io& l = at(peer).io;
-      asio::async_read(*l.socket, asio::buffer(l.dial.ack), [this, peer](auto read_ec, auto) {
-        if (io_only.closed) return;
-        // EOF here: a listener that is not (or no longer) ours closed on us.
-        if (read_ec) return retry_connect(peer, "handshake: " + read_ec.message());
-        const std::byte* in = at(peer).io.dial.ack.data();
-        const auto status = static_cast<handshake_status>(get_u32(in + 4));
-        const std::uint64_t their_epoch = get_u64(in + 8);
-        if (get_u32(in) != handshake_magic)
-          return retry_connect(peer, "the listener is not an Oobleck transport");
-        switch (status) {
-          case handshake_status::ok:
-            return link_up(peer);
-          case handshake_status::wrong_epoch:
-            return retry_connect(peer, "it is at epoch " + std::to_string(their_epoch) +
-                                           ", not " + std::to_string(config.epoch));
-          case handshake_status::bad_rank:
-            return retry_connect(peer, "it refused rank " + std::to_string(config.rank) +
-                                           " of " + std::to_string(world));
-          case handshake_status::duplicate:
-            return retry_connect(
-                peer, "it already has a connection from rank " + std::to_string(config.rank));
-        }
-        retry_connect(peer, "unknown handshake status");
-      });
+      // EOF here: a listener that is not (or no longer) ours closed on us.
+      if (read_ec) return retry_connect(peer, "handshake: " + read_ec.message());
+      on_greeting(peer);
     });
   });
+}
+
+void host_transport::state::on_greeting(int peer) {
+  link_io& l = at(peer).io;
+  const std::byte* in = l.dial.greeting.data();
+  if (get_u32(in) != handshake_magic) return retry_connect(peer, "the listener is not an Oobleck transport");
+  if (get_u32(in + 4) != handshake_version)
+    return retry_connect(peer, "it speaks handshake version " + std::to_string(get_u32(in + 4)) + ", not " +
+                                   std::to_string(handshake_version));
+  std::memcpy(l.dial.acceptor_challenge.data(), in + 8, challenge_size);
+  l.dial.dialer_challenge = fresh_challenge();
+  std::byte* out = l.dial.hello.data();
+  put_u32(out, handshake_magic);
+  put_u32(out + 4, handshake_version);
+  put_u64(out + 8, config.epoch);
+  put_u32(out + 16, static_cast<std::uint32_t>(config.rank));
+  put_u32(out + 20, static_cast<std::uint32_t>(world));
+  std::memcpy(out + 24, l.dial.dialer_challenge.data(), challenge_size);
+  const proof_bytes proof = link_proof(link_role::dialer, config.auth_key, config.auth_nonce,
+                                       {config.epoch, config.rank, peer, world}, l.dial.acceptor_challenge,
+                                       l.dial.dialer_challenge);
+  std::memcpy(out + 24 + challenge_size, proof.data(), proof_size);
+  asio::async_write(*l.socket, asio::buffer(l.dial.hello), [this, peer](auto write_ec, auto) {
+    if (io_only.closed) return;
+    if (write_ec) return retry_connect(peer, write_ec.message());
+    link_io& l = at(peer).io;
+    asio::async_read(*l.socket, asio::buffer(l.dial.ack), [this, peer](auto read_ec, auto) {
+      if (io_only.closed) return;
+      if (read_ec) return retry_connect(peer, "handshake: " + read_ec.message());
+      on_ack(peer);
+    });
+  });
+}
+
+void host_transport::state::on_ack(int peer) {
+  const connect_state& dial = at(peer).io.dial;
+  const std::byte* in = dial.ack.data();
+  const auto status = static_cast<handshake_status>(get_u32(in + 4));
+  const std::uint64_t their_epoch = get_u64(in + 8);
+  if (get_u32(in) != handshake_magic) return retry_connect(peer, "the listener is not an Oobleck transport");
+  switch (status) {
+    case handshake_status::ok: {
+      // The listener must prove the key too: a stranger listening where the peer should be
+      // would otherwise receive this rank's data.
+      const proof_bytes expected = link_proof(link_role::acceptor, config.auth_key, config.auth_nonce,
+                                              {config.epoch, config.rank, peer, world}, dial.acceptor_challenge,
+                                              dial.dialer_challenge);
+      if (!proof_matches({in + 16, proof_size}, expected))
+        return retry_connect(peer, "the listener could not prove the job's key (not rank " + std::to_string(peer) +
+                                       " of this epoch, or another token)");
+      return link_up(peer);
+    }
+    case handshake_status::wrong_epoch:
+      return retry_connect(peer, "it is at epoch " + std::to_string(their_epoch) + ", not " +
+                                     std::to_string(config.epoch));
+    case handshake_status::bad_rank:
+      return retry_connect(peer, "it refused rank " + std::to_string(config.rank) + " of " + std::to_string(world));
+    case handshake_status::duplicate:
+      return retry_connect(peer, "it already has a connection from rank " + std::to_string(config.rank));
+    case handshake_status::unauthenticated:
+      return retry_connect(peer, "it refused this rank's proof of the job's key (another token, or another "
+                                 "nonce for epoch " + std::to_string(config.epoch) + ")");
+  }
+  retry_connect(peer, "unknown handshake status");
 }
 
 void host_transport::state::retry_connect(int peer, std::string why) {
@@ -219,8 +286,12 @@ void host_transport::state::link_up(int peer) {
     transport_shared& sh = shared(lk);
     ++sh.links_up;
     if (sh.links_up == world - 1) {
-      // Everyone is here: stop listening so the port is free and strangers get refused.
+      // Everyone is here: stop listening so the port is free and strangers get refused, and drop
+      // the connections still handshaking (strangers that never proved anything).
       io_only.acceptor.close(ignored);
+      for (auto& h : io_only.handshakes)
+        if (auto alive = h.lock()) alive->socket.close(ignored);
+      io_only.handshakes.clear();
     }
   }
   cv.notify_all();

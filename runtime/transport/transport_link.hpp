@@ -18,6 +18,7 @@
 #include "runtime/transport/buffer_pool.hpp"
 #include "runtime/transport/host_transport.hpp"
 #include "runtime/transport/transport_guarded.hpp"
+#include "runtime/transport/transport_handshake.hpp"
 #include "runtime/transport/transport_mailboxes.hpp"
 #include "runtime/transport/transport_wire.hpp"
 
@@ -49,7 +50,7 @@ struct link_shared {
   std::deque<outgoing> outbox;  ///< pieces accepted from user threads, not yet handed over
   bool drain_posted = false;
   std::string last_connect_error;
-  bool handshaking = false;  ///< an accepted connection claims this rank
+  bool handshaking = false;  ///< an accepted connection proved the key and claims this rank
 
   // Who writes to the socket: the I/O thread while it has pieces (io_busy), or else one sending
   // thread directly (caller_writing), which saves a copy and a thread hand-off. Pieces queued in
@@ -86,8 +87,11 @@ struct write_state {
 /// Connecting to a lower rank, retried until the mesh is up or connect() gives up.
 struct connect_state {
   std::unique_ptr<asio::steady_timer> retry_timer;
+  std::array<std::byte, greeting_size> greeting;
   std::array<std::byte, hello_size> hello;
   std::array<std::byte, ack_size> ack;
+  challenge_bytes acceptor_challenge{};  ///< of the attempt under way
+  challenge_bytes dialer_challenge{};
   /// Doubles per attempt up to 200 ms. It starts short: in a new epoch every rank connects at
   /// once, the lower ranks' listeners come up within milliseconds of each other, and a refused
   /// loopback or LAN connect costs microseconds; starting at 10 ms made every mesh wait ~10 ms.

@@ -100,12 +100,13 @@ bool host_transport::state::consume_stage(int peer) {
       const std::uint64_t key = get_u64(h);
       const std::uint64_t size = get_u64(h + 8);
       in.stage_begin += frame_header_size;
-      if (size > max_frame_bytes) {
-        fail_link(peer, {},
-                  "protocol error: peer " + std::to_string(peer) + " sent a frame of " +
-                      std::to_string(size) + " bytes");
-        return false;
-      }
+      // Checked before anything is allocated for the body.
+      if (size > config.max_frame_bytes)
+        return protocol_violation(peer, "it sent a frame of " + std::to_string(size) +
+                                            " bytes, more than the largest this epoch carries (" +
+                                            std::to_string(config.max_frame_bytes) + " bytes)");
+      if ((key >> 32) >= channel_count)
+        return protocol_violation(peer, "it sent a frame of unknown kind " + std::to_string(key >> 32));
       begin_frame(peer, key, size);
       continue;
     }
@@ -122,6 +123,14 @@ bool host_transport::state::consume_stage(int peer) {
   in.stage_begin = 0;
   in.stage_end = rest;
   return true;
+}
+
+bool host_transport::state::protocol_violation(int peer, const std::string& why) {
+  const std::string reason = "peer " + std::to_string(peer) + " broke the data-plane protocol: " + why +
+                             "; the epoch's data plane is closed";
+  fail_link(peer, {}, reason);
+  abort(reason);  // on the I/O thread: closes every link now
+  return false;
 }
 
 void host_transport::state::begin_frame(int peer, std::uint64_t key, std::uint64_t size) {

@@ -32,16 +32,19 @@
 #include "runtime/transport/buffer_pool.hpp"
 #include "runtime/transport/host_transport.hpp"
 #include "runtime/transport/transport_guarded.hpp"
+#include "runtime/transport/transport_handshake.hpp"
 #include "runtime/transport/transport_link.hpp"
 #include "runtime/transport/transport_mailboxes.hpp"
 #include "runtime/transport/transport_wire.hpp"
 
 namespace oobleck::runtime {
 
-/// An accepted connection that has not said who it is yet.
+/// An accepted connection that has not proved who it is yet.
 struct handshake {
-  explicit handshake(tcp::socket s) : socket(std::move(s)) {}
+  explicit handshake(tcp::socket s) : socket(std::move(s)), challenge(fresh_challenge()) {}
   tcp::socket socket;
+  challenge_bytes challenge;  ///< this connection's own: the dialer's proof covers it
+  std::array<std::byte, greeting_size> greeting;
   std::array<std::byte, hello_size> hello;
   std::array<std::byte, ack_size> ack;
 };
@@ -96,7 +99,11 @@ struct host_transport::state {
   void connect(const std::vector<peer_endpoint>& peers);
   void start_accept();                                   // I/O thread
   void on_hello(const std::shared_ptr<handshake>& h);    // I/O thread
+  /// The status an accepted connection's hello earns; reserves the rank only when ok.
+  handshake_status check_hello(const std::shared_ptr<handshake>& h);  // I/O thread
   void start_connect(int peer);                          // I/O thread
+  void on_greeting(int peer);                            // I/O thread
+  void on_ack(int peer);                                 // I/O thread
   void retry_connect(int peer, std::string why);         // I/O thread
   void link_up(int peer);                                // I/O thread
   /// host_transport::wait_connected.
@@ -106,6 +113,9 @@ struct host_transport::state {
   void start_read(int peer);
   void read_pass(int peer);
   bool consume_stage(int peer);
+  /// A peer broke the wire protocol (a frame too large, or of no known kind): the epoch's data
+  /// plane cannot be trusted any more, so the transport aborts with `why`. Returns false.
+  bool protocol_violation(int peer, const std::string& why);
   void begin_frame(int peer, std::uint64_t key, std::uint64_t size);
   void finish_frame(int peer);
 

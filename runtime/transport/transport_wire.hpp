@@ -9,25 +9,23 @@ namespace oobleck::runtime {
 
 /// Frame keys put the channel in the high half so collectives never see point-to-point tags.
 enum class channel : std::uint32_t { p2p = 0, all_reduce = 1, broadcast = 2 };
+inline constexpr std::uint32_t channel_count = 3;  ///< a frame of another channel is a broken peer
 inline std::uint64_t frame_key(channel c, std::uint32_t tag) {
   return (static_cast<std::uint64_t>(c) << 32) | tag;
 }
 
-// Every frame: key (u64) then body length (u64), little-endian, then the body.
+// Every frame: key (u64) then body length (u64), little-endian, then the body. A body longer
+// than transport_config::max_frame_bytes is a broken peer, never allocated.
 inline constexpr std::size_t frame_header_size = 16;
-// A length above this is a corrupt stream, not a message.
-inline constexpr std::uint64_t max_frame_bytes = std::uint64_t{1} << 38;
-// Handshake: magic, version, epoch, rank, world size (connector -> acceptor); magic, status,
-// epoch (acceptor -> connector).
+// The handshake's messages: transport_handshake.hpp.
 inline constexpr std::uint32_t handshake_magic = 0x4f42'5450;  // "OBTP"
-inline constexpr std::uint32_t handshake_version = 1;
-inline constexpr std::size_t hello_size = 24;
-inline constexpr std::size_t ack_size = 16;
+inline constexpr std::uint32_t handshake_version = 2;         // 2: proofs of the key
 enum class handshake_status : std::uint32_t {
   ok = 0,
   wrong_epoch = 1,
   bad_rank = 2,
-  duplicate = 3
+  duplicate = 3,
+  unauthenticated = 4,  ///< the dialer's proof of the key is wrong
 };
 
 // Explicit little-endian so the wire format does not depend on the hosts.
