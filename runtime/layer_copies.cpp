@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "runtime/host_communicator.hpp"
@@ -120,7 +121,44 @@ layer_copies::layer_copies(layer_store& store, std::int32_t rank, bool runs_stag
     if (c.target == rank_) incoming_.push_back(store_.prepare_incoming(c.layer));
 }
 
+std::int64_t layer_copies::bytes() const {
+  std::int64_t total = 0;
+  const auto header = static_cast<std::int64_t>(layer_store::copy_header_bytes());
+  for (const auto& in : incoming_) {
+    total += header;
+    for (const auto& b : in.buffers()) total += static_cast<std::int64_t>(b.nbytes());
+  }
+  for (const auto& c : plan_)
+    if (c.source == rank_ && store_.holds(c.layer))  // run() refuses the plan otherwise
+      total += header + 3 * static_cast<std::int64_t>(store_.flat_parameters(c.layer).nbytes());
+  return total;
+}
+
+std::chrono::milliseconds layer_copies::time_limit(std::chrono::milliseconds connect_timeout) const {
+  const double seconds = static_cast<double>(bytes()) / copy_floor_bytes_per_second;
+  return connect_timeout + std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0) + 1);
+}
+
+std::uint64_t largest_frame_bytes(const gpt_config& model, std::int64_t microbatch) {
+  // Parameters per layer (runtime/gpt_model.cpp): the embeddings, a block, the head.
+  const auto d = static_cast<std::uint64_t>(model.d_model);
+  const auto vocab = static_cast<std::uint64_t>(model.vocab);
+  const auto seq = static_cast<std::uint64_t>(model.seq_len);
+  const std::uint64_t layer_floats = std::max({(vocab + seq) * d, 12 * d * d + 10 * d, vocab * d + 2 * d});
+  const std::uint64_t activation_floats = static_cast<std::uint64_t>(std::max<std::int64_t>(microbatch, 1)) * seq * d;
+  const std::uint64_t segment_bytes = std::uint64_t{1} << 20;  // the all-reduce's (transport_collectives.cpp)
+  const std::uint64_t largest =
+      std::max({layer_floats * sizeof(float), activation_floats * sizeof(float), segment_bytes,
+                static_cast<std::uint64_t>(layer_store::copy_header_bytes())});
+  return 2 * largest;
+}
+
 copy_timing layer_copies::run(host_transport& transport, host_communicator& comm) {
+  return run(transport, comm, time_limit(std::chrono::seconds(30)));
+}
+
+copy_timing layer_copies::run(host_transport& transport, host_communicator& comm, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
   layer_store& store = store_;
   std::vector<layer_store::incoming> incoming = std::move(incoming_);
   const receive_plan in = plan_receives(plan_, rank_, runs_stages_, incoming);
@@ -139,6 +177,9 @@ copy_timing layer_copies::run(host_transport& transport, host_communicator& comm
   std::vector<source_span> from_source(in.sources.size());
   std::vector<std::pair<time_point, time_point>> sends(to_target.size());  // target's ready -> sends posted
   std::vector<bool> ready_sent(in.sources.size(), false);  // or the source's thread has ended
+  std::vector<std::size_t> arrived(in.sources.size(), 0);  // messages received, per source
+  std::vector<bool> sends_done(to_target.size(), false);
+  std::size_t finished = 0;  // threads that have ended
   // The first failure ends the epoch's data plane, so that the other threads fail at once
   // instead of waiting for a peer that will never send.
   auto guarded = [&](auto body) {
@@ -151,6 +192,13 @@ copy_timing layer_copies::run(host_transport& transport, host_communicator& comm
       }
       transport.abort("a layer copy of rank " + std::to_string(rank_) + " failed");
     }
+  };
+  auto mark_finished = [&] {
+    {
+      std::lock_guard lock(mu);
+      ++finished;
+    }
+    cv.notify_all();
   };
   auto mark_ready_sent = [&](std::size_t s) {
     {
@@ -172,6 +220,7 @@ copy_timing layer_copies::run(host_transport& transport, host_communicator& comm
               [&](std::size_t i) {
                 const auto now = std::chrono::steady_clock::now();
                 std::lock_guard lock(mu);
+                arrived[s] = i + 1;
                 if (i == 0) from_source[s].first = now;
                 if (i + 1 == in.from[s].size()) from_source[s].last = now;
               },
@@ -186,6 +235,7 @@ copy_timing layer_copies::run(host_transport& transport, host_communicator& comm
               });
         });
         mark_ready_sent(s);  // also when it failed: the targets' threads then fail on the aborted transport
+        mark_finished();
       });
     std::size_t i = 0;
     for (const auto& [target_rank, target_layers] : to_target) {
@@ -211,9 +261,36 @@ copy_timing layer_copies::run(host_transport& transport, host_communicator& comm
           }
           std::lock_guard lock(mu);
           sends[i] = {go, std::chrono::steady_clock::now()};
+          sends_done[i] = true;
         });
+        mark_finished();
       });
       ++i;
+    }
+    // The deadline: a peer that neither sends nor fails (frozen, or never there) would otherwise
+    // hold the epoch's forming for good. Its expiry fails the copies like a lost peer.
+    std::unique_lock lock(mu);
+    if (!cv.wait_until(lock, deadline, [&] { return finished == threads.size(); })) {
+      std::ostringstream why;
+      int late = -1;
+      why << "layer copies of rank " << rank_ << " missed their deadline of " << limit.count() << " ms:";
+      for (std::size_t k = 0; k < in.sources.size(); ++k)
+        if (arrived[k] < in.from[k].size()) {
+          if (late < 0) late = in.sources[k];
+          why << " rank " << in.sources[k] << " sent " << arrived[k] << " of its " << in.from[k].size()
+              << " messages;";
+        }
+      std::size_t k = 0;
+      for (const auto& [target_rank, target_layers] : to_target) {
+        if (!sends_done[k++]) {
+          if (late < 0) late = target_rank;
+          why << " rank " << target_rank << " has not taken its " << target_layers.size() << " layer(s);";
+        }
+      }
+      why << " presumed lost";
+      if (!failed) failed = std::make_exception_ptr(transport_error(transport_failure::peer_lost, late, why.str()));
+      lock.unlock();
+      transport.abort(why.str());  // every thread's wait fails now; they end before the scope does
     }
   }
   if (failed) std::rethrow_exception(failed);

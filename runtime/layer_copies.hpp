@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/gpt_config.hpp"
 #include "runtime/layer_store.hpp"
 
 namespace oobleck::runtime {
@@ -60,11 +61,24 @@ struct copy_timing {
 /// not the copies'. run() first checks the plan against the store (std::logic_error): a layer
 /// sent from this rank must be held here, and a rank that runs no stage (`runs_stages` false)
 /// receives nothing.
+///
+/// Every wait of run() has a deadline (time_limit): a peer that does not send its layers, or
+/// does not take this rank's, in time is presumed lost. run() then aborts the transport and
+/// throws transport_error(peer_lost) naming the late peers, as it would for a peer that died.
 class layer_copies {
  public:
   layer_copies(layer_store& store, std::int32_t rank, bool runs_stages, std::vector<copy_entry> plan);
 
-  /// Runs this rank's part of the plan (once) and installs what it received.
+  /// Bytes of layer state this rank's part of the plan receives and sends.
+  [[nodiscard]] std::int64_t bytes() const;
+  /// How long run() may take: `connect_timeout` (the mesh's, during which a peer may not be
+  /// there yet) plus bytes() at copy_floor_bytes_per_second.
+  [[nodiscard]] std::chrono::milliseconds time_limit(std::chrono::milliseconds connect_timeout) const;
+
+  /// Runs this rank's part of the plan (once) and installs what it received; throws once
+  /// `limit` has passed since the call (see above).
+  copy_timing run(host_transport& transport, host_communicator& comm, std::chrono::milliseconds limit);
+  /// run() with time_limit(30 s).
   copy_timing run(host_transport& transport, host_communicator& comm);
 
  private:
@@ -74,6 +88,15 @@ class layer_copies {
   std::vector<copy_entry> plan_;
   std::vector<layer_store::incoming> incoming_;  ///< the received layers' buffers, in plan order
 };
+
+/// The bandwidth below which a copy is presumed stuck: far below any link a job runs on (a
+/// 1 Gb/s link moves 125 MB/s), so that a slow but live peer is never taken for a lost one.
+inline constexpr double copy_floor_bytes_per_second = 10e6;
+
+/// The largest frame an epoch of `model` trained with microbatches of `microbatch` samples puts
+/// on the data plane (host_transport's transport_config::max_frame_bytes): a layer's state
+/// buffer in a copy, an activation or its gradient, an all-reduce segment, with a margin of two.
+std::uint64_t largest_frame_bytes(const gpt_config& model, std::int64_t microbatch);
 
 /// Microseconds from `since` to now (the unit of copy_timing, and of the stage's form timing).
 std::int64_t micros_since(std::chrono::steady_clock::time_point since);

@@ -122,3 +122,80 @@ TEST_CASE("layer copies run link by link: two ranks copying both ways do not wai
   CHECK(timing[0].copies_us < std::chrono::duration_cast<std::chrono::microseconds>(late).count());
   CHECK(timing[0].copies_us > 0);
 }
+
+TEST_CASE("a copy whose sender never sends fails at its deadline, naming the sender") {
+  // Rank 1 is to receive layer 0 from rank 0; rank 0's link comes up, but it never runs its
+  // copies (frozen, or stuck elsewhere). Rank 1 must give up at its deadline, not wait for good.
+  const auto model = tiny_model();
+  runtime::layer_store source(model), target(model);
+  source.ensure(0, 1);
+  const std::vector<runtime::copy_entry> plan{{.layer = 0, .source = 0, .target = 1}};
+  auto ts = runtime::testing::make_transports(2, 1);
+  const auto eps = runtime::testing::endpoints_of(ts);
+  auto connect0 = std::async(std::launch::async, [&] { ts[0]->connect(eps); });
+  auto connect1 = std::async(std::launch::async, [&] { ts[1]->connect(eps); });
+  runtime::host_communicator comm(*ts[1]);
+  constexpr auto limit = 400ms;
+  auto copying = std::async(std::launch::async, [&]() -> std::string {
+    runtime::layer_copies copies(target, 1, true, plan);
+    try {
+      copies.run(*ts[1], comm, limit);
+    } catch (const runtime::transport_error& e) {
+      CHECK(e.kind() == runtime::transport_failure::peer_lost);
+      CHECK(e.peer() == 0);
+      return e.what();
+    } catch (const std::exception& e) {
+      return std::string("another error: ") + e.what();
+    }
+    return "";
+  });
+  const runtime::testing::abort_all_on_exit guard{ts};
+  const auto started = clock_type::now();
+  REQUIRE_MESSAGE(copying.wait_for(limit + runtime::testing::fails_within) == std::future_status::ready,
+                  "the copy still waits long after its deadline");
+  const double took_ms = runtime::testing::ms_since(started);
+  const std::string what = copying.get();
+  CAPTURE(what);
+  CHECK(what.find("missed their deadline of 400 ms") != std::string::npos);
+  CHECK(what.find("rank 0 sent 0 of its 4 messages") != std::string::npos);
+  CHECK(took_ms >= 0.9 * static_cast<double>(limit.count()));
+  CHECK(!target.holds(0));
+  CHECK(ts[1]->aborted());  // rank 1's data plane is closed: its peers' operations fail too
+  connect0.get();
+  connect1.get();
+}
+
+TEST_CASE("a copy's time limit grows with its bytes, past the mesh's connect timeout") {
+  const auto model = tiny_model();
+  runtime::layer_store store(model);
+  store.ensure(0, 5);
+  runtime::layer_copies nothing(store, 0, true, {});
+  CHECK(nothing.bytes() == 0);
+  CHECK(nothing.time_limit(2000ms) > 2000ms);
+  CHECK(nothing.time_limit(2000ms) < 2100ms);
+  runtime::layer_copies sending(store, 0, true, {{.layer = 0, .source = 0, .target = 1}, {.layer = 1, .source = 0, .target = 2}});
+  const auto params = [&](int l) { return static_cast<std::int64_t>(store.flat_parameters(l).nbytes()); };
+  CHECK(sending.bytes() == 3 * (params(0) + params(1)) + 2 * static_cast<std::int64_t>(runtime::layer_store::copy_header_bytes()));
+  const double seconds = static_cast<double>(sending.bytes()) / runtime::copy_floor_bytes_per_second;
+  CHECK(sending.time_limit(2000ms).count() >= 2000 + static_cast<std::int64_t>(seconds * 1000));
+}
+
+TEST_CASE("largest_frame_bytes bounds every frame an epoch of the model sends") {
+  for (const auto& model : {tiny_model(), runtime::gpt_config{.vocab = 256, .d_model = 64, .heads = 4, .blocks = 2, .seq_len = 128},
+                            runtime::gpt_config{.vocab = 50'000, .d_model = 32, .heads = 2, .blocks = 1, .seq_len = 16}}) {
+    CAPTURE(model.vocab);
+    CAPTURE(model.d_model);
+    constexpr std::int64_t microbatch = 8;
+    const std::uint64_t bound = runtime::largest_frame_bytes(model, microbatch);
+    runtime::layer_store store(model);
+    store.ensure(0, model.num_layers());
+    std::uint64_t largest = 0;
+    for (int l = 0; l < model.num_layers(); ++l)
+      for (const auto& b : store.copy_of(l).buffers) largest = std::max<std::uint64_t>(largest, b.nbytes());
+    const auto activation = static_cast<std::uint64_t>(microbatch * model.seq_len * model.d_model) * sizeof(float);
+    CHECK(largest <= bound / 2);  // the margin of two holds
+    CHECK(activation <= bound / 2);
+    CHECK(bound >= (std::uint64_t{1} << 20));  // an all-reduce segment
+    CHECK(bound <= 2 * std::max({largest, activation, std::uint64_t{1} << 20}));  // not a blanket allowance
+  }
+}
