@@ -96,8 +96,14 @@ TEST_CASE("a stranger without the token cannot take a rank: the real peer still 
   // Before the real ranks connect, strangers claim ranks 1 and 2 at rank 0 with the right epoch
   // and world: one with a guessed key, one that says hello and then waits, one that never
   // speaks. None of them may hold a rank.
-  raw_peer silent(rank0), guessing(rank0), waiting(rank0);
+  raw_peer silent(rank0), guessing(rank0), waiting(rank0), oversized(rank0);
   strangers_first(ts, {0}, [&] {
+    // A claim followed at once by a frame of 2^38 bytes: refused, nothing read past the hello.
+    const auto claim = make_hello({.epoch = 1, .dialer = 1, .acceptor = 0, .world = 3}, "a guessed token", epoch_nonce,
+                                  read_greeting(oversized));
+    REQUIRE(oversized.send(claim));
+    REQUIRE(oversized.send(frame_header(channel::p2p, 0, std::uint64_t{1} << 38)));
+    CHECK(oversized.closed_within(fails_within));
     CHECK(dial(guessing, {.epoch = 1, .dialer = 1, .acceptor = 0, .world = 3}, "a guessed token", epoch_nonce) ==
           handshake_status::unauthenticated);
     CHECK(guessing.closed_within(fails_within));
