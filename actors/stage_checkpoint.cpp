@@ -1,11 +1,42 @@
 #include "actors/stage_checkpoint.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <exception>
+#include <filesystem>
 
 #include "runtime/checkpoint.hpp"
 #include "runtime/layer_store.hpp"
 
 namespace oobleck::actors {
+
+namespace {
+
+/// A test hook (tests/actors/checkpoint_e2e_test.cpp): with OOBLECK_TEST_DIE_WRITING_CHECKPOINT set
+/// to a path, the first writer of any process to create that file (O_EXCL) writes half of its
+/// layer's temporary file and SIGKILLs its own process: a writer that dies mid-write, once.
+void die_writing_if_asked(const messages::write_checkpoint& order, planning::layer_index layer,
+                          const std::vector<std::byte>& bytes) {
+  const char* marker = std::getenv("OOBLECK_TEST_DIE_WRITING_CHECKPOINT");
+  if (!marker || !*marker) return;
+  const int m = ::open(marker, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (m < 0) return;  // another writer died already
+  const std::string who = order.writer + " layer " + std::to_string(layer.value) + "\n";
+  (void)!::write(m, who.data(), who.size());
+  ::close(m);
+  const auto temp = std::filesystem::path(order.dir) / runtime::layer_temp_file_name(layer.value, order.writer);
+  const int f = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (f >= 0) {
+    (void)!::write(f, bytes.data(), bytes.size() / 2);
+    ::fsync(f);
+  }
+  ::kill(::getpid(), SIGKILL);
+}
+
+}  // namespace
 
 messages::checkpoint_written write_checkpoint_layers(const runtime::layer_store& store,
                                                      const messages::write_checkpoint& order) {
@@ -17,10 +48,14 @@ messages::checkpoint_written write_checkpoint_layers(const runtime::layer_store&
         out.missing.push_back(layer);
         continue;
       }
-      const auto f = runtime::write_layer_file(order.dir, layer.value, store.serialize_layer(layer.value));
+      const auto bytes = store.serialize_layer(layer.value);
+      die_writing_if_asked(order, layer, bytes);
+      const auto f = runtime::write_layer_file(order.dir, layer.value, bytes, order.writer);
       out.files.push_back({layer, f.bytes, f.sha256});
     }
   } catch (const std::exception& e) {
+    // The layers after the failing one are neither written nor missing: the coordinator asks
+    // another holder of each.
     out.error = e.what();
   }
   return out;

@@ -49,6 +49,7 @@ actors::checkpoint_deps checkpoint_deps_for(const job_file& job, const std::stri
   if (root.empty()) return d;
   d.root = fs::absolute(root).lexically_normal().string();
   d.every = every;
+  d.off_thread = true;  // hashing and fsync of a large checkpoint must not stall the coordinator
   const std::string hash = trajectory_hash(job);
   const auto model_seed = job.model.seed;
   const auto sample_seed = job.training.seed;

@@ -24,13 +24,16 @@ struct write_checkpoint {
   std::uint64_t step = 0;     ///< the next step: the layers hold steps 0..step-1
   std::string dir;            ///< the temporary checkpoint directory (absolute, shared)
   std::vector<planning::layer_index> layers;
+  /// Unique to this writer and attempt ("node2.req7.a1"): each file is written under a temporary
+  /// name with it and renamed into place, so a writer that died mid-write never blocks another.
+  std::string writer;
 
   bool operator==(const write_checkpoint&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, write_checkpoint& x) {
-  return f(caf::meta::type_name("write_checkpoint"), x.request, x.step, x.dir, x.layers);
+  return f(caf::meta::type_name("write_checkpoint"), x.request, x.step, x.dir, x.layers, x.writer);
 }
 
 /// One layer file written: what the manifest lists.
@@ -47,8 +50,9 @@ typename Inspector::result_type inspect(Inspector& f, checkpoint_layer_file& x) 
   return f(caf::meta::type_name("checkpoint_layer_file"), x.layer, x.bytes, x.sha256);
 }
 
-/// A node's answer to write_checkpoint: the files it wrote, the layers it does not hold (the
-/// coordinator asks another holder), or an error (I/O) that fails the checkpoint.
+/// A node's answer to write_checkpoint: the files it wrote (renamed into place), the layers it does
+/// not hold, and an error (I/O) for the layers it could not write: the coordinator asks another
+/// holder of every layer neither written nor missing.
 struct checkpoint_written {
   std::uint64_t request = 0;
   planning::node_id node;
@@ -62,6 +66,22 @@ struct checkpoint_written {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, checkpoint_written& x) {
   return f(caf::meta::type_name("checkpoint_written"), x.request, x.node, x.files, x.missing, x.error);
+}
+
+/// The coordinator's deadline for one checkpoint writer's answer (a delayed_send to itself; from
+/// anyone else it is dropped): when `attempt` of `node` for checkpoint `request` is still
+/// unanswered, its layers go to other holders.
+struct checkpoint_deadline {
+  std::uint64_t request = 0;
+  planning::node_id node;
+  std::uint64_t attempt = 0;
+
+  bool operator==(const checkpoint_deadline&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, checkpoint_deadline& x) {
+  return f(caf::meta::type_name("checkpoint_deadline"), x.request, x.node, x.attempt);
 }
 
 }  // namespace oobleck::messages

@@ -7,6 +7,9 @@
 //    single-process run's within 1e-4 relative.
 //  - Periodic checkpoints (--checkpoint-every): written after the right commits, valid, holding
 //    the reference run's state; a truncated or foreign one is refused at resume, nothing trained.
+//  - SIGTERM to oobleck-local (issue 23): a checkpoint first, then the stop; its first writer dies
+//    mid-write (a test hook: SIGKILL after half a file) and another holder writes its layers; the
+//    resume continues the failure-free loss curve.
 // What each run did is read from the coordinator's events (--events-out) and the metrics, never from
 // log lines. Every wait has a deadline.
 
@@ -274,4 +277,55 @@ TEST_CASE("checkpoint e2e: periodic checkpoints hold the committed state, and a 
   CHECK(foreign.output.find("a checkpoint of another job") != std::string::npos);  // the user's error
   CHECK(foreign.steps.empty());
   CHECK(!contains(foreign.events, {.kind = event_kind::step_committed}));
+}
+
+TEST_CASE("checkpoint e2e: SIGTERM checkpoints before it stops; a writer killed mid-write is replaced; the resume continues") {
+  constexpr int steps = 7;
+  const auto ref = reference(steps);
+  scratch s;
+  const auto root = s.dir / "ckpt";
+  // The first worker to write a layer file writes half of it and SIGKILLs itself (once: the marker).
+  const auto marker = s.dir / "writer-died";
+  REQUIRE(::setenv("OOBLECK_TEST_DIE_WRITING_CHECKPOINT", marker.c_str(), 1) == 0);
+  const auto first = run_local(s.dir, job_text(6), steps, {"--checkpoint-dir", root.string()}, [&](running_local& local) {
+    local.wait_for({.kind = event_kind::step_committed, .step = 1}, std::chrono::seconds(150));
+    local.process.signal(SIGTERM);
+  });
+  ::unsetenv("OOBLECK_TEST_DIE_WRITING_CHECKPOINT");
+  INFO("output of the first run:\n" << first.output);
+  INFO("events of the first run:\n" << describe(first.events));
+  REQUIRE(first.status == 0);  // a shutdown
+  // A writer died while writing (its node was lost after the stop was asked for), and the
+  // checkpoint was still written, then the job stopped as a shutdown naming it.
+  REQUIRE(fs::exists(marker));
+  const auto written = all_of(first.events, {.kind = event_kind::checkpoint_written});
+  REQUIRE(written.size() == 1u);
+  const fs::path dir = written[0].detail;
+  const auto step = static_cast<int>(written[0].step);
+  CHECK(step >= 2);
+  CHECK(dir == root / runtime::checkpoint_dir_name(static_cast<std::uint64_t>(step)));
+  CHECK(position(first.events, {.kind = event_kind::node_lost}) < position(first.events, {.kind = event_kind::checkpoint_written}));
+  const auto stopped = position(first.events, {.kind = event_kind::stopped, .outcome = stop_outcome::shutdown});
+  REQUIRE(stopped < first.events.size());
+  CHECK(position(first.events, {.kind = event_kind::checkpoint_written}) < stopped);
+  CHECK(first.events[stopped].detail.find(dir.string()) != std::string::npos);
+  check_losses(first, ref, 0, step);
+  // Whole and valid; the dead writer's half file is not in it.
+  const auto job = apps::parse_job(default_job_text(), "job");
+  CHECK_NOTHROW(runtime::read_checkpoint(dir, apps::trajectory_hash(job), job.model.num_layers()));
+  std::size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    CHECK(e.path().extension() != ".tmp");
+    ++entries;
+  }
+  CHECK(entries == static_cast<std::size_t>(job.model.num_layers()) + 1);
+  CHECK(runtime::list_checkpoints(root) == std::vector<fs::path>{dir});
+
+  // Resumed on 4 nodes: the failure-free run's losses.
+  const auto second = run_local(s.dir, job_text(4), steps, {"--resume", dir.string()});
+  INFO("output of the resumed run:\n" << second.output);
+  INFO("events of the resumed run:\n" << describe(second.events));
+  REQUIRE(second.status == 0);
+  CHECK(contains(second.events, {.kind = event_kind::epoch_formed, .epoch = 1, .step = static_cast<std::uint64_t>(step)}));
+  check_losses(second, ref, step, steps);
 }

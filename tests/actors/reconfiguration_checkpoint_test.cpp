@@ -95,7 +95,7 @@ TEST_CASE("reconfiguration protocol: a holder without its layer and no other sur
   CHECK(!f.happened({.kind = event_kind::checkpoint_written}));
   CHECK(f.stop().outcome == stop_outcome::checkpoint_and_stop);
   // What the user is told on purpose: why no checkpoint was written, and that nothing is left.
-  CHECK(f.told("no checkpoint could be written: layer "));
+  CHECK(f.told("no checkpoint could be written: layer(s) "));
   CHECK(f.told("there is no earlier checkpoint either"));
 }
 
@@ -142,4 +142,131 @@ TEST_CASE("reconfiguration protocol: a node lost while a periodic checkpoint is 
   f.check_steps(steps);
   REQUIRE(f.finished.size() == 1);  // step 4's
   CHECK(f.finished[0].first == 4);
+}
+
+namespace {
+
+using oobleck::messages::shutdown_atom_v;
+
+/// The layers of node `node`'s stage in the first epoch.
+std::vector<int> layers_of(const fixture& f, std::int64_t node) {
+  const auto& s = f.stages.at(node)->assignments.at(1).stages.at(0);
+  std::vector<int> out;
+  for (int l = s.first_layer.value; l < s.end_layer.value; ++l) out.push_back(l);
+  return out;
+}
+
+std::string layer_list(const std::vector<int>& layers) {
+  std::string out;
+  for (int l : layers) out += (out.empty() ? "" : ", ") + std::to_string(l);
+  return out;
+}
+
+/// The layers asked of `node` in its checkpoint writes, in order.
+std::vector<int> asked_of(const fixture& f, std::int64_t node) {
+  std::vector<int> out;
+  for (const auto& w : f.stages.at(node)->writes)
+    for (auto l : w.layers) out.push_back(l.value);
+  return out;
+}
+
+/// The operator's `oobleck-ctl shutdown --checkpoint`, while step 2 runs (node 0 holds it).
+void shutdown_with_checkpoint(fixture& f) {
+  std::string reply;
+  REQUIRE(f.ask(reply, shutdown_atom_v, std::string("requested by the test"), true, f.operator_proof()) == "ok");
+  f.sched.run();
+}
+
+bool has(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+}  // namespace
+
+TEST_CASE("reconfiguration protocol: a writer answers with an error: another holder writes its layers") {
+  fixture f({.steps = 6, .checkpoints = true});
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 2u}; }},
+           {3, [](fake_stage_record& r) { r.write_error = "injected: no space left on device"; }}});
+  REQUIRE(f.records.size() == 2);
+  shutdown_with_checkpoint(f);
+  INFO(describe(f.events));
+  // Node 3 (stage 0 of the second pipeline) was asked for some of its layers and failed; node 0,
+  // the other holder of those layers, wrote them; the checkpoint is complete.
+  const auto failed = asked_of(f, 3);
+  REQUIRE(!failed.empty());
+  const auto by_zero = asked_of(f, 0);
+  for (int l : failed) CHECK(has(by_zero, l));
+  REQUIRE(f.finished.size() == 1);
+  CHECK(f.finished[0].first == 2);
+  check_every_layer_once(f.finished[0].second, static_cast<int>(f.profile.layers.size()));
+  CHECK(f.told("node 3 failed (injected: no space left on device) writing layer(s)"));
+  // The job stopped as the operator asked, its stop naming the checkpoint.
+  CHECK(f.stop().outcome == stop_outcome::shutdown);
+  CHECK(f.stop().detail.find("checkpoint of step 2 written to /ckpt/step-2") != std::string::npos);
+  CHECK(f.told("resume with: --resume /ckpt/step-2"));
+  CHECK(f.stops.empty());  // on_stop is the policy's checkpoint-and-stop only
+}
+
+TEST_CASE("reconfiguration protocol: a writer that never answers misses its deadline: another holder writes its layers") {
+  fixture f({.steps = 6, .checkpoints = true});
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 2u}; }},
+           {3, [](fake_stage_record& r) { r.hold_write = true; }}});
+  REQUIRE(f.records.size() == 2);
+  shutdown_with_checkpoint(f);
+  const auto held = asked_of(f, 3);
+  REQUIRE(!held.empty());
+  // Waiting for node 3: the coordinator still answers (the checkpoint is its phase).
+  CHECK(f.finished.empty());
+  CHECK(f.status().state == "checkpointing");
+  // Its deadline (30 s at least: deps.checkpoint.write_floor) passes.
+  int seconds = 0;
+  while (f.finished.empty() && seconds < 600) {
+    f.sched.advance_time(std::chrono::seconds(1));
+    f.sched.run();
+    ++seconds;
+  }
+  INFO(describe(f.events));
+  CHECK(seconds > 30);
+  REQUIRE(f.finished.size() == 1);
+  check_every_layer_once(f.finished[0].second, static_cast<int>(f.profile.layers.size()));
+  const auto by_zero = asked_of(f, 0);
+  for (int l : held) CHECK(has(by_zero, l));
+  CHECK(f.told("node 3 did not answer within its deadline writing layer(s) " + layer_list(held)));
+  CHECK(f.stop().outcome == stop_outcome::shutdown);
+}
+
+TEST_CASE("reconfiguration protocol: every holder of some layers fails to write: no checkpoint, the stop names the layers") {
+  fixture f({.steps = 6, .checkpoints = true});
+  const auto broken = [](fake_stage_record& r) { r.write_error = "injected: read-only filesystem"; };
+  f.start({{0,
+            [broken](fake_stage_record& r) {
+              r.hold_step = std::pair{1u, 2u};
+              broken(r);
+            }},
+           {3, broken}});
+  REQUIRE(f.records.size() == 2);
+  const auto layers = layers_of(f, 0);
+  REQUIRE(layers == layers_of(f, 3));  // stage 0 of both pipelines
+  shutdown_with_checkpoint(f);
+  INFO(describe(f.events));
+  CHECK(f.finished.empty());
+  CHECK(f.discarded == std::vector<std::string>{"/ckpt/.tmp-2"});
+  CHECK(!f.happened({.kind = event_kind::checkpoint_written}));
+  CHECK(f.stop().outcome == stop_outcome::shutdown);
+  const std::string why = "layer(s) " + layer_list(layers) + " have no live holder left that could write them";
+  CHECK(f.stop().detail.find("no checkpoint written: " + why) != std::string::npos);
+  CHECK(f.told("no checkpoint could be written: " + why));
+}
+
+TEST_CASE("reconfiguration protocol: a job that fails writes a checkpoint first when every layer has a holder") {
+  fixture f({.steps = 6, .checkpoints = true});
+  f.start({{1, [](fake_stage_record& r) { r.fail_step = 2; }}});
+  INFO(describe(f.events));
+  CHECK(f.records.size() == 2);  // steps 0 and 1; step 2 fails every time
+  REQUIRE(f.finished.size() == 1);
+  CHECK(f.finished[0].first == 2);
+  check_every_layer_once(f.finished[0].second, static_cast<int>(f.profile.layers.size()));
+  CHECK(f.position({.kind = event_kind::checkpoint_written, .step = 2, .detail = "/ckpt/step-2"}) <
+        f.position({.kind = event_kind::stopped, .outcome = stop_outcome::failed}));
+  CHECK(f.stop().detail.find("failures in a row without a lost node") != std::string::npos);
+  CHECK(f.stop().detail.find("checkpoint of step 2 written to /ckpt/step-2") != std::string::npos);
+  CHECK(f.told("resume with: --resume /ckpt/step-2"));
 }
