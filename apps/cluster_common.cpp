@@ -5,13 +5,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <iostream>
 #include <stdexcept>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include <caf/io/middleman.hpp>
+#include <caf/openssl/manager.hpp>
+#include <caf/openssl/publish.hpp>
 #include <caf/scoped_actor.hpp>
 
 #include "actors/admission.hpp"
@@ -85,26 +90,83 @@ std::function<void(const std::string&)> progress_printer(std::string who) {
   };
 }
 
+namespace {
+
+std::string seconds_text(std::chrono::milliseconds d) {
+  std::ostringstream s;
+  s << std::chrono::duration<double>(d).count();
+  return s.str();
+}
+
+/// One connection attempt through the middleman actor (TLS or not), waiting at most `wait`.
+caf::expected<caf::strong_actor_ptr> connect_once(caf::actor_system& sys, const host_port& at,
+                                                  std::chrono::milliseconds wait) {
+  const caf::io::middleman_actor mm =
+      sys.has_openssl_manager() ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
+  caf::scoped_actor self{sys};
+  caf::expected<caf::strong_actor_ptr> result{caf::sec::cannot_connect_to_node};
+  self->request(mm, wait, caf::connect_atom_v, at.host, at.port)
+      .receive(
+          [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>& ifs) {
+            if (!ptr)
+              result = caf::make_error(caf::sec::no_actor_published_at_port);
+            else if (!sys.assignable(ifs, sys.message_types(caf::detail::type_list<messages::coordinator_actor>{})))
+              result = caf::make_error(caf::sec::unexpected_actor_messaging_interface);
+            else
+              result = std::move(ptr);
+          },
+          [&](caf::error& e) { result = std::move(e); });
+  return result;
+}
+
+}  // namespace
+
 messages::coordinator_actor connect_coordinator(caf::actor_system& sys, const host_port& at,
                                                 double timeout_s,
                                                 const std::function<void(const std::string&)>& log) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  const std::string where = at.host + ":" + std::to_string(at.port);
+  const bool tls = sys.has_openssl_manager();
+  // A CAF handshake takes milliseconds (a TLS one too): a peer that accepts and then stays silent
+  // this long waits for something this side never sends (a TLS port met without TLS). Refused
+  // connections (nothing listens yet) fail at once and are retried.
+  constexpr auto handshake_wait = std::chrono::seconds(10);
   bool said = false;
   for (;;) {
-    auto c = sys.middleman().remote_actor<messages::coordinator_actor>(at.host, at.port);
-    if (c) return *c;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto wait = std::clamp(left, std::chrono::milliseconds(200), std::chrono::milliseconds(handshake_wait));
+    auto c = connect_once(sys, at, wait);
+    if (c) return caf::actor_cast<messages::coordinator_actor>(std::move(*c));
+    if (c.error() == caf::sec::request_timeout)
+      throw input_error("the coordinator at " + where + " did not complete CAF's handshake within " +
+                        seconds_text(wait) + " s: " +
+                        (tls ? "it runs without TLS, or is overloaded or unreachable"
+                             : "if it runs with TLS, give --tls-certificate, --tls-key and --tls-ca-file (or a job "
+                               "file's [tls]); else it is overloaded or unreachable"));
+    if (c.error() == caf::sec::disconnect_during_handshake || c.error() == caf::sec::malformed_basp_message)
+      throw input_error("the coordinator at " + where + " closed the connection during CAF's handshake (" +
+                        sys.render(c.error()) + ")" +
+                        (tls ? ": with TLS on here, it runs without TLS, or its CA did not sign this side's "
+                               "certificate, or this side's CA did not sign its certificate (both sides must use "
+                               "the job's CA)"
+                             : ": it probably runs with TLS: give --tls-certificate, --tls-key and --tls-ca-file (or a "
+                               "job file's [tls])"));
     if (std::chrono::steady_clock::now() >= deadline)
-      throw std::runtime_error("cannot reach the coordinator at " + at.host + ":" +
-                               std::to_string(at.port) + " within " + std::to_string(timeout_s) +
+      throw std::runtime_error("cannot reach the coordinator at " + where + " within " + std::to_string(timeout_s) +
                                " s: " + sys.render(c.error()));
     if (!said) {
-      log("waiting for the coordinator at " + at.host + ":" + std::to_string(at.port) + " (" +
-          sys.render(c.error()) + ")");
+      log("waiting for the coordinator at " + where + " (" + sys.render(c.error()) + ")");
       said = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
+}
+
+caf::expected<std::uint16_t> publish_coordinator(caf::actor_system& sys, const messages::coordinator_actor& c,
+                                                 const host_port& at) {
+  if (sys.has_openssl_manager()) return caf::openssl::publish(c, at.port, at.host.c_str(), true);
+  return sys.middleman().publish(c, at.port, at.host.c_str(), true);
 }
 
 messages::control_proof operator_proof(caf::actor_system& sys, const messages::coordinator_actor& c,

@@ -60,11 +60,20 @@ struct cluster_config : caf::actor_system_config {
 /// A progress line: "[who] text", flushed at once (other processes interleave with it).
 std::function<void(const std::string&)> progress_printer(std::string who);
 
-/// Connects to the coordinator, retrying until `timeout_s` (it may start after the worker).
-/// Throws std::runtime_error naming the address and CAF's last error.
+/// Connects to the coordinator, retrying until `timeout_s` while nothing listens there (it may
+/// start after the worker); over TLS when the system has CAF's OpenSSL module (apps::use_tls).
+/// A connection accepted but not answered with CAF's handshake within 10 s, or closed during it,
+/// is a coordinator that speaks another way (TLS on one side only, a certificate the other's CA
+/// did not sign): no retry, messages::input_error says so. Throws std::runtime_error naming the
+/// address and CAF's error when nothing listened there until `timeout_s`.
 messages::coordinator_actor connect_coordinator(caf::actor_system& sys, const host_port& at,
                                                 double timeout_s,
                                                 const std::function<void(const std::string&)>& log);
+
+/// Publishes the coordinator on `at` (port 0: any free one), over TLS when the system has CAF's
+/// OpenSSL module; returns the port or CAF's error.
+caf::expected<std::uint16_t> publish_coordinator(caf::actor_system& sys, const messages::coordinator_actor& c,
+                                                 const host_port& at);
 
 /// A fresh control proof: asks for a nonce and signs it with the token.
 messages::control_proof operator_proof(caf::actor_system& sys, const messages::coordinator_actor& c,

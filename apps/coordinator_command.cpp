@@ -23,6 +23,7 @@
 #include "apps/flags.hpp"
 #include "apps/http_status.hpp"
 #include "apps/job_file.hpp"
+#include "apps/tls.hpp"
 #include "messages/event_json.hpp"
 #include "messages/input_error.hpp"
 #include "messages/profile_file.hpp"
@@ -146,6 +147,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   std::optional<std::int64_t> steps_flag;
   std::string metrics_out, events_out, address_file, http, checkpoint_dir, resume, resume_command;
   std::optional<std::int64_t> checkpoint_every;
+  tls_flags tls_given;
   add_text(app, "--listen", listen, "HOST:PORT to accept workers and operators on (PORT 0: any free port)")
       ->required();
   add_text(app, "--config", config, "the job file (TOML); workers receive it when admitted")->required();
@@ -181,8 +183,9 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   add_text(app, "--resume-command", resume_command,
            "for launchers: the command printed to resume the job, before ' --resume DIR' (default: this "
            "command line)");
+  add_tls_flags(app, tls_given);
   app.footer("Exit status: 0 finished (or stopped by an operator), 1 internal error, 2 bad input (flags, job "
-             "file, a checkpoint that is not valid for --resume), 4 the reconfiguration policy stopped the job "
+             "file, TLS files, a checkpoint that is not valid for --resume), 4 the reconfiguration policy stopped the job "
              "(fewer than (f+1)*n0 nodes, or a layer with no surviving holder): a checkpoint was written when "
              "possible and its resume command printed.");
   if (!parse_flags(app, args, out)) return 0;
@@ -190,6 +193,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   const host_port at = parse_host_port("--listen", listen, true);
   const std::string job_text = read_text(config);
   const job_file job = read_job_file(config);  // refuse a bad job file before anything listens
+  const tls_section tls = resolve_tls(job.tls, tls_given);
   const int nodes = nodes_flag.value_or(job.cluster.nodes);
   const int fault_tolerance = fault_tolerance_flag.value_or(job.cluster.fault_tolerance);
   const std::int64_t steps = steps_flag.value_or(static_cast<std::int64_t>(job.training.steps));
@@ -205,6 +209,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   signal_shutdown signals;  // before the actor system's threads exist
   cluster_config cfg;
   cfg.set_heartbeat(job.cluster.heartbeat_interval_ms, job.cluster.connection_timeout_ms);
+  use_tls(cfg, tls);
   caf::actor_system sys{cfg};
   // The status endpoint listens before the coordinator does: an address in use stops the start.
   // (Declared after the actor system, so that it stops before the system it asks goes away.)
@@ -292,14 +297,14 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
     planning::plan_job(deps.profile, deps.job);
   }
   auto coord = sys.spawn(actors::coordinator, deps);
-  auto port = sys.middleman().publish(coord, at.port, at.host.c_str(), true);
+  auto port = publish_coordinator(sys, coord, at);
   if (!port) {
     caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
     throw messages::input_error("--listen: cannot listen on " + listen + ": " + sys.render(port.error()));
   }
   log("listening on " + at.host + ":" + std::to_string(*port) + " (job " +
       deps.policy.job_hash.substr(0, 12) + ", protocol " + std::to_string(messages::protocol_version) +
-      "), waiting for " + std::to_string(nodes) + " node(s)");
+      ", " + describe_tls(tls) + "), waiting for " + std::to_string(nodes) + " node(s)");
   if (!address_file.empty()) {
     const std::string temp = address_file + ".tmp";
     std::ofstream(temp) << at.host << ":" << *port << "\n";

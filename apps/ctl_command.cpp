@@ -7,6 +7,7 @@
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
 #include "apps/status_report.hpp"
+#include "apps/tls.hpp"
 #include "messages/input_error.hpp"
 
 namespace oobleck::apps {
@@ -61,9 +62,11 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
   bool json = false;
   int node = -1;
   double seconds = 0, timeout = 10;
+  tls_flags tls_given;
   add_text(app, "--coordinator", coordinator, "HOST:PORT of the coordinator")->required();
   add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")->required();
   add_number(app, "--connect-timeout", timeout, 0, "seconds to keep trying to reach the coordinator (default 10)");
+  add_tls_flags(app, tls_given);
   auto* status = app.add_subcommand("status", "nodes, pipelines, epoch, step, loss, samples/s");
   status->add_flag("--json", json, "print JSON instead of a table");
   auto* kill = app.add_subcommand("kill-node", "the node's process kills itself (SIGKILL), as in a crash");
@@ -78,7 +81,9 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
 
   const host_port at = parse_host_port("--coordinator", coordinator);
   const std::string token = actors::read_token_file(token_file);
+  const tls_section tls = resolve_tls({}, tls_given);
   cluster_config cfg;
+  use_tls(cfg, tls);
   caf::actor_system sys{cfg};
   auto c = connect_coordinator(sys, at, timeout, [](const std::string&) {});
   if (status->parsed()) {

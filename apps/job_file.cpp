@@ -15,6 +15,8 @@
 #include <memory>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "messages/input_error.hpp"
 
@@ -189,6 +191,11 @@ std::map<std::string, setter> schema(job_file& job) {
       {"profile.warmup", int_in(job.profile.warmup, 0)},
       {"profile.repeats", int_in(job.profile.repeats, 1)},
       {"profile.file", text_of(job.profile.file)},
+
+      {"tls.certificate", text_of(job.tls.certificate)},
+      {"tls.key", text_of(job.tls.key)},
+      {"tls.ca_file", text_of(job.tls.ca_file)},
+      {"tls.passphrase", text_of(job.tls.passphrase)},
   };
 }
 
@@ -224,6 +231,21 @@ void check_rules(const decoder& d, const job_file& job) {
                     " (one late heartbeat must not lose a node)");
   if (job.checkpoint.every > 0 && job.checkpoint.dir.empty())
     d.fail_rule({"checkpoint.every"}, "checkpoint.every needs checkpoint.dir");
+  const auto& tls = job.tls;
+  if (tls.enabled() || !tls.passphrase.empty()) {
+    // Half a TLS configuration would either fail at the first connection or, worse, run in the clear.
+    const std::pair<const char*, const std::string*> parts[] = {
+        {"tls.certificate", &tls.certificate}, {"tls.key", &tls.key}, {"tls.ca_file", &tls.ca_file}};
+    std::vector<std::string> unset;
+    for (const auto& [key, value] : parts)
+      if (value->empty()) unset.emplace_back(key);
+    std::string missing;
+    for (std::size_t i = 0; i < unset.size(); ++i)
+      missing += (i == 0 ? "" : i + 1 == unset.size() ? " and " : ", ") + unset[i];
+    if (!missing.empty())
+      d.fail_rule({"tls.certificate", "tls.key", "tls.ca_file", "tls.passphrase"},
+                  "[tls] needs tls.certificate, tls.key and tls.ca_file together: " + missing + " not set");
+  }
 }
 
 }  // namespace
@@ -270,7 +292,7 @@ job_file read_job_file(const std::string& path) {
   if (std::ferror(f.get())) throw input_error("cannot read job file " + path + ": " + std::strerror(errno));
   job_file job = parse_job(text, path);
   const auto folder = std::filesystem::path(path).parent_path();
-  for (std::string* p : {&job.profile.file, &job.checkpoint.dir})
+  for (std::string* p : {&job.profile.file, &job.checkpoint.dir, &job.tls.certificate, &job.tls.key, &job.tls.ca_file})
     if (!p->empty() && std::filesystem::path(*p).is_relative()) *p = (folder / *p).string();
   return job;
 }

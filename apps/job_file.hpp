@@ -15,6 +15,7 @@
 //   [checkpoint]  dir, every
 //   [http]        port
 //   [profile]     warmup, repeats, file
+//   [tls]         certificate, key, ca_file, passphrase                    (apps/tls.hpp)
 
 #include <cstdint>
 #include <string>
@@ -95,6 +96,18 @@ struct profile_section {
   bool operator==(const profile_section&) const = default;
 };
 
+/// [tls] TLS with mutual authentication on the coordinator's CAF port (apps/tls.hpp): all three
+/// files or none; relative to the job file's folder. Off (all empty) by default.
+struct tls_section {
+  std::string certificate;  ///< this program's certificate (PEM), signed by the job's CA
+  std::string key;          ///< its private key (PEM)
+  std::string ca_file;      ///< the job's CA certificate (PEM): a peer must present one it signed
+  std::string passphrase;   ///< of an encrypted key; empty: the key is not encrypted
+
+  [[nodiscard]] bool enabled() const { return !certificate.empty() || !key.empty() || !ca_file.empty(); }
+  bool operator==(const tls_section&) const = default;
+};
+
 struct job_file {
   runtime::gpt_config model;
   data_section data;
@@ -104,6 +117,7 @@ struct job_file {
   checkpoint_section checkpoint;
   http_section http;
   profile_section profile;
+  tls_section tls;
 
   bool operator==(const job_file&) const = default;
 };
@@ -113,8 +127,8 @@ struct job_file {
 /// of the first of its keys that the file sets, "ORIGIN: ..." when it sets none).
 job_file parse_job(std::string_view text, std::string_view origin = "job file");
 
-/// Reads and decodes the file at path; relative profile.file and checkpoint.dir become relative
-/// to the file's folder. An unreadable file is an input_error too.
+/// Reads and decodes the file at path; relative profile.file, checkpoint.dir and the [tls] files
+/// become relative to the file's folder. An unreadable file is an input_error too.
 job_file read_job_file(const std::string& path);
 
 /// The synthetic profile's model for a job without a measured profile (profile.file empty): the

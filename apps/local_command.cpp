@@ -37,6 +37,7 @@
 #include "apps/flags.hpp"
 #include "apps/job_file.hpp"
 #include "apps/local_options.hpp"
+#include "apps/tls.hpp"
 #include "apps/trace_replay.hpp"
 #include "messages/event_json.hpp"
 #include "messages/input_error.hpp"
@@ -220,6 +221,15 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     std::ofstream(job_path) << default_local_job;
   }
   const job_file job = read_job_file(job_path);  // a bad job file is refused here, before any process starts
+  // TLS: checked here, then handed on as flags (files made absolute; a passphrase through a file of
+  // the scratch directory, which only this user can read).
+  const tls_section tls = resolve_tls(job.tls, o.tls);
+  const std::string passphrase_file = (dir / "tls-passphrase").string();
+  if (!tls.passphrase.empty()) {
+    std::ofstream(passphrase_file) << tls.passphrase << "\n";
+    std::filesystem::permissions(passphrase_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  }
+  const std::vector<std::string> tls_forward = tls_args(tls, passphrase_file);
   const auto& faults = o.faults;
   auto joins = o.joins;
   std::unique_ptr<trace_replayer> replay;
@@ -271,6 +281,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   if (o.checkpoint_every) coord_args.insert(coord_args.end(), {"--checkpoint-every", std::to_string(*o.checkpoint_every)});
   if (!o.resume.empty()) coord_args.insert(coord_args.end(), {"--resume", std::filesystem::absolute(o.resume).string()});
   coord_args.insert(coord_args.end(), {"--resume-command", local_resume_prefix(args)});
+  coord_args.insert(coord_args.end(), tls_forward.begin(), tls_forward.end());
   runtime::child_process coordinator((bin / "oobleck-coordinator").string(), coord_args,
                                      {.out = runtime::child_output::descriptor(coordinator_out.write_end())});
   coordinator_out.close_write_end();
@@ -320,6 +331,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     // The injector only listens: without heartbeats the coordinator would drop its silent
     // connection after the job's connection timeout, and the injector would miss the losses.
     caf_cfg->set_heartbeat(job.cluster.heartbeat_interval_ms, job.cluster.connection_timeout_ms);
+    use_tls(*caf_cfg, tls);
     caf_sys = std::make_unique<caf::actor_system>(*caf_cfg);
     const auto coord = connect_coordinator(*caf_sys, parse_host_port("coordinator", address), 10,
                                            [](const std::string&) {});
@@ -339,13 +351,14 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     }
   }
   auto start_worker = [&](int i) {
-    workers.emplace_back((bin / "oobleck-worker").string(),
-                         std::vector<std::string>{"--coordinator", address, "--token-file", token, "--name",
-                                                  "node" + std::to_string(i), "--slots",
-                                                  std::to_string(job.cluster.slots_per_node), "--heartbeat-interval-ms",
-                                                  std::to_string(job.cluster.heartbeat_interval_ms),
-                                                  "--connection-timeout-ms",
-                                                  std::to_string(job.cluster.connection_timeout_ms)});
+    std::vector<std::string> worker_args{"--coordinator", address, "--token-file", token, "--name",
+                                         "node" + std::to_string(i), "--slots",
+                                         std::to_string(job.cluster.slots_per_node), "--heartbeat-interval-ms",
+                                         std::to_string(job.cluster.heartbeat_interval_ms),
+                                         "--connection-timeout-ms",
+                                         std::to_string(job.cluster.connection_timeout_ms)};
+    worker_args.insert(worker_args.end(), tls_forward.begin(), tls_forward.end());
+    workers.emplace_back((bin / "oobleck-worker").string(), worker_args);
   };
   if (replay) out << local << replay->summary(o.trace_path) << std::endl;
   for (int i = 0; i < nodes && !coordinator_status; ++i) {

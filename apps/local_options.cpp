@@ -117,6 +117,7 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
   app.footer("Exit status: the coordinator's: 0 finished, 1 internal error, 2 bad input, 4 the reconfiguration "
              "policy stopped the job (too few nodes left): a checkpoint was written when possible and the "
              "command that resumes it printed.");
+  add_tls_flags(app, o.tls);
   app.add_flag("--print-default-job", o.print_default_job, "print the default job file and exit (a start for your own)");
   if (!parse_flags(app, args, out)) return std::nullopt;
   for (const auto& f : fail_at) add_faults(o.faults, "--fail-at", f, messages::fault_kind::kill);

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "apps/tls.hpp"
 #include "messages/control_messages.hpp"
 
 namespace oobleck::apps {
@@ -34,6 +35,7 @@ struct local_options {
   double time_scale = 1;
   std::string checkpoint_dir, resume;
   std::optional<std::int64_t> checkpoint_every;
+  tls_flags tls;  ///< --tls-*: replace the job's [tls] keys; handed on to the coordinator and workers
 };
 
 /// Reads `args` (without the program name); none when --help was printed to `out`. Throws

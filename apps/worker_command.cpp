@@ -16,6 +16,7 @@
 #include "apps/cluster_commands.hpp"
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
+#include "apps/tls.hpp"
 #include "messages/input_error.hpp"
 
 namespace oobleck::apps {
@@ -41,6 +42,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   int slots = 1, data_port = 0;
   double connect_timeout = 60;
   int heartbeat_ms = 250, silence_ms = 1500;
+  tls_flags tls_given;
   add_text(app, "--coordinator", coordinator, "HOST:PORT of the coordinator")->required();
   add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")->required();
   add_text(app, "--name", name, "this node's name in status and logs (default: HOSTNAME-PID)");
@@ -48,7 +50,8 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
               "slots of this node (default 1): must equal the job's cluster.slots_per_node; on CPU a slot is "
               "one LibTorch thread, and a node runs one stage actor per stage it is given");
   add_text(app, "--config", config,
-           "the job file this worker was started for; refused if the coordinator runs another job");
+           "the job file this worker was started for; refused if the coordinator runs another job (its [tls] "
+           "table, if any, is this worker's TLS unless --tls-* flags replace it)");
   add_text(app, "--data-host", data_host,
            "address other nodes reach this node's data plane at (default: 127.0.0.1 for a local "
            "coordinator, else the host name)");
@@ -60,6 +63,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
               "cluster.heartbeat_interval_ms should match)");
   add_integer(app, "--connection-timeout-ms", silence_ms, 20, 86'400'000,
               "a coordinator silent this long is gone (default 1500)");
+  add_tls_flags(app, tls_given);
   if (!parse_flags(app, args, out)) return 0;
   if (silence_ms < 2 * heartbeat_ms)
     throw messages::input_error("--connection-timeout-ms must be at least twice --heartbeat-interval-ms");
@@ -67,13 +71,16 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   const host_port at = parse_host_port("--coordinator", coordinator);
   const std::string token = actors::read_token_file(token_file);
   std::string job_hash;
+  tls_section job_tls;
   if (!config.empty()) {
     std::ifstream in(config, std::ios::binary);
     if (!in) throw messages::input_error(config + ": cannot open the job file");
     std::ostringstream s;
     s << in.rdbuf();
     job_hash = actors::sha256_hex(s.str());
+    job_tls = read_job_file(config).tls;
   }
+  const tls_section tls = resolve_tls(job_tls, tls_given);
   if (data_host.empty()) {
     const bool local = at.host == "127.0.0.1" || at.host == "localhost" || at.host == "::1";
     data_host = local ? "127.0.0.1" : default_name().substr(0, default_name().rfind('-'));
@@ -82,6 +89,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
 
   cluster_config cfg;
   cfg.set_heartbeat(heartbeat_ms, silence_ms);
+  use_tls(cfg, tls);
   caf::actor_system sys{cfg};
   auto coord = connect_coordinator(sys, at, connect_timeout, log);
   actors::monitor_deps deps;

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   g++ cmake ninja-build
-  libcaf-dev            # CAF 0.17.6: actors, remote actors, heartbeats
+  libcaf-dev            # CAF 0.17.6: actors, remote actors, heartbeats; pulls libcaf-openssl0.17 (TLS on the CAF port)
   libtorch-dev          # LibTorch 1.13.1 (CPU)
   libgloo-dev           # headers of c10d's gloo, the transport benchmark's baseline
   libcapnp-dev capnproto
@@ -14,7 +14,8 @@ packages=(
   nlohmann-json3-dev    # JSON codecs in messages/ (profiles, plan output)
   libtomlplusplus-dev   # job files
   libcli11-dev          # command-line flags
-  libssl-dev            # HMAC-SHA256 and SHA-256 of the admission protocol
+  libssl-dev            # HMAC-SHA256 and SHA-256 of the admission protocol; TLS files checked at start
+  openssl               # the tests make a CA and certificates with it (README, "TLS")
   libopenblas0
   gnuplot-nox           # oobleck-sim --plot
 )

@@ -48,6 +48,7 @@ const std::vector<std::string> kKeys = {
     "checkpoint.dir", "checkpoint.every",
     "http.port",
     "profile.warmup", "profile.repeats", "profile.file",
+    "tls.certificate", "tls.key", "tls.ca_file", "tls.passphrase",
 };
 
 }  // namespace
@@ -287,6 +288,36 @@ TEST_CASE("read_job_file: relative paths are relative to the job file's folder")
   std::ofstream(path) << "[http]\nport = -1\n";
   CHECK_THROWS_WITH_AS(apps::read_job_file(path), (path + ":2: http.port must be >= 0, got -1").c_str(),
                        messages::input_error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("[tls]: off by default; certificate, key and CA file together, or refused at the line") {
+  CHECK_FALSE(apps::parse_job("").tls.enabled());
+  const auto job = apps::parse_job(
+      "[tls]\ncertificate = \"node.pem\"\nkey = \"node.key\"\nca_file = \"/pki/ca.pem\"\npassphrase = \"p w\"\n");
+  CHECK(job.tls == apps::tls_section{"node.pem", "node.key", "/pki/ca.pem", "p w"});
+  CHECK(job.tls.enabled());
+  CHECK(error_of("[cluster]\nnodes = 2\n[tls]\ncertificate = \"node.pem\"\n") ==
+        "job.toml:4: [tls] needs tls.certificate, tls.key and tls.ca_file together: tls.key and tls.ca_file not set");
+  CHECK(error_of("[tls]\nca_file = \"ca.pem\"\nkey = \"k\"\n") ==
+        "job.toml:3: [tls] needs tls.certificate, tls.key and tls.ca_file together: tls.certificate not set");
+  CHECK(error_of("[tls]\npassphrase = \"x\"\n") ==
+        "job.toml:2: [tls] needs tls.certificate, tls.key and tls.ca_file together: tls.certificate, tls.key "
+        "and tls.ca_file not set");
+  CHECK(error_of("[tls]\ncert = \"node.pem\"\n") == "job.toml:2: unknown key tls.cert");
+  CHECK(error_of("[tls]\ncertificate = 1\n") == "job.toml:2: tls.certificate: expected a string, got integer");
+  CHECK(error_of("tls = \"on\"\n") == "job.toml:1: tls: expected a table [tls]");
+}
+
+TEST_CASE("read_job_file: [tls] files are relative to the job file's folder") {
+  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-job-tls-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = (dir / "job.toml").string();
+  std::ofstream(path) << "[tls]\ncertificate = \"pki/node.pem\"\nkey = \"pki/node.key\"\nca_file = \"/etc/ca.pem\"\n";
+  const auto job = apps::read_job_file(path);
+  CHECK(job.tls.certificate == (dir / "pki/node.pem").string());
+  CHECK(job.tls.key == (dir / "pki/node.key").string());
+  CHECK(job.tls.ca_file == "/etc/ca.pem");
   std::filesystem::remove_all(dir);
 }
 
