@@ -195,13 +195,17 @@ class process_group {
   std::vector<child> children_;
 };
 
-/// Child side of exchange_ports: listen on a free port, report it, connect to the peers given.
+/// Child side of exchange_ports: listen on a free port, report it, connect to the peers given,
+/// proving `key` (the same for every rank, as a job's token is) over a nonce of the epoch.
 inline std::unique_ptr<host_transport> join_mesh(parent_line& line, int rank, int world,
-                                                 std::uint64_t epoch) {
+                                                 std::uint64_t epoch,
+                                                 const std::string& key = "forked-ranks-token") {
   transport_config c{.rank = rank,
                      .peers = std::vector<peer_endpoint>(static_cast<std::size_t>(world)),
                      .epoch = epoch,
-                     .connect_timeout = std::chrono::seconds(10)};
+                     .connect_timeout = std::chrono::seconds(10),
+                     .auth_key = key,
+                     .auth_nonce = "nonce-of-epoch-" + std::to_string(epoch)};
   auto t = std::make_unique<host_transport>(c);
   line.send("port " + std::to_string(t->listen_port()));
   std::istringstream in(line.read());

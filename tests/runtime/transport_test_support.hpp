@@ -33,14 +33,20 @@ inline constexpr std::chrono::milliseconds fails_within{5'000};
 /// How long run_ranks lets the ranks' bodies run (they take well under a second each).
 inline constexpr std::chrono::seconds ranks_deadline{30};
 
-/// Transports for `n` ranks on loopback, each listening on a free port.
+/// The key the tests' transports prove (a job's token in a real run).
+inline const std::string test_key = "transport-tests-token-0123456789abcdef";
+
+/// Transports for `n` ranks on loopback, each listening on a free port, authenticated with
+/// test_key and a nonce of the epoch.
 inline std::vector<std::unique_ptr<host_transport>> make_transports(
     int n, std::uint64_t epoch, std::vector<std::uint16_t> ports = {}) {
   std::vector<std::unique_ptr<host_transport>> ts;
   for (int r = 0; r < n; ++r) {
     transport_config c{.rank = r,
                        .peers = std::vector<peer_endpoint>(static_cast<std::size_t>(n)),
-                       .epoch = epoch};
+                       .epoch = epoch,
+                       .auth_key = test_key,
+                       .auth_nonce = "nonce-of-epoch-" + std::to_string(epoch)};
     if (!ports.empty())
       c.peers[static_cast<std::size_t>(r)].port = ports[static_cast<std::size_t>(r)];
     ts.push_back(std::make_unique<host_transport>(c));
