@@ -1,5 +1,8 @@
 #include "actors/pipeline.hpp"
 
+#include <caf/actor_cast.hpp>
+#include <caf/atom.hpp>
+#include <caf/behavior.hpp>
 #include <caf/event_based_actor.hpp>
 
 namespace oobleck::actors {
@@ -26,6 +29,41 @@ void finish_stage(pipeline_pointer self, std::uint64_t step, const stage_done* d
              pipeline_done{st.deps.epoch, st.step, st.deps.index, st.loss_sum, st.error, st.slowest});
 }
 
+bool sent_by(pipeline_pointer self, const caf::actor_addr& who) {
+  const auto& sender = self->current_sender();
+  return sender && who && sender->address() == who;
+}
+
+/// An error the runtime made itself (a request bounced: its receiver or the connection is gone);
+/// it has no sender.
+bool runtime_error(pipeline_pointer self, const caf::error& e) {
+  return !self->current_sender() && (e.category() == caf::atom("exit") || e.category() == caf::atom("system"));
+}
+
+/// Waits for stage `s`'s answer to request `mid` (step `step`): an answer from any other actor is
+/// refused and the same wait is armed again, so the stage's own answer still finds it.
+void await_stage(pipeline_pointer self, caf::message_id mid, std::size_t s, std::uint64_t step) {
+  auto refuse = [self, mid, s, step] {
+    ++self->state.refused;
+    await_stage(self, mid, s, step);
+  };
+  self->add_multiplexed_response_handler(
+      mid, caf::behavior{
+               [self, s, step, refuse](stage_done& d) {
+                 if (!sent_by(self, self->state.deps.stages[s].address())) return refuse();
+                 if (d.epoch != self->state.deps.epoch || d.step != step) {
+                   ++self->state.dropped;
+                   return;
+                 }
+                 finish_stage(self, step, &d, d.error);
+               },
+               [self, s, step, refuse](caf::error& e) {
+                 if (!sent_by(self, self->state.deps.stages[s].address()) && !runtime_error(self, e)) return refuse();
+                 finish_stage(self, step, nullptr, "stage " + std::to_string(s) + ": " + self->system().render(e));
+               },
+           });
+}
+
 }  // namespace
 
 pipeline_actor::behavior_type pipeline(pipeline_pointer self, pipeline_deps deps) {
@@ -33,6 +71,10 @@ pipeline_actor::behavior_type pipeline(pipeline_pointer self, pipeline_deps deps
   return {
       [self](run_step& r) {
         auto& st = self->state;
+        if (!sent_by(self, caf::actor_cast<caf::actor_addr>(st.deps.coordinator))) {
+          ++st.refused;
+          return;
+        }
         if (r.epoch != st.deps.epoch) {
           ++st.dropped;
           return;
@@ -46,19 +88,8 @@ pipeline_actor::behavior_type pipeline(pipeline_pointer self, pipeline_deps deps
         const stage_step order{r.epoch, r.step, st.deps.first_microbatch, st.deps.microbatches};
         for (std::size_t s = 0; s < st.deps.stages.size(); ++s) {
           // A stage's step may take minutes; its loss is a down message or an error, not a timeout.
-          self->request(st.deps.stages[s], caf::infinite, order)
-              .then(
-                  [self, step = r.step](stage_done& d) {
-                    if (d.epoch != self->state.deps.epoch || d.step != step) {
-                      ++self->state.dropped;
-                      return;
-                    }
-                    finish_stage(self, step, &d, d.error);
-                  },
-                  [self, step = r.step, s](caf::error& e) {
-                    finish_stage(self, step, nullptr,
-                                 "stage " + std::to_string(s) + ": " + self->system().render(e));
-                  });
+          const auto mid = self->request(st.deps.stages[s], caf::infinite, order).id();
+          await_stage(self, mid, s, r.step);
         }
       },
   };

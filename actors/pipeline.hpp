@@ -2,7 +2,11 @@
 // The pipeline actor (ARCHITECTURE.md §5): one per pipeline and epoch, in the coordinator's process. It
 // drives one pipeline's step: tells each of its stages which microbatches of the global batch are
 // theirs, collects their completions and reports the pipeline's to the coordinator. Responses of
-// another epoch or step are dropped and counted (fencing).
+// another epoch or step are dropped and counted (fencing). It takes run_step from its coordinator
+// only, and a stage's answer from that stage only: CAF 0.17 matches a response to its request by
+// the request's id alone, and ids are a per-actor counter, so an answer from any other actor with
+// that id is refused (counted) and the wait for the real one goes on. An error without a sender is
+// the runtime's own (the stage or its connection is gone) and is taken.
 //
 //   idle --run_step{e,k}--> stepping --(every stage done | one failed)--> idle
 
@@ -33,6 +37,7 @@ struct pipeline_state {
   std::string error;
   messages::stage_timing slowest;  ///< of the step's stages, the one busy longest
   std::uint64_t dropped = 0;
+  std::uint64_t refused = 0;  ///< run_step not from the coordinator, answers not from the stage asked
   static inline const char* name = "oobleck.pipeline";
 };
 
