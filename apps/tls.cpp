@@ -1,6 +1,9 @@
 #include "apps/tls.hpp"
 
+#include <dlfcn.h>
+
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -184,3 +187,47 @@ std::string describe_tls(const tls_section& tls) {
 }
 
 }  // namespace oobleck::apps
+
+// CAF 0.17.6's OpenSSL session calls SSL_read, SSL_write, SSL_connect and SSL_accept without
+// clearing the thread's OpenSSL error queue first, and reads SSL_get_error after them; it drains
+// the queue only inside a log statement, which Debian's CAF (log level quiet) compiles out. So once
+// one TLS connection of a process fails (a peer killed: ECONNRESET), its error stays queued on the
+// middleman's thread, and the next read or write of ANY other connection that merely has to wait
+// (SSL_ERROR_WANT_READ) is taken for a failure and that healthy connection is closed: a worker
+// killed mid-step took a second, healthy worker with it (seen in tls_e2e_tests, every run). OpenSSL
+// requires an empty queue before each of these calls; these definitions, which the dynamic linker
+// binds CAF's calls to, empty it and call OpenSSL's own.
+namespace {
+
+template <class F>
+F openssl_function(const char* name) {
+  void* f = ::dlsym(RTLD_NEXT, name);
+  if (!f) std::abort();  // libssl is linked into every program that has this file
+  return reinterpret_cast<F>(f);
+}
+
+}  // namespace
+
+extern "C" int SSL_read(SSL* ssl, void* buf, int num) {
+  static const auto real = openssl_function<int (*)(SSL*, void*, int)>("SSL_read");
+  ERR_clear_error();
+  return real(ssl, buf, num);
+}
+
+extern "C" int SSL_write(SSL* ssl, const void* buf, int num) {
+  static const auto real = openssl_function<int (*)(SSL*, const void*, int)>("SSL_write");
+  ERR_clear_error();
+  return real(ssl, buf, num);
+}
+
+extern "C" int SSL_connect(SSL* ssl) {
+  static const auto real = openssl_function<int (*)(SSL*)>("SSL_connect");
+  ERR_clear_error();
+  return real(ssl);
+}
+
+extern "C" int SSL_accept(SSL* ssl) {
+  static const auto real = openssl_function<int (*)(SSL*)>("SSL_accept");
+  ERR_clear_error();
+  return real(ssl);
+}

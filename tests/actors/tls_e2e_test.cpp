@@ -123,6 +123,8 @@ TEST_CASE("oobleck-local with [tls] in its job file: every process speaks TLS, t
   pki_set p;
   // One identity for every process (any certificate the job's CA signed will do), its key
   // encrypted: the passphrase comes from the job file and reaches the workers through oobleck-local.
+  // A worker killed in step 3 (--fail-at: oobleck-local's injector connects over TLS too) is
+  // recovered from as without TLS.
   const auto node = p.job.issue("node", "job passphrase");
   const int steps = 6;
   std::filesystem::copy_file(node.certificate, p.path("node.pem"));
@@ -133,8 +135,8 @@ TEST_CASE("oobleck-local with [tls] in its job file: every process speaks TLS, t
   const auto job = apps::read_job_file(p.path("job.toml"));
   std::string greeted = "(not probed)";
   const auto r = run_to_end(bin + "/oobleck-local",
-                            {"--config", p.path("job.toml"), "--nodes", "4", "--steps", std::to_string(steps),
-                             "--metrics-out", p.path("metrics.jsonl")},
+                            {"--config", p.path("job.toml"), "--nodes", "5", "--steps", std::to_string(steps),
+                             "--fail-at", "3:4", "--metrics-out", p.path("metrics.jsonl")},
                             p.path("metrics.jsonl"), p.path("events.jsonl"), std::chrono::seconds(240),
                             [&](running_local& run) {
                               run.wait_for({.kind = event_kind::epoch_formed}, std::chrono::seconds(120));
@@ -148,7 +150,9 @@ TEST_CASE("oobleck-local with [tls] in its job file: every process speaks TLS, t
   INFO(describe(r.events));
   REQUIRE(r.status == 0);
   CHECK(contains(r.events, finished(steps)));
-  CHECK(count(r.events, {.kind = event_kind::node_joined}) == 4u);
+  CHECK(count(r.events, {.kind = event_kind::node_joined}) == 5u);
+  CHECK(count(r.events, {.kind = event_kind::node_lost}) == 1u);
+  CHECK(contains(r.events, {.kind = event_kind::node_lost, .step = 3, .node = 4}));
   CHECK(greeted.empty());  // a TLS port waits for the client's hello
   check_trajectory(job, r.steps, steps);
 }
