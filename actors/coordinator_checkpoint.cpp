@@ -340,8 +340,13 @@ void stop_after_checkpoint(coordinator_pointer self, stop_outcome outcome, const
   if (st.deps.checkpoint.root.empty())
     return finish_stop(self, outcome, reason, std::nullopt,
                        "no checkpoint directory is configured (--checkpoint-dir, or [checkpoint] dir in the job file)");
-  if (!st.formed_once)
-    return finish_stop(self, outcome, reason, std::nullopt, "no epoch has formed yet: there is no trained state to write");
+  if (!st.formed_once) {
+    if (outcome == stop_outcome::checkpoint_and_stop)
+      return finish_stop(self, outcome, reason, std::nullopt, "no epoch has formed yet: there is no trained state to write");
+    // Nothing trained by this run (a resumed one's state is still its checkpoint).
+    st.deps.log("no checkpoint written before stopping: no epoch has formed yet, nothing was trained");
+    return stop_job(self, outcome, reason);
+  }
   // A commit sent to every node stands (each applies it before it writes); a step or an epoch in
   // progress is abandoned, so that no stage waits on a peer while it should write.
   commit_stands_if_decided(self, std::nullopt);
