@@ -1,13 +1,14 @@
 // Stopping with a checkpoint, end to end (issue 23): oobleck-coordinator and its workers as
-// processes on loopback. `oobleck-ctl shutdown --checkpoint` writes a checkpoint of the last
-// committed step before the job stops (outcome shutdown, the stop naming it); a plain shutdown
-// writes none. (SIGTERM through oobleck-local, with a writer killed mid-write, and the resume, are
+// processes on loopback. `oobleck-ctl shutdown --checkpoint` and SIGTERM to oobleck-coordinator
+// write a checkpoint of the last committed step before the job stops (outcome shutdown, the stop
+// naming it); a plain shutdown writes none. (SIGTERM through oobleck-local, with a writer killed mid-write, and the resume, are
 // in checkpoint_e2e_test.cpp; the failed outcome and the writers' errors and deadlines in
 // reconfiguration_checkpoint_test.cpp.) What the coordinator did comes from its events; every wait
 // has a deadline.
 
 #include <doctest/doctest.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -131,4 +132,24 @@ TEST_CASE("checkpoint stop e2e: a plain shutdown writes no checkpoint; --checkpo
   // What the operator is told on purpose: why no checkpoint was written.
   CHECK(job.coordinator->output().find("no checkpoint written before stopping: no checkpoint directory is configured") !=
         std::string::npos);
+}
+
+TEST_CASE("checkpoint stop e2e: SIGTERM to oobleck-coordinator writes a checkpoint, then the job stops") {
+  job_dir d;
+  running_job job(d, true);
+  job.coordinator->signal(SIGTERM);
+  const auto stop = wait_for_event(job.events, {.kind = event_kind::stopped}, std::chrono::seconds(120));
+  CHECK(job.coordinator->wait_exit(std::chrono::seconds(60)) == 0);
+  const auto events = read_event_file(job.events);
+  INFO("coordinator:\n" << job.coordinator->output());
+  INFO("events:\n" << describe(events));
+  CHECK(stop.outcome == stop_outcome::shutdown);
+  const auto written = all_of(events, {.kind = event_kind::checkpoint_written});
+  REQUIRE(written.size() == 1u);
+  CHECK(written[0].step == stop.step);
+  const fs::path dir = written[0].detail;
+  CHECK(stop.detail.find(dir.string()) != std::string::npos);
+  const auto m = runtime::read_manifest(dir);
+  CHECK_NOTHROW(runtime::read_checkpoint(dir, m.job_hash, m.num_layers));
+  for (auto& w : job.workers) CHECK(w->wait_exit(std::chrono::seconds(30)) == 0);
 }
