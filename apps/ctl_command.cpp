@@ -66,7 +66,7 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
   add_text(app, "--coordinator", coordinator, "HOST:PORT of the coordinator")->required();
   add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")->required();
   add_number(app, "--connect-timeout", timeout, 0, "seconds to keep trying to reach the coordinator (default 10)");
-  add_tls_flags(app, tls_given);
+  add_tls_flags(app, tls_given, false);  // no job file: flags only
   auto* status = app.add_subcommand("status", "nodes, pipelines, epoch, step, loss, samples/s");
   status->add_flag("--json", json, "print JSON instead of a table");
   auto* kill = app.add_subcommand("kill-node", "the node's process kills itself (SIGKILL), as in a crash");

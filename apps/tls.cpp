@@ -121,18 +121,20 @@ std::string read_passphrase(const std::string& file) {
 
 }  // namespace
 
-void add_tls_flags(CLI::App& app, tls_flags& flags) {
+void add_tls_flags(CLI::App& app, tls_flags& flags, bool reads_job_file) {
+  auto or_job = [reads_job_file](const std::string& key) {
+    return reads_job_file ? " (default: the job file's [tls] " + key + ")" : std::string();
+  };
   add_text(app, "--tls-certificate", flags.certificate,
-           "TLS on the CAF port: this program's certificate (PEM), signed by the job's CA (default: the job's [tls] "
-           "certificate; TLS is off when none is set)")
+           "TLS on the CAF port, with --tls-key and --tls-ca-file: this program's certificate (PEM), signed by the "
+           "job's CA" + or_job("certificate") + "; TLS is off when none is given")
       ->type_name("FILE");
-  add_text(app, "--tls-key", flags.key, "TLS: the certificate's private key (PEM; default: [tls] key)")
-      ->type_name("FILE");
+  add_text(app, "--tls-key", flags.key, "TLS: the certificate's private key (PEM)" + or_job("key"))->type_name("FILE");
   add_text(app, "--tls-ca-file", flags.ca_file,
-           "TLS: the job's CA certificate (PEM): peers must present a certificate it signed (default: [tls] ca_file)")
+           "TLS: the job's CA certificate (PEM): peers must present a certificate it signed" + or_job("ca_file"))
       ->type_name("FILE");
   add_text(app, "--tls-passphrase-file", flags.passphrase_file,
-           "TLS: a file whose first line is the passphrase of an encrypted key (default: [tls] passphrase)")
+           "TLS: a file whose first line is the passphrase of an encrypted key" + or_job("passphrase"))
       ->type_name("FILE");
 }
 

@@ -33,8 +33,9 @@ struct tls_flags {
   std::string passphrase_file;  ///< a file holding the key's passphrase (its first line)
 };
 
-/// Adds --tls-certificate, --tls-key, --tls-ca-file and --tls-passphrase-file to `app`.
-void add_tls_flags(CLI::App& app, tls_flags& flags);
+/// Adds --tls-certificate, --tls-key, --tls-ca-file and --tls-passphrase-file to `app`; their help
+/// names the job file's [tls] keys as defaults where the program reads a job file.
+void add_tls_flags(CLI::App& app, tls_flags& flags, bool reads_job_file = true);
 
 /// The program's TLS settings: `job`'s [tls] (empty without a job file) with each given flag in
 /// place of its key, checked as this file's comment says. Throws messages::input_error naming
