@@ -279,7 +279,7 @@ TEST_CASE("checkpoint e2e: periodic checkpoints hold the committed state, and a 
   CHECK(!contains(foreign.events, {.kind = event_kind::step_committed}));
 }
 
-TEST_CASE("checkpoint e2e: SIGTERM checkpoints before it stops; a writer killed mid-write is replaced; the resume continues") {
+TEST_CASE("checkpoint e2e: SIGTERM checkpoints before it stops, a writer killed mid-write is replaced, and the resume continues") {
   constexpr int steps = 30;  // far more than pass between step 1's commit and the SIGTERM's arrival
   const auto ref = reference(steps);
   scratch s;

@@ -110,7 +110,7 @@ TEST_CASE("checkpoint stop e2e: oobleck-ctl shutdown --checkpoint writes a check
   for (auto& w : job.workers) CHECK(w->wait_exit(std::chrono::seconds(30)) == 0);
 }
 
-TEST_CASE("checkpoint stop e2e: a plain shutdown writes no checkpoint; --checkpoint without a folder says why") {
+TEST_CASE("checkpoint stop e2e: a plain shutdown writes no checkpoint, and --checkpoint without a folder says why") {
   job_dir d;
   {
     running_job job(d, true);

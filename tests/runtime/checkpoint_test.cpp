@@ -221,7 +221,7 @@ TEST_CASE("checkpoint: fuzz finding: a manifest whose pointers share data is ref
   }
 }
 
-TEST_CASE("checkpoint: a writer's stale partial file does not stop another writer; the final file is the complete one") {
+TEST_CASE("checkpoint: a writer's stale partial file does not stop another writer, and the final file is the complete one") {
   scratch s;
   const auto temp = begin_checkpoint(s.root, 5);
   const auto full = layer_bytes(1, 4000);
