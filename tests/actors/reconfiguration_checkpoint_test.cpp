@@ -270,3 +270,26 @@ TEST_CASE("reconfiguration protocol: a job that fails writes a checkpoint first 
   CHECK(f.stop().detail.find("checkpoint of step 2 written to /ckpt/step-2") != std::string::npos);
   CHECK(f.told("resume with: --resume /ckpt/step-2"));
 }
+
+TEST_CASE("reconfiguration protocol: a shutdown with a checkpoint during a periodic one stops after that one") {
+  fixture f({.steps = 6, .checkpoint_every = 2});
+  f.start({{0, [](fake_stage_record& r) { r.hold_write = true; }}});
+  REQUIRE(f.records.size() == 2);
+  REQUIRE(f.stages.at(0)->traced("write 2"));  // the periodic checkpoint of step 2 waits for node 0
+  shutdown_with_checkpoint(f);
+  CHECK(f.finished.empty());
+  CHECK(f.told("stopping after the checkpoint of step 2 being written"));
+  for (int seconds = 0; f.finished.empty() && seconds < 600; ++seconds) {
+    f.sched.advance_time(std::chrono::seconds(1));
+    f.sched.run();
+  }
+  INFO(describe(f.events));
+  // One checkpoint (the periodic one, completed by node 0's other holders), then the stop; no
+  // step ran after the commit of step 1.
+  REQUIRE(f.finished.size() == 1);
+  CHECK(f.finished[0].first == 2);
+  check_every_layer_once(f.finished[0].second, static_cast<int>(f.profile.layers.size()));
+  CHECK(f.records.size() == 2);
+  CHECK(f.stop().outcome == stop_outcome::shutdown);
+  CHECK(f.stop().detail.find("checkpoint of step 2 written to /ckpt/step-2") != std::string::npos);
+}
