@@ -106,10 +106,31 @@ std::string create_token_file(const std::string& path) {
   return token;
 }
 
-std::string nonce_book::issue(clock::time_point now) {
-  while (!issued_.empty() && (issued_.size() >= capacity_ || now - issued_.front().at > ttl_))
-    issued_.pop_front();
-  issued_.push_back({random_hex(16), now});
+void nonce_book::forget(std::deque<entry>::iterator it) {
+  if (auto h = held_.find(it->owner); h != held_.end() && --h->second == 0) held_.erase(h);
+  issued_.erase(it);
+}
+
+std::size_t nonce_book::outstanding(const std::string& owner) const {
+  const auto it = held_.find(owner);
+  return it == held_.end() ? 0 : it->second;
+}
+
+std::optional<std::string> nonce_book::issue(clock::time_point now, const std::string& owner) {
+  while (!issued_.empty() && now - issued_.front().at > ttl_) forget(issued_.begin());
+  const auto oldest_of = [this](const std::string& who) {
+    return std::find_if(issued_.begin(), issued_.end(), [&](const entry& e) { return e.owner == who; });
+  };
+  if (outstanding(owner) >= per_owner_) {
+    forget(oldest_of(owner));  // its own oldest
+  } else if (issued_.size() >= capacity_) {
+    const auto most = std::max_element(held_.begin(), held_.end(),
+                                       [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (most->second < 2) return std::nullopt;  // everyone holds one: taking any would evict a stranger's only nonce
+    forget(oldest_of(most->first));
+  }
+  issued_.push_back({random_hex(16), now, owner});
+  ++held_[owner];
   return issued_.back().nonce;
 }
 
@@ -118,7 +139,7 @@ bool nonce_book::consume(const std::string& nonce, clock::time_point now) {
                          [&](const entry& e) { return e.nonce == nonce; });
   if (it == issued_.end()) return false;
   const bool fresh = now - it->at <= ttl_;
-  issued_.erase(it);
+  forget(it);
   return fresh;
 }
 

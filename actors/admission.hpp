@@ -7,9 +7,11 @@
 // what differs (also a worker whose --slots is not the job's M), and nothing of the running job
 // changes.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -39,27 +41,40 @@ std::string read_token_file(const std::string& path);
 /// Creates `path` (mode 0600, refusing to overwrite) holding a fresh 256-bit token; returns it.
 std::string create_token_file(const std::string& path);
 
-/// Nonces handed out and not used yet. Each is valid once, for `ttl`; at most `capacity` are
-/// outstanding (the oldest is forgotten first), so a flood of requests cannot grow the book.
+/// Nonces handed out and not used yet. Each is valid once, for `ttl`. Nobody has proven anything
+/// when asking for one, so the book is bounded against floods without letting one asker take
+/// another's nonce away: an owner (who asked: a remote process, i.e. one connection, or a local
+/// actor) holds at most `per_owner` nonces, its own oldest forgotten first; when the book holds
+/// `capacity` nonces, the oldest nonce of the owner holding most is forgotten, but never the only
+/// nonce of an owner: when every owner holds one, the new request is refused instead. So a
+/// worker's pending nonce survives any flood of requests from others until it expires.
 class nonce_book {
  public:
   using clock = std::chrono::steady_clock;
-  explicit nonce_book(std::chrono::seconds ttl = std::chrono::seconds(60), std::size_t capacity = 1024)
-      : ttl_(ttl), capacity_(capacity) {}
-  /// A fresh nonce, issued at `now`.
-  std::string issue(clock::time_point now);
+  explicit nonce_book(std::chrono::seconds ttl = std::chrono::seconds(60), std::size_t capacity = 1024,
+                      std::size_t per_owner = 4)
+      : ttl_(ttl), capacity_(std::max<std::size_t>(capacity, 1)), per_owner_(std::max<std::size_t>(per_owner, 1)) {}
+  /// A fresh nonce for `owner`, issued at `now`; nullopt when the book is full of other owners'
+  /// single nonces (the request is refused, nobody's nonce is taken).
+  std::optional<std::string> issue(clock::time_point now, const std::string& owner = {});
   /// True, once, for a nonce issued less than ttl before `now`.
   bool consume(const std::string& nonce, clock::time_point now);
   [[nodiscard]] std::size_t outstanding() const { return issued_.size(); }
+  /// The nonces `owner` holds.
+  [[nodiscard]] std::size_t outstanding(const std::string& owner) const;
 
  private:
   struct entry {
     std::string nonce;
     clock::time_point at;
+    std::string owner;
   };
+  void forget(std::deque<entry>::iterator it);
   std::chrono::seconds ttl_;
   std::size_t capacity_;
-  std::deque<entry> issued_;
+  std::size_t per_owner_;
+  std::deque<entry> issued_;  ///< oldest first
+  std::map<std::string, std::size_t> held_;  ///< per owner: its entries in issued_
 };
 
 /// What the coordinator checks a registration against.

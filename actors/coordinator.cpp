@@ -1,13 +1,17 @@
 #include "actors/coordinator.hpp"
 
 #include "actors/coordinator_checkpoint.hpp"
+#include "actors/coordinator_gate.hpp"
 #include "actors/coordinator_training.hpp"
 
 #include <algorithm>
+#include <set>
+#include <type_traits>
 
 #include <caf/actor_cast.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/result.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/system_messages.hpp>
 
@@ -28,20 +32,27 @@ struct overloaded : Fs... {
 template <class... Fs>
 overloaded(Fs...) -> overloaded<Fs...>;
 
-/// The one place a node-side message meets the phase: the phase that handles it decides (false:
-/// of another epoch or step); every other phase drops it. Both count in `dropped`.
+/// The one place a node-side message meets the phase: the gate first, then the phase that handles
+/// it decides (false: of another epoch or step); every other phase drops it. Every message not
+/// taken counts in `dropped`; no exception leaves.
 template <class Message>
 void dispatch(coordinator_pointer self, Message& m) {
   auto& st = self->state;
-  const bool accepted = std::visit(
-      [&](auto& ph) -> bool {
-        if constexpr (requires { handle(self, ph, m); })
-          return handle(self, ph, m);  // may enter another phase: `ph` is not used after
-        else
-          return false;
-      },
-      st.phase);
+  const gate_verdict v = gate(self, m);
+  if (v.kind == gate_verdict::fence) return void(++st.dropped);
+  if (v.kind == gate_verdict::refuse) return refuse_message(self, message_name(m), v.why);
+  const bool accepted = guarded(self, message_name(m), [&] {
+    return std::visit(
+        [&](auto& ph) -> bool {
+          if constexpr (requires { handle(self, ph, m); })
+            return handle(self, ph, m);  // may enter another phase: `ph` is not used after
+          else
+            return false;
+        },
+        st.phase);
+  });
   if (!accepted) ++st.dropped;
+  forget_old_losses(st);
 }
 
 std::int32_t alive_nodes(const coordinator_state& st) {
@@ -113,6 +124,7 @@ void on_down(coordinator_pointer self, const caf::down_msg& dm) {
     if (n.state == node_state::lost || n.monitor.address() != dm.source) continue;
     n.state = node_state::lost;
     n.lost_reason = self->system().render(dm.reason);
+    st.lost_order.push_back(id);
     st.deps.log(to_string(id) + " lost: " + n.name + " (" + n.lost_reason + ")");
     publish(self, {event_kind::node_lost, st.epoch, st.step, id.value, 0, n.lost_reason});
     std::erase(st.joining, id);
@@ -126,11 +138,13 @@ void on_down(coordinator_pointer self, const caf::down_msg& dm) {
                    },
                },
                st.phase);
+    forget_old_losses(st);
     return;
   }
   auto& subs = st.subscribers;
   subs.erase(std::remove_if(subs.begin(), subs.end(), [&](const caf::actor& a) { return a.address() == dm.source; }),
              subs.end());
+  forget_old_losses(st);
 }
 
 caf::error check_operator(coordinator_pointer self, const control_proof& p) {
@@ -162,6 +176,42 @@ caf::result<std::string> on_inject(coordinator_pointer self, const inject_fault&
 
 }  // namespace
 
+namespace {
+
+/// The coordinator, with exit messages from other processes dropped before CAF's own handling
+/// (which quits on exit_reason::kill without asking the actor).
+class coordinator_impl : public caf::stateful_actor<coordinator_state, coordinator_actor::base> {
+ public:
+  using super = caf::stateful_actor<coordinator_state, coordinator_actor::base>;
+  coordinator_impl(caf::actor_config& cfg, coordinator_deps deps) : super(cfg), deps_(std::move(deps)) {}
+
+  behavior_type make_behavior() override { return coordinator(this, std::move(deps_)); }
+
+  caf::invoke_message_result consume(caf::mailbox_element& x) override {
+    if (x.content().match_elements<caf::exit_msg>() && (!x.sender || x.sender->node() != node())) {
+      current_mailbox_element(&x);  // the refusal names the sender
+      refuse_message(this, "an exit message", "only an actor of the coordinator's own process may stop it");
+      current_mailbox_element(nullptr);
+      return caf::invoke_message_result::dropped;
+    }
+    return super::consume(x);
+  }
+
+ private:
+  coordinator_deps deps_;
+};
+
+}  // namespace
+
+coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_deps deps) {
+  return sys.spawn<coordinator_impl>(std::move(deps));
+}
+
+void stop_coordinator(caf::actor_system& sys, const coordinator_actor& coordinator, caf::exit_reason reason) {
+  caf::scoped_actor self{sys};
+  self->send_exit(coordinator, reason);
+}
+
 job_status make_status(const coordinator_state& st) {
   job_status s;
   s.state = std::string(phase_name(st.phase));
@@ -173,6 +223,7 @@ job_status make_status(const coordinator_state& st) {
   s.last_loss = st.last_loss;
   s.samples_per_second = st.samples_per_second;
   s.dropped_messages = st.dropped;
+  s.refused_messages = st.refused_messages;
   for (const auto& [id, n] : st.nodes) {
     std::int32_t rank = -1;
     for (std::size_t p = 0, r = 0; p < st.current.pipelines.size(); ++p)
@@ -198,41 +249,87 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
   self->state.deps = std::move(deps);
   self->state.step = self->state.deps.checkpoint.resume_step;  // 0, or a resumed job's next step
   self->state.last_checkpoint = self->state.deps.checkpoint.resume_dir;
-  self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
+  // System messages are messages too, and anyone who reaches the port can send one: a down
+  // message counts only from the actor it reports (CAF sends it as that actor); an exit only from
+  // an actor of this process (stop_coordinator); an error or an unexpected message never ends the
+  // coordinator (CAF 0.17's defaults would quit on the first, print every one of the second).
+  self->set_down_handler([self](caf::down_msg& dm) {
+    if (!sent_by(self->current_sender(), dm.source))
+      return refuse_message(self, "a down message", "it reports " + caf::to_string(dm.source) + " but was not sent as that actor");
+    guarded(self, "a down message", [&] { on_down(self, dm); });
+  });
+  self->set_exit_handler([self](caf::exit_msg& em) {
+    const auto& sender = self->current_sender();
+    if (!sender || sender->node() != self->node())
+      return refuse_message(self, "an exit message", "only an actor of the coordinator's own process may stop it");
+    if (em.reason != caf::exit_reason::normal) self->quit(std::move(em.reason));
+  });
+  self->set_error_handler([self](caf::error& err) {
+    refuse_message(self, "an error message", "no request of the coordinator's is pending (" + self->system().render(err) + ")");
+  });
+  self->set_default_handler([self](caf::scheduled_actor*, caf::message_view&) -> caf::result<caf::message> {
+    refuse_message(self, "a message of a type the coordinator does not take", "dropped");
+    return caf::sec::unexpected_message;
+  });
   return {
       [self](nonce_request& r) -> caf::result<std::string> {
-        auto& st = self->state;
-        if (r.protocol_version != st.deps.policy.protocol_version)
-          return make_error(protocol_error::wrong_version,
-                            "the worker speaks protocol " + std::to_string(r.protocol_version) +
-                                ", the coordinator " + std::to_string(st.deps.policy.protocol_version));
-        return st.nonces.issue(st.deps.now());
+        return guarded(self, "nonce_request", [&]() -> caf::result<std::string> {
+          auto& st = self->state;
+          if (r.protocol_version != st.deps.policy.protocol_version)
+            return make_error(protocol_error::wrong_version,
+                              "the worker speaks protocol " + std::to_string(r.protocol_version) +
+                                  ", the coordinator " + std::to_string(st.deps.policy.protocol_version));
+          if (auto nonce = st.nonces.issue(st.deps.now(), nonce_owner(self))) return *nonce;
+          return make_error(protocol_error::bad_request,
+                            "the coordinator holds too many unused nonces of other askers; try again in a minute");
+        });
       },
-      [self](register_node& r) -> caf::result<admission> { return on_register(self, r); },
+      [self](register_node& r) -> caf::result<admission> {
+        return guarded(self, "register_node", [&] { return on_register(self, r); });
+      },
       [self](node_ready& r) { dispatch(self, r); },
       [self](node_fault& f) { dispatch(self, f); },
-      [](epoch_aborted&) {},  // survivors confirm the abort; the new epoch does not wait for it
+      // Survivors confirm the abort; the new epoch does not wait for it (the gate still counts forgeries).
+      [self](epoch_aborted& a) { dispatch(self, a); },
       [self](pipeline_done& d) { dispatch(self, d); },
       [self](step_committed& c) { dispatch(self, c); },
       [self](checkpoint_written& w) { dispatch(self, w); },
+      [self](checkpoint_deadline& d) {
+        if (auto v = from_self(self); v.kind != gate_verdict::accept) return refuse_message(self, "checkpoint_deadline", v.why);
+        guarded(self, "checkpoint_deadline", [&] { on_checkpoint_deadline(self, d); });
+      },
+      [self](stall_report& r) { dispatch(self, r); },
+      [self](coordinator_deadline& d) { dispatch(self, d); },  // the gate takes the coordinator's own only
       [self](status_atom, control_proof& p) -> caf::result<job_status> {
-        if (auto err = check_operator(self, p)) return err;
-        return make_status(self->state);
+        return guarded(self, "a status request", [&]() -> caf::result<job_status> {
+          if (auto err = check_operator(self, p)) return err;
+          return make_status(self->state);
+        });
       },
       [self](inject_fault& f, control_proof& p) -> caf::result<std::string> {
-        if (auto err = check_operator(self, p)) return err;
-        return on_inject(self, f);
+        return guarded(self, "inject_fault", [&]() -> caf::result<std::string> {
+          if (auto err = check_operator(self, p)) return err;
+          return on_inject(self, f);
+        });
       },
       [self](subscribe_atom, caf::actor& who, control_proof& p) -> caf::result<std::string> {
-        if (auto err = check_operator(self, p)) return err;
-        self->monitor(who);
-        self->state.subscribers.push_back(who);
-        return std::string("subscribed");
+        return guarded(self, "a subscription", [&]() -> caf::result<std::string> {
+          if (auto err = check_operator(self, p)) return err;
+          self->monitor(who);
+          self->state.subscribers.push_back(who);
+          return std::string("subscribed");
+        });
       },
-      [self](shutdown_atom, std::string& reason, control_proof& p) -> caf::result<std::string> {
-        if (auto err = check_operator(self, p)) return err;
-        stop_job(self, stop_outcome::shutdown, reason);
-        return std::string("shutting down");
+      [self](shutdown_atom, std::string& reason, bool checkpoint, control_proof& p) -> caf::result<std::string> {
+        return guarded(self, "a shutdown request", [&]() -> caf::result<std::string> {
+          if (auto err = check_operator(self, p)) return err;
+          if (checkpoint) {
+            stop_after_checkpoint(self, stop_outcome::shutdown, reason);
+            return std::string("shutting down after a checkpoint (when one can be written)");
+          }
+          stop_job(self, stop_outcome::shutdown, reason);
+          return std::string("shutting down");
+        });
       },
   };
 }

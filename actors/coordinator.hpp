@@ -10,12 +10,15 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <caf/actor_system.hpp>
+#include <caf/exit_reason.hpp>
 #include <caf/stateful_actor.hpp>
 
 #include "actors/admission.hpp"
@@ -86,6 +89,35 @@ struct checkpoint_deps {
   std::uint64_t resume_step = 0;
   /// Called once when the job stops for lack of nodes (metrics record, exit status).
   std::function<void(const checkpoint_stop_record&)> on_stop = [](const checkpoint_stop_record&) {};
+  /// begin, finish and discard touch the disk (hashing, fsync): true runs them in a detached helper
+  /// actor, so the coordinator goes on answering; false in a scheduled one (deterministic tests).
+  bool off_thread = false;
+  /// A writer's deadline: write_floor + 3 x (the parameter bytes of its layers) / write_bytes_per_second
+  /// (a layer file holds the parameters and AdamW's two moments).
+  std::chrono::milliseconds write_floor{30'000};
+  double write_bytes_per_second = 20e6;
+};
+
+/// How the coordinator treats nodes that fail or stall without being lost (ARCHITECTURE.md §5
+/// "Stage faults"); the job file's [faults] table fills it. Every deadline's expiry is a fault like
+/// any other: the epoch is aborted and formed again, and the node found responsible gets a strike;
+/// a node with enough strikes since the last commit is evicted (declared lost, told to exit).
+struct fault_policy {
+  int evict_after_errors = 3;  ///< own stage failures (exceptions) of a node before it is evicted
+  int evict_after_stalls = 2;  ///< stalls (named culprit of a missed deadline) before it is evicted
+  /// A step's deadline: the larger of this and step_deadline_factor x the median of the last 20
+  /// committed steps' wall times; the first step of an epoch gets step_deadline_min_ms on top; a
+  /// job with no committed step yet uses first_step_deadline_ms.
+  double step_deadline_min_ms = 10'000;
+  double step_deadline_factor = 10;
+  double first_step_deadline_ms = 60'000;
+  /// An epoch's forming deadline: this plus its copy plan's bytes at form_bytes_per_ms (the data
+  /// plane's connect timeout on the workers is twice this, so the coordinator's deadline, which
+  /// can name the culprit, comes first).
+  double form_deadline_ms = 30'000;
+  double form_bytes_per_ms = 10'000;  ///< 10 MB/s: a floor, not an estimate
+  /// After a deadline, how long the nodes have to answer the stall probe.
+  double probe_ms = 1'000;
 };
 
 /// What the coordinator is built with (the composition root fills it).
@@ -109,6 +141,7 @@ struct coordinator_deps {
   /// Every event published to subscribers, as it is published (--events-out writes them).
   std::function<void(const messages::job_event&)> on_event = [](const messages::job_event&) {};
   checkpoint_deps checkpoint;
+  fault_policy faults;
 };
 
 /// Where an admitted node stands in the job.
@@ -159,15 +192,36 @@ struct coordinator_state {
   std::map<node_id, std::vector<messages::inject_fault>> pending_faults;
   std::vector<caf::actor> subscribers;
   std::uint64_t refused = 0;  ///< registrations refused so far
+  /// Lost nodes, in the order they were lost: beyond the newest lost_entries_kept, those the job
+  /// no longer refers to are forgotten (coordinator.cpp, forget_old_losses).
+  std::deque<node_id> lost_order;
+  static constexpr std::size_t lost_entries_kept = 64;
 
   // Counters.
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;  ///< the step running or next to run
   std::uint64_t committed = 0;
-  std::uint64_t dropped = 0;              ///< messages of another epoch, step or phase
+  std::uint64_t dropped = 0;              ///< messages of another epoch, step or phase, or refused
+  /// Node-side messages refused (coordinator.cpp, the gate): not from the actor the coordinator
+  /// admitted or spawned for what they name, or malformed. Counted in `dropped` too.
+  std::uint64_t refused_messages = 0;
+  /// Refusals per sender, for the log (a line at each sender's 1st, 10th, 100th...): at most
+  /// refusal_senders_named senders are named; the others share refused_from_others.
+  std::map<std::string, std::uint64_t> refused_by_sender;
+  std::uint64_t refused_from_others = 0;
+  static constexpr std::size_t refusal_senders_named = 32;
   std::uint64_t illegal_transitions = 0;  ///< bugs: a phase entered along an edge not drawn
   int failures_without_loss = 0;  ///< failed steps or epochs since the last commit or loss
   static constexpr int max_failures_without_loss = 3;
+
+  // Stage faults (coordinator_faults.cpp): strikes since the last commit, per node.
+  std::map<node_id, int> errors;  ///< own stage failures
+  std::map<node_id, int> stalls;  ///< named culprit of a missed deadline
+  std::uint64_t commit_epoch = 0;  ///< the epoch of the last commit: older own faults are stale
+  std::uint64_t probes = 0;        ///< stall probe rounds so far
+  std::uint64_t evicted = 0;       ///< nodes evicted so far
+  std::uint64_t first_step_of_epoch = 0;  ///< the step the epoch in force started training with
+  std::vector<double> recent_step_ms;     ///< wall times of the last committed steps (at most 20)
 
   // The epoch in force and where the layers are.
   epoch_layout current;
@@ -194,6 +248,16 @@ struct coordinator_state {
 using coordinator_pointer = messages::coordinator_actor::stateful_pointer<coordinator_state>;
 
 messages::coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinator_deps deps);
+
+/// Spawns the coordinator. Use this rather than spawn(coordinator, ...): the actor it spawns drops
+/// an exit message that does not come from an actor of its own process before CAF sees it (CAF 0.17
+/// quits on exit_reason::kill from anyone, and anyone who reaches the port can send one).
+messages::coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_deps deps);
+
+/// Stops the coordinator from its own process (an exit sent by a local actor): the only exit it
+/// takes, since anyone who reaches its port could send an anonymous one.
+void stop_coordinator(caf::actor_system& sys, const messages::coordinator_actor& coordinator,
+                      caf::exit_reason reason = caf::exit_reason::user_shutdown);
 
 /// The status snapshot the coordinator replies with (also used by tests).
 messages::job_status make_status(const coordinator_state& st);

@@ -43,7 +43,7 @@ std::string id_list(const std::vector<node_id>& ids) {
 /// -> forming: sends every node in `live` its part of `ep` (the epoch after st.epoch), which runs
 /// `configuration`.
 void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::vector<node_id>& live,
-                planning::cluster_state configuration) {
+                planning::cluster_state configuration, std::int64_t copy_bytes) {
   auto& st = self->state;
   ++st.epoch;
   for (auto& p : st.current.pipelines)
@@ -71,6 +71,7 @@ void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::
   for (const auto& p : st.current.pipelines) base.pipeline_microbatches.push_back(p.microbatches);
   // A resumed job's layers come from its checkpoint until an epoch has formed everywhere.
   if (!st.formed_once) base.resume_dir = st.deps.checkpoint.resume_dir;
+  base.data_nonce = random_hex(32);  // the data plane's handshake proves the token over it
 
   for (node_id id : live) {
     epoch_assignment a = base;
@@ -86,6 +87,7 @@ void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::
     }
     self->send(st.nodes.at(id).monitor, std::move(a));
   }
+  arm_form_deadline(self, copy_bytes);
 }
 
 /// forming -> training: every node formed the epoch; its configuration is where the layers are now.
@@ -93,6 +95,7 @@ void start_training(coordinator_pointer self, phase::forming& ph) {
   auto& st = self->state;
   st.formed_once = true;
   st.formed = ph.configuration;
+  st.first_step_of_epoch = st.step;
   st.lost_since_formed.clear();
   // The joining nodes this epoch was planned with are in; one that registered while it formed
   // is not, and enters at the next step boundary.
@@ -177,8 +180,9 @@ void record_reconfiguration(coordinator_pointer self, const planning::reconfigur
 
 bool node_failed(coordinator_pointer self, node_fault& f) {
   auto& st = self->state;
-  if (f.epoch != st.epoch) return false;
-  on_retry(self, to_string(f.node) + " failed in epoch " + std::to_string(f.epoch) + ": " + f.what, f.node);
+  if (own_failure(self, f)) return true;  // evicted: the recovery is under way
+  if (f.epoch != st.epoch) return f.own && f.epoch >= st.commit_epoch;  // counted as a strike
+  on_retry(self, to_string(f.node) + " failed in epoch " + std::to_string(f.epoch) + ": " + f.what, f.node, f.own);
   return true;
 }
 
@@ -234,7 +238,7 @@ void enter_forming(coordinator_pointer self, std::optional<node_id> lost_node) {
   for (const auto& c : r.copies) bytes += c.bytes;
   const std::string rules = rules_of(r);
   const double plan_ms = ms_between(started, st.deps.now());
-  send_epoch(self, ep, live, {r.pipelines, r.idle_nodes});
+  send_epoch(self, ep, live, {r.pipelines, r.idle_nodes}, bytes);
   record_reconfiguration(self, r, lost, joined, detect_ms, plan_ms);
   std::string what = !lost.empty()     ? "reconfigured after losing node(s)" + id_list(lost)
                      : !joined.empty() ? "reconfigured to admit node(s)" + id_list(joined)
@@ -254,11 +258,13 @@ void enter_forming(coordinator_pointer self, std::optional<node_id> lost_node) {
 /// peer's crash before CAF's down message arrived; sometimes a real stage error. The epoch is
 /// formed again on the same nodes (a dead one then never reports ready, and its loss, when it
 /// arrives, starts the recovery over); a failure that repeats without any loss stops the job.
-void on_retry(coordinator_pointer self, const std::string& what, std::optional<node_id> failed_node) {
+void on_retry(coordinator_pointer self, const std::string& what, std::optional<node_id> failed_node, bool published) {
   auto& st = self->state;
-  publish(self, {event_kind::step_failed, st.epoch, st.step, failed_node ? failed_node->value : -1, 0, what});
-  if (++st.failures_without_loss > coordinator_state::max_failures_without_loss)
-    return stop_job(self, stop_outcome::failed,
+  if (!published)
+    publish(self, {event_kind::step_failed, st.epoch, st.step, failed_node ? failed_node->value : -1, 0, what});
+  ++st.failures_without_loss;
+  if (failures_stop_the_job(st))
+    return stop_after_checkpoint(self, stop_outcome::failed,
                     what + " (" + std::to_string(st.failures_without_loss) + " failures in a row without a lost node)");
   st.deps.log(what + "; forming the epoch again");
   commit_stands_if_decided(self, std::nullopt);
@@ -280,7 +286,7 @@ void plan_first_epoch(coordinator_pointer self) {
   st.templates = plan.templates;
   st.formed = {plan.pipelines, plan.idle_nodes};
   st.lost_since_formed.clear();
-  send_epoch(self, planning::map_epoch(plan), live, {plan.pipelines, plan.idle_nodes});
+  send_epoch(self, planning::map_epoch(plan), live, {plan.pipelines, plan.idle_nodes}, 0);
   publish(self, {event_kind::epoch_forming, st.epoch, st.step, -1, 0, {}});
   st.deps.log("forming epoch " + std::to_string(st.epoch) + " on " + std::to_string(live.size()) + " node(s), " +
               std::to_string(st.current.pipelines.size()) + " pipeline(s), predicted step " +
@@ -312,6 +318,16 @@ bool handle(coordinator_pointer self, phase::forming& ph, node_ready& r) {
 
 bool handle(coordinator_pointer self, phase::forming&, node_fault& f) { return node_failed(self, f); }
 bool handle(coordinator_pointer self, phase::training&, node_fault& f) { return node_failed(self, f); }
-bool handle(coordinator_pointer self, phase::committing&, node_fault& f) { return node_failed(self, f); }
+bool handle(coordinator_pointer self, phase::committing&, node_fault& f) {
+  auto& st = self->state;
+  if (f.own && f.epoch == st.epoch && st.current.contains(f.node)) {
+    // Its commit failed part-way: its layers are neither the old state nor the new one. The commit
+    // stands (it was decided); the node goes.
+    publish(self, {event_kind::step_failed, st.epoch, st.step, f.node.value, 0, f.what});
+    evict(self, f.node, "applying the commit failed: " + f.what);
+    return true;
+  }
+  return node_failed(self, f);
+}
 
 }  // namespace oobleck::actors

@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -53,6 +54,13 @@ namespace oobleck::actors {
 using planning::layer_index;
 using planning::node_id;
 using planning::rank;
+
+/// A round of stall probes after a deadline: who answered what.
+struct probe_round {
+  std::uint64_t id = 0;
+  double deadline_ms = 0;  ///< the deadline that passed
+  std::map<node_id, messages::stall_report> reports;
+};
 
 /// One committed step, for metrics (--metrics-out writes one JSON line each).
 struct step_record {
@@ -85,6 +93,10 @@ struct checkpoint_progress {
   std::vector<messages::checkpoint_layer_file> files;
   bool stop_after = false;  ///< the fallback: the job stops when it is written (or not)
   std::string reason;       ///< why the job stops
+  messages::stop_outcome outcome = messages::stop_outcome::checkpoint_and_stop;  ///< how, when stop_after
+  std::map<node_id, std::uint64_t> attempts;  ///< per writer: its latest order (a deadline of an older one is stale)
+  std::set<node_id> failed;                   ///< writers that failed or missed a deadline: not asked again
+  bool finishing = false;  ///< every layer written; the manifest and rename run off the coordinator's thread
 };
 
 namespace phase {
@@ -106,6 +118,7 @@ struct forming {
   std::map<node_id, std::vector<caf::actor>> ready;   ///< node_ready so far: stage handles
   std::map<node_id, messages::form_timing> timing;    ///< node_ready so far: where forming went
   std::chrono::steady_clock::time_point assignments_sent;
+  std::optional<probe_round> probing;  ///< its deadline passed: the nodes are asked what they do
 };
 
 /// A step runs: each pipeline actor drives its stages and reports pipeline_done.
@@ -113,6 +126,7 @@ struct training {
   static constexpr std::string_view name = "training";
   step_progress step;
   std::size_t pipelines_pending = 0;
+  std::optional<probe_round> probing;  ///< its deadline passed: the nodes are asked what they do
 };
 
 /// Every pipeline reported: the step is decided; waiting for every node's step_committed.

@@ -43,6 +43,7 @@ void record_committed_step(coordinator_pointer self, step_progress& progress, co
   st.deps.log(line.str());
   if (!mismatch.empty())
     st.deps.log("ERROR: replicas of layer(s)" + mismatch + " disagree after step " + std::to_string(st.step));
+  note_committed(self, rec.wall_ms);
   st.deps.on_step(rec);
   publish(self, {event_kind::step_committed, st.epoch, st.step, -1, rec.loss, {}});
   ++st.step;
@@ -61,6 +62,7 @@ void run_step(coordinator_pointer self) {
   next.step.timing.start(st.step_started);
   enter(self, std::move(next));
   for (auto& p : st.current.pipelines) self->send(p.actor, messages::run_step{st.epoch, st.step});
+  arm_step_deadline(self);
 }
 
 /// A failure while committing: the commit was decided before it, so it stands. Survivors apply it
@@ -140,6 +142,7 @@ bool handle(coordinator_pointer self, phase::training& ph, pipeline_done& d) {
   next.pending.insert(st.current.nodes.begin(), st.current.nodes.end());
   enter(self, std::move(next));
   for (node_id id : st.current.nodes) self->send(st.nodes.at(id).monitor, commit_step{st.epoch, st.step});
+  arm_commit_deadline(self);
   return true;
 }
 

@@ -52,7 +52,9 @@ void on_loss(coordinator_pointer self, node_id node);
 
 /// A step or an epoch failed without a node being declared lost (yet); `failed_node` reported it.
 /// The epoch is formed again (a retry), or the job stops when failures repeat without a loss.
-void on_retry(coordinator_pointer self, const std::string& what, std::optional<node_id> failed_node);
+/// `published`: the failure's step_failed event was published already (a strike).
+void on_retry(coordinator_pointer self, const std::string& what, std::optional<node_id> failed_node,
+              bool published = false);
 
 /// The shared step of every transition into `forming` after the first plan: a loss (`lost_node`),
 /// a retry or a join (nullopt).
@@ -68,6 +70,32 @@ void commit_stands_if_decided(coordinator_pointer self, std::optional<node_id> l
 /// The step boundary after a commit (and its checkpoint, if one was due): the job finishes, joined
 /// nodes enter (a join: a new epoch), or the next step runs.
 void after_commit(coordinator_pointer self);
+
+// Stage faults (coordinator_faults.cpp).
+
+/// The deadline of the step st.step (fault_policy), and of forming an epoch with that many bytes
+/// of copies.
+double step_deadline_ms(const coordinator_state& st);
+double form_deadline_ms(const coordinator_state& st, std::int64_t copy_bytes);
+/// Sets the deadline of the step in progress, of its commit, of the epoch being formed.
+void arm_step_deadline(coordinator_pointer self);
+void arm_commit_deadline(coordinator_pointer self);
+void arm_form_deadline(coordinator_pointer self, std::int64_t copy_bytes);
+/// A step committed: its wall time joins the recent ones; strikes are forgotten.
+void note_committed(coordinator_pointer self, double wall_ms);
+/// Declares `node` lost for `why`, tells its process to exit, and recovers without it.
+void evict(coordinator_pointer self, node_id node, const std::string& why);
+/// A node reported its own stage's failure: a strike; true when it was evicted for it (then the
+/// recovery is under way and nothing else is to be done for this report).
+bool own_failure(coordinator_pointer self, const messages::node_fault& f);
+/// Whether the failures without a loss are too many to go on (the job stops as failed).
+bool failures_stop_the_job(const coordinator_state& st);
+
+bool handle(coordinator_pointer self, phase::training& ph, messages::coordinator_deadline& d);
+bool handle(coordinator_pointer self, phase::training& ph, messages::stall_report& r);
+bool handle(coordinator_pointer self, phase::forming& ph, messages::coordinator_deadline& d);
+bool handle(coordinator_pointer self, phase::forming& ph, messages::stall_report& r);
+bool handle(coordinator_pointer self, phase::committing& ph, messages::coordinator_deadline& d);
 
 bool handle(coordinator_pointer self, phase::forming& ph, messages::node_ready& r);
 bool handle(coordinator_pointer self, phase::forming& ph, messages::node_fault& f);

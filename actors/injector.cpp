@@ -42,7 +42,8 @@ void count_unfired(injector_pointer self) {
   auto& st = self->state;
   int unfired = 0;
   for (const auto& f : st.deps.faults)
-    if (!st.lost_nodes.count(f.node)) {
+    if (!st.lost_nodes.count(f.node) &&
+        !((f.kind == fault_kind::error || f.kind == fault_kind::stall) && st.failed_nodes.count(f.node))) {
       ++unfired;
       st.deps.log("the " + to_string(f.kind) + " of node " + std::to_string(f.node) + " at step " +
                   std::to_string(f.at_step) + " did not fire (the step passed before it was armed, or the "
@@ -66,6 +67,7 @@ caf::behavior injector(caf::stateful_actor<injector_state>* self, injector_deps 
   return {
       [self](job_event& e) {
         if (e.kind == event_kind::node_lost) self->state.lost_nodes.insert(e.node);
+        if (e.kind == event_kind::step_failed && e.node >= 0) self->state.failed_nodes.insert(e.node);
         if (e.kind == event_kind::stopped) {
           count_unfired(self);
           self->quit();

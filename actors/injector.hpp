@@ -38,6 +38,7 @@ struct injector_deps {
 struct injector_state {
   injector_deps deps;
   std::set<std::int64_t> lost_nodes;
+  std::set<std::int64_t> failed_nodes;  ///< named by a step_failed event (error and stall faults fire so)
   static inline const char* name = "oobleck.injector";
 };
 

@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <caf/send.hpp>
 #include <caf/system_messages.hpp>
 #include <caf/exit_reason.hpp>
 
@@ -97,6 +98,19 @@ void start_stage(monitor_pointer self) {
     st.stage = st.deps.make_stage(st.job);
   } catch (const std::exception& e) {
     st.deps.log(std::string("cannot start a stage: ") + e.what());
+    return;
+  }
+  // A stage's own failure is reported as this monitor's (the coordinator accepts node messages
+  // only from the node's monitor), from the failing stage's thread. Weak: the stage runtime must
+  // not keep its monitor alive.
+  if (st.stage->report_failures_to) {
+    const caf::actor_addr me = self->address();
+    st.stage->report_failures_to([me, coordinator = st.deps.coordinator, node = st.node,
+                                  log = st.deps.log](std::uint64_t epoch, const std::string& what) {
+      log("epoch " + std::to_string(epoch) + ": this node's stage failed: " + what);
+      if (auto monitor = caf::actor_cast<caf::actor>(me))
+        caf::send_as(monitor, coordinator, node_fault{epoch, node, what, true});
+    });
   }
 }
 
@@ -227,14 +241,24 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
       [self](inject_fault& f) {
         auto& st = self->state;
         const std::string what = to_string(f.kind) + (f.seconds > 0 ? " for " + std::to_string(f.seconds) + " s" : "");
-        if (f.at_step >= 0 && st.stage && st.stage->arm) {
-          st.deps.log("fault armed: " + what + " in the middle of step " + std::to_string(f.at_step));
+        // Error and stall happen inside a stage's step (the next one when no step is named).
+        const bool in_stage = f.kind == fault_kind::error || f.kind == fault_kind::stall;
+        if ((f.at_step >= 0 || in_stage) && st.stage && st.stage->arm) {
+          st.deps.log("fault armed: " + what + " in the middle of " +
+                      (f.at_step >= 0 ? "step " + std::to_string(f.at_step) : std::string("the next step")) +
+                      (in_stage ? (f.attempts > 0 ? ", at most " + std::to_string(f.attempts) + " attempt(s)"
+                                                  : ", every attempt")
+                                : ""));
           auto log = st.deps.log;
           auto act = st.deps.fault;
-          st.stage->arm(f, [log, act, what](const inject_fault& x) {
+          st.stage->arm(f, [log, act, what, in_stage](const inject_fault& x) {
             log("injected fault: " + what + " (step " + std::to_string(x.at_step) + ")");
-            act(x);
+            if (!in_stage) act(x);  // the stage throws or stalls itself
           });
+          return;
+        }
+        if (in_stage) {
+          st.deps.log("cannot inject " + what + ": this node runs no stage");
           return;
         }
         st.deps.log("injected fault: " + what);
@@ -244,6 +268,21 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
         self->state.deps.log("shut down by the coordinator: " + reason);
         retire_stage(self, "shut down: " + reason);
         self->quit();
+      },
+      [self](stall_probe& p) {
+        auto& st = self->state;
+        stall_report r;
+        if (st.stage && st.stage->activity) r = st.stage->activity();
+        r.probe = p.probe;
+        r.node = st.node;
+        self->send(st.deps.coordinator, r);
+      },
+      [self](evict_atom, std::string& why) {
+        // The coordinator declared this node lost for failing or stalling again and again: the job
+        // goes on without it. A stage stuck in compute cannot be stopped; the process exits anyway.
+        self->state.deps.log("evicted by the coordinator: " + why);
+        retire_stage(self, "evicted: " + why);
+        self->quit(make_error(protocol_error::evicted, why));
       },
   };
 }

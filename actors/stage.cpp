@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <map>
@@ -31,6 +32,63 @@ using namespace oobleck::messages;
 
 namespace {
 
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+/// What a slot's thread is doing, for the stall probe (read from the monitor's thread).
+struct slot_activity {
+  enum : int { idle = 0, computing = 1, waiting = 2 };
+  std::atomic<int> state{idle};
+  std::atomic<std::int64_t> since_ns{0};
+  std::atomic<std::thread::id> owner{};  ///< the slot's thread while it runs a step
+
+  void set(int s) {
+    since_ns.store(now_ns());
+    state.store(s);
+  }
+  double ms_in(int s) const {
+    if (state.load() != s) return 0;
+    return static_cast<double>(now_ns() - since_ns.load()) / 1e6;
+  }
+};
+
+/// The executor's view of the node's communicator, which records when the slot's own thread
+/// waits for its peers (receives, collectives): the rest of a step is compute. A stage computing
+/// for long while its peers wait is the culprit of a step that does not finish.
+class watched_communicator final : public runtime::communicator {
+ public:
+  watched_communicator(runtime::communicator& base, slot_activity& activity) : base_(base), activity_(activity) {}
+  int rank() const override { return base_.rank(); }
+  void send(const torch::Tensor& t, int peer, int tag) override { base_.send(t, peer, tag); }
+  void recv(torch::Tensor& t, int peer, int tag) override {
+    waiting([&] { base_.recv(t, peer, tag); });
+  }
+  void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) override {
+    waiting([&] { base_.all_reduce_sum(t, group, tag); });
+  }
+  void broadcast(torch::Tensor& t, int root, const std::vector<int>& group, int tag) override {
+    waiting([&] { base_.broadcast(t, root, group, tag); });
+  }
+  void abort() override { base_.abort(); }
+
+ private:
+  template <class F>
+  void waiting(F&& f) {
+    if (std::this_thread::get_id() != activity_.owner.load()) return f();  // the reducer's thread
+    activity_.set(slot_activity::waiting);
+    struct back_to_compute {
+      slot_activity& a;
+      ~back_to_compute() { a.set(slot_activity::computing); }
+    } back{activity_};
+    f();
+  }
+
+  runtime::communicator& base_;
+  slot_activity& activity_;
+};
+
 /// The node's layers and, per epoch, its data plane and one executor per stage it runs. The
 /// transport may be aborted from another thread (under `abort_mu`). The node's slot actors share
 /// it: slot 0 forms epochs, commits and writes checkpoints, slot j runs the epoch's stage j; the
@@ -46,7 +104,8 @@ struct stage_runtime {
         slots(slot_count),
         data(runtime::default_corpus(static_cast<std::size_t>(job.corpus_bytes), job.corpus_seed), job.model.seq_len),
         samples(job.sample_seed, data.size(), job.global_batch),
-        store(job.model) {}
+        store(job.model),
+        activity(static_cast<std::size_t>(slot_count)) {}
 
   stage_job job;
   int slots = 1;  ///< M: the node's slot actors, and the widths its stages may add up to
@@ -70,9 +129,36 @@ struct stage_runtime {
   std::unique_ptr<runtime::host_communicator> comm;
   /// What the executors talk through: `comm`, plus the hand-off between two stages of this node.
   std::unique_ptr<runtime::loopback_communicator> local;  // written under abort_mu
+  /// Per stage of the epoch: the executor's communicator (records the slot's waits).
+  std::vector<std::unique_ptr<watched_communicator>> watched;
   /// This epoch's views of the store, one per stage of assignment.stages.
   std::vector<std::unique_ptr<runtime::stage_executor>> executors;
   std::vector<std::vector<int>> layer_groups;
+
+  /// Per slot: what its thread is doing (the stall probe). Forming: the newest epoch slot 0
+  /// started forming, whether it waits for a step of the node to end, and the newest formed.
+  std::vector<slot_activity> activity;
+  std::atomic<std::uint64_t> forming_epoch{0};
+  std::atomic<bool> forming_blocked{false};
+  std::atomic<std::uint64_t> formed_epoch{0};
+  std::atomic<std::uint64_t> aborted_epoch{0};  ///< aborted_through, readable without abort_mu
+
+  /// Where a failure of the node's own stage goes (the monitor): set once, before the first epoch.
+  std::mutex sink_mu;
+  std::function<void(std::uint64_t, const std::string&)> failure_sink;
+
+  /// The stage's own failure (not the data plane's): the epoch's data plane is aborted at once, so
+  /// that every peer waiting for this stage fails within milliseconds instead of waiting forever,
+  /// and the monitor reports it to the coordinator (a strike towards eviction).
+  void own_failure(std::uint64_t epoch, const std::string& what) {
+    abort(epoch, "a stage of " + to_string(assignment.rank) + " failed: " + what);
+    std::function<void(std::uint64_t, const std::string&)> sink;
+    {
+      std::lock_guard lock(sink_mu);
+      sink = failure_sink;
+    }
+    if (sink) sink(epoch, what);
+  }
 
   bool runs_layer(planning::layer_index l) const {
     for (const auto& s : assignment.stages)
@@ -90,26 +176,46 @@ struct stage_runtime {
   std::mutex fault_mu;
   std::vector<std::pair<messages::inject_fault, std::function<void(const messages::inject_fault&)>>> armed;
 
-  /// Runs the faults armed for `step` (in the middle of it).
-  void fire_faults(std::uint64_t step) {
+  /// Runs the faults armed for `step` (in the middle of it, on the stage's thread) of `epoch`.
+  /// Kill and hang fire once; error and stall in every attempt of their step (at most
+  /// `attempts` when > 0), an error by throwing, a stall by computing until the epoch is aborted.
+  void fire_faults(std::uint64_t epoch, std::uint64_t step) {
     std::vector<std::pair<messages::inject_fault, std::function<void(const messages::inject_fault&)>>> due;
     {
       std::lock_guard lock(fault_mu);
-      for (auto it = armed.begin(); it != armed.end();)
-        if (it->first.at_step == static_cast<std::int64_t>(step)) {
-          due.push_back(std::move(*it));
-          it = armed.erase(it);
-        } else {
+      for (auto it = armed.begin(); it != armed.end();) {
+        auto& f = it->first;
+        const bool every_attempt = f.kind == fault_kind::error || f.kind == fault_kind::stall;
+        if (every_attempt && f.at_step < 0) f.at_step = static_cast<std::int64_t>(step);  // the next step
+        if (f.at_step != static_cast<std::int64_t>(step)) {
           ++it;
+          continue;
         }
+        due.push_back(*it);
+        if (every_attempt && (f.attempts <= 0 || --f.attempts > 0))
+          ++it;
+        else
+          it = armed.erase(it);
+      }
     }
-    for (auto& [f, act] : due) act(f);
+    for (auto& [f, act] : due) {
+      act(f);
+      if (f.kind == fault_kind::error) TORCH_CHECK(false, "injected: out of memory");
+      if (f.kind == fault_kind::stall) {
+        // Busy, as a stuck kernel or a BLAS spinning on an allocation: it answers nothing and
+        // sends nothing, while the process (its monitor, heartbeats) stays responsive.
+        volatile double x = 1;
+        while (aborted_epoch.load() < epoch)
+          for (int i = 0; i < 100'000; ++i) x = x * 1.0000001 + 1e-9;
+      }
+    }
   }
 
   void abort(std::uint64_t epoch, const std::string& reason) {
     std::lock_guard lock(abort_mu);
     if (epoch < aborted_through) return;
     aborted_through = epoch;
+    aborted_epoch.store(epoch);
     abort_reason = reason;
     if (transport && transport->epoch() <= epoch) {
       transport->abort(reason);
@@ -159,11 +265,15 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   // The old epoch's data plane goes now (it would at its destruction below anyway): a stage of
   // this node still in a step of it fails at once and gives up the views.
   rt.abort(a.epoch - 1, "epoch " + std::to_string(a.epoch) + " is forming");
+  rt.forming_epoch.store(a.epoch);
+  rt.forming_blocked.store(true);  // until the node's step of the old epoch gives up the views
   std::unique_lock views(rt.views_mu);
+  rt.forming_blocked.store(false);
   // The old epoch ends here: its uncommitted gradients go, its mesh closes. Its layers stay in
   // the store until an epoch has formed everywhere.
   for (auto& e : rt.executors) e->discard();
   rt.executors.clear();
+  rt.watched.clear();
   {
     std::lock_guard lock(rt.abort_mu);
     rt.local.reset();
@@ -177,8 +287,11 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   }
   rt.assignment = a;
   rt.layer_groups.clear();
-  if (a.rank == planning::no_rank) {  // idle: the layers it held are no longer needed
-    for (int l : rt.store.layers_held()) rt.store.drop(l);
+  if (a.rank == planning::no_rank) {
+    // Idle: the layers it holds stay until this epoch has formed everywhere (its first commit,
+    // which reaches idle nodes too): if it does not form, the next plan starts again from the
+    // last formed configuration, which may ask this node to send them.
+    rt.formed_epoch.store(a.epoch);
     return t;
   }
 
@@ -186,6 +299,14 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   cfg.rank = a.rank.value;
   cfg.epoch = a.epoch;
   cfg.connect_timeout = std::chrono::milliseconds(rt.job.connect_timeout_ms);
+  // Every link of the mesh proves the job token (never sent) over this epoch's nonce: without
+  // them anyone who knows the epoch and a rank could take the rank or feed the all-reduce.
+  if (rt.job.data_token.empty() || a.data_nonce.empty())
+    throw std::invalid_argument("the data plane has no key: the worker's job token (stage_job::data_token) and the "
+                                "epoch's nonce (epoch_assignment::data_nonce) must both be set");
+  cfg.auth_key = rt.job.data_token;
+  cfg.auth_nonce = a.data_nonce;
+  cfg.max_frame_bytes = runtime::largest_frame_bytes(rt.job.model, rt.job.microbatch);
   // The buffers of the layers this node receives are allocated and their pages faulted in
   // before its links come up: a copy starts as soon as its link is up, and the pages would
   // otherwise be faulted in during the transfer, on the transport's I/O thread.
@@ -220,7 +341,7 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
       if (!a.resume_dir.empty()) install_from_checkpoint(rt.store, a.resume_dir, s.first_layer, s.end_layer);
       else if (!rt.formed_once) rt.store.ensure(s.first_layer.value, s.end_layer.value);
     }
-    const runtime::copy_timing copied = copies.run(*rt.transport, *rt.comm);
+    const runtime::copy_timing copied = copies.run(*rt.transport, *rt.comm, copies.time_limit(cfg.connect_timeout));
     t.copies_us = copied.copies_us;
     t.copy_wait_us = copied.copy_wait_us;
     t.bytes_sent = copied.bytes_sent;
@@ -249,15 +370,29 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
     // The runtime below speaks plain integers (ranks of this epoch, layer numbers of the model).
     runtime::stage_position pos{s.first_layer.value, s.end_layer.value, s.stage,
                                 s.num_stages,        s.prev_rank.value, s.next_rank.value};
-    rt.executors.push_back(std::make_unique<runtime::stage_executor>(rt.store, pos, *rt.local, options_of(rt.job)));
+    const std::size_t slot = rt.executors.size();
+    rt.watched.push_back(std::make_unique<watched_communicator>(*rt.local, rt.activity.at(slot)));
+    rt.executors.push_back(std::make_unique<runtime::stage_executor>(rt.store, pos, *rt.watched.back(), options_of(rt.job)));
   }
   t.views_us = runtime::micros_since(views_started);
   rt.formed_once = true;
+  rt.formed_epoch.store(a.epoch);
   for (const auto& g : a.layer_groups) {
     auto& group = rt.layer_groups.emplace_back();
     for (auto r : g) group.push_back(r.value);
   }
   return t;
+}
+
+/// An exception's sentence (a c10::Error's without its backtrace).
+std::string what_of(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+/// The data plane failed (a peer lost, the epoch aborted): not the stage's own fault.
+bool data_plane_failure(const std::exception& e) {
+  return dynamic_cast<const runtime::comm_error*>(&e) || dynamic_cast<const runtime::transport_error*>(&e);
 }
 
 double ms_since(std::chrono::steady_clock::time_point t) {
@@ -273,6 +408,16 @@ stage_done run(stage_runtime& rt, const stage_step& order, int slot) {
   // thread (OpenMP's thread count is per thread), so the node's stages keep their own widths.
   torch::set_num_threads(s.width);
   stage_done done{order.epoch, order.step, s.pipeline, s.stage, 0, {}};
+  auto& activity = rt.activity.at(static_cast<std::size_t>(slot));
+  activity.owner.store(std::this_thread::get_id());
+  activity.set(slot_activity::computing);
+  struct idle_after {
+    slot_activity& a;
+    ~idle_after() {
+      a.set(slot_activity::idle);
+      a.owner.store({});
+    }
+  } idle{activity};
   try {
     const auto all = rt.samples.step_samples(static_cast<std::int64_t>(order.step));
     const auto b = static_cast<std::size_t>(rt.job.microbatch);
@@ -281,11 +426,14 @@ stage_done run(stage_runtime& rt, const stage_step& order, int slot) {
     const auto [inputs, targets] = rt.data.batch(ids);
     done.loss_sum = executor.run_step(static_cast<std::int64_t>(order.step), order.first_microbatch,
                                       order.microbatches, inputs, targets, rt.layer_groups);
-    rt.fire_faults(order.step);
+    rt.fire_faults(order.epoch, order.step);
+    activity.set(slot_activity::waiting);  // for the all-reduces (they run on the reducer's thread too)
     executor.reduce_gradients(rt.layer_groups);
   } catch (const std::exception& e) {
     executor.discard();
-    done.error = e.what();
+    done.error = what_of(e);
+    // This stage's own failure (out of memory, a c10::Error): its peers must not wait for it.
+    if (!data_plane_failure(e) && rt.aborted_epoch.load() < order.epoch) rt.own_failure(order.epoch, done.error);
   }
   const auto& t = executor.last_step_timing();
   done.timing = {ms_since(started), t.compute_ms, t.p2p_wait_ms, t.allreduce_ms};
@@ -304,10 +452,13 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
   return {
       [self](epoch_assignment& a) -> caf::result<form_timing> {
         if (self->state.slot != 0) return slot_zero_only(self->state.slot, "an epoch assignment");
+        auto& rt = *self->state.rt;
         try {
-          return form(*self->state.rt, a);
+          return form(rt, a);
         } catch (const std::exception& e) {
-          return make_error(protocol_error::bad_request, std::string("forming the stage: ") + e.what());
+          // A copy or an allocation that failed here (not a peer, not an abort) is this node's.
+          if (!data_plane_failure(e) && rt.aborted_epoch.load() < a.epoch) rt.own_failure(a.epoch, what_of(e));
+          return make_error(protocol_error::bad_request, "forming the stage: " + what_of(e));
         }
       },
       [self](stage_step& order) -> stage_done {
@@ -327,18 +478,24 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
         std::unique_lock views(rt.views_mu);  // no stage of the node runs now (see views_mu)
         const auto started = std::chrono::steady_clock::now();
         step_committed out{c.epoch, c.step, -1, {}};
-        if (rt.executors.empty() || c.epoch != rt.assignment.epoch) return out;
+        if (c.epoch != rt.assignment.epoch) return out;
         if (rt.pruned_epoch != c.epoch) {  // a step of this epoch committed: it formed everywhere
-          rt.drop_layers_outside_range();
+          rt.drop_layers_outside_range();  // an idle node: every layer it kept for a failed forming
           rt.pruned_epoch = c.epoch;
         }
         // Every stage of the node has reported (the coordinator commits only then) and none runs
         // until the next step: this thread applies the step to all of them.
-        for (auto& e : rt.executors) {
-          e->commit();
-          const auto& p = e->position();
-          for (int l = p.first_layer; l < p.end_layer; ++l) out.digests.push_back({l, e->parameter_digest(l)});
-          out.optimizer_ms += e->last_step_timing().optimizer_ms;
+        try {
+          for (auto& e : rt.executors) {
+            e->commit();
+            const auto& p = e->position();
+            for (int l = p.first_layer; l < p.end_layer; ++l) out.digests.push_back({l, e->parameter_digest(l)});
+            out.optimizer_ms += e->last_step_timing().optimizer_ms;
+          }
+        } catch (const std::exception& e) {
+          // Part of the step may be applied: this node's layers are no longer the committed state.
+          rt.own_failure(c.epoch, "applying the commit of step " + std::to_string(c.step) + ": " + what_of(e));
+          return make_error(protocol_error::bad_request, "commit failed: " + what_of(e));
         }
         out.commit_ms = ms_since(started);
         return out;
@@ -392,6 +549,24 @@ spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job, int slot
   out.arm = [rt](const messages::inject_fault& f, std::function<void(const messages::inject_fault&)> act) {
     std::lock_guard lock(rt->fault_mu);
     rt->armed.emplace_back(f, std::move(act));
+  };
+  out.activity = [rt] {
+    messages::stall_report r;
+    r.epoch = rt->forming_epoch.load();
+    r.formed = rt->formed_epoch.load() >= r.epoch;
+    r.forming_blocked = rt->forming_blocked.load();
+    double computing = 0, waiting = 0;
+    for (const auto& a : rt->activity) {
+      computing = std::max(computing, a.ms_in(slot_activity::computing));
+      waiting = std::max(waiting, a.ms_in(slot_activity::waiting));
+    }
+    r.computing_ms = computing;
+    r.waiting_ms = waiting;
+    return r;
+  };
+  out.report_failures_to = [rt](std::function<void(std::uint64_t, const std::string&)> sink) {
+    std::lock_guard lock(rt->sink_mu);
+    rt->failure_sink = std::move(sink);
   };
   return out;
 }

@@ -48,8 +48,11 @@ struct stage_job {
   std::int64_t corpus_bytes = 1 << 20;    ///< the generated corpus
   std::uint64_t corpus_seed = 7;
   runtime::adamw_options optimizer;
-  std::int32_t connect_timeout_ms = 30'000;
+  std::int32_t connect_timeout_ms = 60'000;  ///< the data plane's mesh (twice [faults] form_deadline_ms)
   bool overlap_gradient_reduce = true;  ///< runtime::executor_options::overlap_gradient_reduce
+  /// The job token: the data plane's handshake proves it (over the epoch's data_nonce) and never
+  /// sends it. Empty only in tests.
+  std::string data_token;
 };
 
 /// A node's spawned stage slots and the handle that aborts their data plane (epochs <= the given
@@ -63,8 +66,18 @@ struct spawned_stage {
   std::function<void(std::uint64_t epoch, const std::string& reason)> abort;
   /// Arms a fault for step `f.at_step`: `act(f)` runs on the stage's thread in the middle of that
   /// step, after its compute and before it waits for its gradient all-reduce (its peers wait in
-  /// collectives; with overlap some of the step's all-reduces may be under way or done).
+  /// collectives; with overlap some of the step's all-reduces may be under way or done). Then
+  /// the stage itself throws for an `error` (a c10::Error, "injected: out of memory") and
+  /// busy-loops for a `stall` until the epoch is aborted; those two stay armed for every attempt
+  /// of their step (at most f.attempts when > 0); at_step -1: the next step the node runs.
   std::function<void(const messages::inject_fault& f, std::function<void(const messages::inject_fault&)> act)> arm;
+  /// What the node's stages are doing now, from any thread (the stall probe's answer; probe and
+  /// node are the caller's to fill). A stage stuck in compute cannot answer a message itself.
+  std::function<messages::stall_report()> activity;
+  /// Where the stages report a failure of their own (an exception in a step, commit or forming
+  /// that is not the data plane's: out of memory, a c10::Error), from the failing stage's thread,
+  /// after they aborted the epoch's data plane. Set once, before the first epoch.
+  std::function<void(std::function<void(std::uint64_t epoch, const std::string& what)>)> report_failures_to;
 };
 
 /// Spawns the detached stage actors of a node of `slots` slots (a power of two, <= 64) for `job`;

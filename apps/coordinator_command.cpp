@@ -41,7 +41,8 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
-/// Turns SIGINT and SIGTERM into an orderly shutdown of the coordinator (which tells every worker).
+/// Turns SIGINT and SIGTERM into an orderly shutdown of the coordinator (which tells every worker):
+/// the first writes a checkpoint first when the job has a checkpoint folder, a second stops at once.
 /// The signals are blocked in every thread (set before the actor system starts its threads) and
 /// taken by sigwait on a thread of their own.
 class signal_shutdown {
@@ -55,18 +56,24 @@ class signal_shutdown {
   }
   void start(caf::actor_system& sys, messages::coordinator_actor coord, std::string token,
              std::function<void(const std::string&)> log) {
+    // The first signal writes a checkpoint first (when the job has a checkpoint folder); a second
+    // one stops at once.
     thread_ = std::thread([this, &sys, coord, token, log] {
-      int sig = 0;
-      sigwait(&set_, &sig);
-      if (sig == SIGUSR1) return;
-      log(std::string("received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + ", shutting down");
-      try {
-        caf::scoped_actor self{sys};
-        self->request(coord, std::chrono::seconds(10), messages::shutdown_atom_v,
-                      std::string("the coordinator was stopped"), operator_proof(sys, coord, token))
-            .receive([](std::string&) {}, [](caf::error&) {});
-      } catch (...) {
-        caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+      for (int received = 0;; ++received) {
+        int sig = 0;
+        sigwait(&set_, &sig);
+        if (sig == SIGUSR1) return;
+        const bool checkpoint = received == 0;
+        log(std::string("received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
+            (checkpoint ? ", shutting down after a checkpoint (send it again to stop at once)" : ", shutting down now"));
+        try {
+          caf::scoped_actor self{sys};
+          self->request(coord, std::chrono::seconds(10), messages::shutdown_atom_v,
+                        std::string("the coordinator was stopped"), checkpoint, operator_proof(sys, coord, token))
+              .receive([](std::string&) {}, [](caf::error&) {});
+        } catch (...) {
+          actors::stop_coordinator(sys, coord);
+        }
       }
     });
   }
@@ -172,7 +179,9 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
            "port; default: the job's http.port on the --listen host, off when it is 0)");
   add_text(app, "--checkpoint-dir", checkpoint_dir,
            "where checkpoints are written, on a filesystem every node shares (default: the job's "
-           "[checkpoint] dir; none: no checkpoints, and a stop by the policy loses the trained state)");
+           "[checkpoint] dir; none: no checkpoints, and a stop by the policy loses the trained state). "
+           "A checkpoint is also written before the job stops as failed, on the first SIGTERM/SIGINT "
+           "(a second stops at once) and on oobleck-ctl shutdown --checkpoint");
   add_integer(app, "--checkpoint-every", checkpoint_every, 0, std::int64_t{1} << 40,
               "write a checkpoint after every K committed steps (default: the job's [checkpoint] every; "
               "0: only when the policy stops the job)");
@@ -231,6 +240,12 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.profile = job_profile(job);
   deps.job = planner_job(job, nodes, fault_tolerance);
   deps.steps = static_cast<std::uint64_t>(steps);
+  deps.faults.evict_after_errors = job.faults.evict_after;
+  deps.faults.evict_after_stalls = job.faults.evict_after_stalls;
+  deps.faults.step_deadline_min_ms = job.faults.step_deadline_min_ms;
+  deps.faults.step_deadline_factor = job.faults.step_deadline_factor;
+  deps.faults.first_step_deadline_ms = job.faults.first_step_deadline_ms;
+  deps.faults.form_deadline_ms = job.faults.form_deadline_ms;
   const std::string root = !checkpoint_dir.empty() ? checkpoint_dir : job.checkpoint.dir;
   const auto every = static_cast<std::uint64_t>(checkpoint_every.value_or(static_cast<std::int64_t>(job.checkpoint.every)));
   if (every > 0 && root.empty())
@@ -296,10 +311,10 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
     // Refuse a job that cannot be planned on the expected nodes before anyone registers.
     planning::plan_job(deps.profile, deps.job);
   }
-  auto coord = sys.spawn(actors::coordinator, deps);
+  auto coord = actors::spawn_coordinator(sys, deps);
   auto port = publish_coordinator(sys, coord, at);
   if (!port) {
-    caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+    actors::stop_coordinator(sys, coord);
     throw messages::input_error("--listen: cannot listen on " + listen + ": " + sys.render(port.error()));
   }
   log("listening on " + at.host + ":" + std::to_string(*port) + " (job " +

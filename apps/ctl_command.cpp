@@ -74,8 +74,19 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
   auto* hang = app.add_subcommand("hang-node", "the node's process freezes itself (SIGSTOP), as in a hang");
   add_integer(*hang, "id", node, 0, 1 << 30, "node id (see status)")->required();
   add_number(*hang, "--seconds", seconds, 0, "wake up (SIGCONT) after this long; 0: stay frozen (default)");
+  auto* error = app.add_subcommand("error-node",
+                                   "the node's stage throws (a c10::Error, \"injected: out of memory\") in the middle "
+                                   "of every attempt of the next step it runs; the step runs again, and a node that "
+                                   "fails [faults] evict_after times in a row is evicted");
+  add_integer(*error, "id", node, 0, 1 << 30, "node id (see status)")->required();
+  int attempts = 0;
+  add_integer(*error, "--attempts", attempts, 0, 1 << 30, "throw in at most this many attempts; 0: every attempt (default)");
   auto* shutdown = app.add_subcommand("shutdown", "stop the job: the coordinator and every worker exit");
   add_text(*shutdown, "--reason", reason, "said to every worker");
+  bool checkpoint = false;
+  shutdown->add_flag("--checkpoint", checkpoint,
+                     "first write a checkpoint of the last committed step into the job's checkpoint folder "
+                     "(when it has one and every layer has a live holder; the log says why not otherwise)");
   app.require_subcommand(1);
   if (!parse_flags(app, args, out)) return 0;
 
@@ -95,8 +106,11 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
   } else if (kill->parsed() || hang->parsed()) {
     inject_fault f{node, kill->parsed() ? fault_kind::kill : fault_kind::hang, -1, seconds};
     out << ask<std::string>(sys, c, token, f) << "\n";
+  } else if (error->parsed()) {
+    inject_fault f{node, fault_kind::error, -1, 0, attempts};
+    out << ask<std::string>(sys, c, token, f) << "\n";
   } else {
-    out << ask<std::string>(sys, c, token, shutdown_atom_v, reason) << "\n";
+    out << ask<std::string>(sys, c, token, shutdown_atom_v, reason, checkpoint) << "\n";
   }
   return 0;
 }

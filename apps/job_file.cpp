@@ -192,6 +192,13 @@ std::map<std::string, setter> schema(job_file& job) {
       {"profile.repeats", int_in(job.profile.repeats, 1)},
       {"profile.file", text_of(job.profile.file)},
 
+      {"faults.evict_after", int_in(job.faults.evict_after, 1, 1000)},
+      {"faults.evict_after_stalls", int_in(job.faults.evict_after_stalls, 1, 1000)},
+      {"faults.step_deadline_min_ms", number_in(job.faults.step_deadline_min_ms, {.lo = 1})},
+      {"faults.step_deadline_factor", number_in(job.faults.step_deadline_factor, {.lo = 1})},
+      {"faults.first_step_deadline_ms", number_in(job.faults.first_step_deadline_ms, {.lo = 1})},
+      {"faults.form_deadline_ms", number_in(job.faults.form_deadline_ms, {.lo = 1, .hi = 3'600'000})},
+
       {"tls.certificate", text_of(job.tls.certificate)},
       {"tls.key", text_of(job.tls.key)},
       {"tls.ca_file", text_of(job.tls.ca_file)},

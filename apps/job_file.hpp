@@ -15,6 +15,8 @@
 //   [checkpoint]  dir, every
 //   [http]        port
 //   [profile]     warmup, repeats, file
+//   [faults]      evict_after, evict_after_stalls, step_deadline_min_ms, step_deadline_factor,
+//                 first_step_deadline_ms, form_deadline_ms
 //   [tls]         certificate, key, ca_file, passphrase                    (apps/tls.hpp)
 
 #include <cstdint>
@@ -87,6 +89,23 @@ struct http_section {
   bool operator==(const http_section&) const = default;
 };
 
+/// [faults] How stage faults are handled (actors::fault_policy, ARCHITECTURE.md §5 "Stage faults"):
+/// a node whose own stages fail evict_after times, or stall evict_after_stalls times, since the
+/// last commit is evicted; a step that does not finish within its deadline (the larger of
+/// step_deadline_min_ms and step_deadline_factor x the median recent step; first_step_deadline_ms
+/// before any step committed) or an epoch that does not form within form_deadline_ms (plus its
+/// copies at 10 MB/s) is a fault whose culprit the coordinator names.
+struct faults_section {
+  int evict_after = 3;
+  int evict_after_stalls = 2;
+  double step_deadline_min_ms = 10'000;
+  double step_deadline_factor = 10;
+  double first_step_deadline_ms = 60'000;
+  double form_deadline_ms = 30'000;
+
+  bool operator==(const faults_section&) const = default;
+};
+
 /// [profile]
 struct profile_section {
   int warmup = 2;    ///< untimed microbatches through every layer (oobleck-profile)
@@ -118,6 +137,7 @@ struct job_file {
   http_section http;
   profile_section profile;
   tls_section tls;
+  faults_section faults;
 
   bool operator==(const job_file&) const = default;
 };

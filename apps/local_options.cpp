@@ -46,14 +46,25 @@ device_memory_bytes = 1500000
 
 namespace {
 
-/// --fail-at / --hang-at STEP:ID[,ID...]: one fault of `kind` per node.
-void add_faults(std::vector<messages::inject_fault>& faults, const std::string& flag, const std::string& spec,
+/// --fail-at / --hang-at / --error-at / --stall-at STEP:ID[,ID...]: one fault of `kind` per node;
+/// error and stall take an optional /N: at most N attempts of the step (default: every attempt).
+void add_faults(std::vector<messages::inject_fault>& faults, const std::string& flag, const std::string& given,
                 messages::fault_kind kind) {
+  const bool every_attempt = kind == messages::fault_kind::error || kind == messages::fault_kind::stall;
+  std::string spec = given;
+  std::int32_t attempts = 0;
+  if (const auto slash = spec.find('/'); slash != std::string::npos && every_attempt) {
+    const auto n = parse_id_list(flag, spec.substr(slash + 1));
+    if (n.size() != 1 || n[0] < 1) throw messages::input_error(flag + ": expected /N with N >= 1 after the ids, got '" + given + "'");
+    attempts = n[0];
+    spec = spec.substr(0, slash);
+  }
   const auto colon = spec.find(':');
-  if (colon == std::string::npos) throw messages::input_error(flag + ": expected STEP:ID[,ID...], got '" + spec + "'");
+  if (colon == std::string::npos)
+    throw messages::input_error(flag + ": expected STEP:ID[,ID...]" + (every_attempt ? "[/N]" : "") + ", got '" + given + "'");
   const auto step = parse_id_list(flag, spec.substr(0, colon));
-  if (step.size() != 1) throw messages::input_error(flag + ": expected one step before ':', got '" + spec + "'");
-  for (int id : parse_id_list(flag, spec.substr(colon + 1))) faults.push_back({id, kind, step[0], 0});
+  if (step.size() != 1) throw messages::input_error(flag + ": expected one step before ':', got '" + given + "'");
+  for (int id : parse_id_list(flag, spec.substr(colon + 1))) faults.push_back({id, kind, step[0], 0, attempts});
 }
 
 /// --join-at STEP:K.
@@ -75,7 +86,7 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
                "GPT on the generated corpus, 6 nodes, f = 1, pipelines spanning nodes).",
                "oobleck-local"};
   local_options o;
-  std::vector<std::string> fail_at, hang_at, join_at;
+  std::vector<std::string> fail_at, hang_at, error_at, stall_at, join_at;
   add_integer(app, "--nodes", o.nodes, 1, 64, "worker processes (default: the job's cluster.nodes, 6 for the default job)");
   add_text(app, "--config", o.config, "the job file (default: the built-in default job)");
   add_integer(app, "--steps", o.steps, 1, std::int64_t{1} << 40,
@@ -94,6 +105,16 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
   app.add_option("--hang-at", hang_at,
                  "STEP:ID[,ID...]: those nodes' processes freeze (SIGSTOP) in the middle of step STEP; "
                  "the heartbeat timeout declares them lost (repeatable)")
+      ->type_name("STEP:IDS");
+  app.add_option("--error-at", error_at,
+                 "STEP:ID[,ID...][/N]: those nodes' stages throw (a c10::Error, \"injected: out of memory\") in the "
+                 "middle of every attempt of step STEP (at most N attempts with /N); the epoch is aborted and the step "
+                 "runs again; a node that fails [faults] evict_after times in a row is evicted (repeatable)")
+      ->type_name("STEP:IDS");
+  app.add_option("--stall-at", stall_at,
+                 "STEP:ID[,ID...][/N]: those nodes' stages busy-loop inside their compute in every attempt of step STEP "
+                 "(at most N with /N) while the process stays responsive; the step deadline names them and a node that "
+                 "stalls [faults] evict_after_stalls times is evicted (repeatable)")
       ->type_name("STEP:IDS");
   app.add_option("--join-at", join_at,
                  "STEP:K: start K more worker processes when step STEP has committed; they join at the "
@@ -122,6 +143,8 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
   if (!parse_flags(app, args, out)) return std::nullopt;
   for (const auto& f : fail_at) add_faults(o.faults, "--fail-at", f, messages::fault_kind::kill);
   for (const auto& h : hang_at) add_faults(o.faults, "--hang-at", h, messages::fault_kind::hang);
+  for (const auto& e : error_at) add_faults(o.faults, "--error-at", e, messages::fault_kind::error);
+  for (const auto& s : stall_at) add_faults(o.faults, "--stall-at", s, messages::fault_kind::stall);
   for (const auto& j : join_at) o.joins.push_back(join_of(j));
   const bool time_scale_given = app.get_option("--time-scale")->count() > 0;
   if (o.trace_path.empty()) {
@@ -129,7 +152,8 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
     if (o.trace_nodes) throw messages::input_error("--trace-nodes goes with --trace");
   } else {
     if (!o.faults.empty() || !o.joins.empty())
-      throw messages::input_error("--trace replaces --fail-at, --hang-at and --join-at: give one or the other");
+      throw messages::input_error(
+          "--trace replaces --fail-at, --hang-at, --error-at, --stall-at and --join-at: give one or the other");
     if (!(o.time_scale > 0)) throw messages::input_error("--time-scale must be > 0, got 0");
   }
   return o;

@@ -58,6 +58,7 @@ nlohmann::json status_json(const job_status& s) {
           {"last_loss", static_cast<double>(s.last_loss)},
           {"samples_per_second", static_cast<double>(s.samples_per_second)},
           {"dropped_messages", s.dropped_messages},
+          {"refused_messages", s.refused_messages},
           {"nodes", nodes},
           {"pipelines", pipelines}};
 }
@@ -72,8 +73,11 @@ std::string prometheus_metrics(const job_status& s) {
   gauge(out, "oobleck_samples_per_second", "Samples per second of the last committed step.",
         static_cast<double>(s.samples_per_second));
   gauge(out, "oobleck_dropped_messages",
-        "Messages dropped for a stale epoch or step, or from a lost node.",
+        "Messages dropped for a stale epoch or step, from a lost node, or refused.",
         static_cast<double>(s.dropped_messages));
+  gauge(out, "oobleck_refused_messages",
+        "Of the dropped messages, those refused: not sent by the actor admitted for the node they name, or malformed.",
+        static_cast<double>(s.refused_messages));
   // Every usual state is always exported (0 when empty), so a series does not vanish.
   std::map<std::string, int> by_state{{"registered", 0}, {"training", 0}, {"idle", 0}, {"lost", 0}};
   for (const auto& n : s.nodes) ++by_state[n.state];

@@ -36,7 +36,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
                "token), then runs what the coordinator assigns until it is shut down.\n"
                "Exit status: 0 shut down by the coordinator; 2 bad flags or refused (token, job or\n"
                "protocol version); 3 lost contact with the coordinator (it stopped, or declared this\n"
-               "node lost after a hang).",
+               "node lost after a hang), or evicted (its stages failed or stalled again and again).",
                "oobleck-worker"};
   std::string coordinator, token_file, name = default_name(), config, data_host;
   int slots = 1, data_port = 0;
@@ -103,10 +103,14 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   deps.data = {data_host, data_port ? static_cast<std::uint16_t>(data_port) : reserved->port()};
   deps.job_hash = job_hash;
   deps.log = log;
-  deps.make_stage = [&sys, slots](const messages::admission& a) {
-    return actors::spawn_stage(sys, stage_job_for(parse_job(a.job_toml, "the coordinator's job file")), slots);
+  deps.make_stage = [&sys, slots, token](const messages::admission& a) {
+    auto job = stage_job_for(parse_job(a.job_toml, "the coordinator's job file"));
+    job.data_token = token;  // the data plane's key
+    return actors::spawn_stage(sys, job, slots);
   };
-  auto mon = sys.spawn(actors::monitor, deps);
+  // Detached: its handlers block (building the job's corpus at admission, aborting a data plane),
+  // and CAF's cooperative threads must not.
+  auto mon = sys.spawn<caf::detached>(actors::monitor, deps);
 
   caf::error reason;
   {
@@ -115,7 +119,11 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
     self->receive([&](caf::down_msg& dm) { reason = dm.reason; });
   }
   int status = 0;
-  if (reason && messages::is_protocol_error(reason)) {
+  if (messages::is_protocol_error(reason) &&
+      reason.code() == static_cast<std::uint8_t>(messages::protocol_error::evicted)) {
+    err << "error: " << messages::describe(reason) << " (the coordinator evicted this node; the job goes on without it)\n";
+    status = 3;
+  } else if (reason && messages::is_protocol_error(reason)) {
     err << "error: refused by the coordinator: " << messages::describe(reason) << "\n";
     status = 2;
   } else if (reason) {

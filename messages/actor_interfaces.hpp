@@ -25,17 +25,21 @@ using coordinator_actor = caf::typed_actor<
     // Epoch formation and the step protocol.
     caf::reacts_to<node_ready>, caf::reacts_to<epoch_aborted>, caf::reacts_to<node_fault>,
     caf::reacts_to<pipeline_done>,
-    caf::reacts_to<step_committed>, caf::reacts_to<checkpoint_written>,
+    caf::reacts_to<step_committed>, caf::reacts_to<checkpoint_written>, caf::reacts_to<stall_report>,
+    // Its own deadlines (delayed_send to itself).
+    caf::reacts_to<coordinator_deadline>, caf::reacts_to<checkpoint_deadline>,
     // Operators: each request carries a proof of the token made with a fresh nonce.
     caf::replies_to<status_atom, control_proof>::with<job_status>,
     caf::replies_to<inject_fault, control_proof>::with<std::string>,
     caf::replies_to<subscribe_atom, caf::actor, control_proof>::with<std::string>,
-    caf::replies_to<shutdown_atom, std::string, control_proof>::with<std::string>>;
+    // shutdown: the reason, and whether to write a checkpoint first (oobleck-ctl shutdown --checkpoint).
+    caf::replies_to<shutdown_atom, std::string, bool, control_proof>::with<std::string>>;
 
 using monitor_actor =
     caf::typed_actor<caf::reacts_to<epoch_assignment>, caf::reacts_to<commit_step>,
                      caf::reacts_to<abort_epoch>, caf::reacts_to<inject_fault>, caf::reacts_to<write_checkpoint>,
-                     caf::reacts_to<shutdown_atom, std::string>>;
+                     caf::reacts_to<shutdown_atom, std::string>, caf::reacts_to<stall_probe>,
+                     caf::reacts_to<evict_atom, std::string>>;
 
 using pipeline_actor = caf::typed_actor<caf::reacts_to<run_step>>;
 

@@ -14,23 +14,30 @@
 namespace oobleck::messages {
 
 enum class fault_kind : std::uint8_t {
-  kill,  ///< the node's process SIGKILLs itself (a crash)
-  hang,  ///< the node's process SIGSTOPs itself (a hang; SIGCONT after `seconds` if > 0)
+  kill,   ///< the node's process SIGKILLs itself (a crash)
+  hang,   ///< the node's process SIGSTOPs itself (a hang; SIGCONT after `seconds` if > 0)
+  error,  ///< the node's stage throws a c10::Error ("injected: out of memory") in the step
+  stall,  ///< the node's stage busy-loops inside its compute until its epoch is aborted; the
+          ///< process stays responsive (heartbeats go on): only the step deadline sees it
 };
 
-/// Delivered to a node's monitor; `at_step`: at that step's compute (-1: now).
+/// Delivered to a node's monitor. `at_step`: in the middle of that step's compute; -1: kill and
+/// hang at once, error and stall in the next step the node runs. Error and stall fire in every
+/// attempt of their step (the step runs again in a new epoch after each), at most `attempts`
+/// times when it is > 0.
 struct inject_fault {
   std::int64_t node = -1;
   fault_kind kind = fault_kind::kill;
   std::int64_t at_step = -1;
   wire_double seconds = 0;
+  std::int32_t attempts = 0;
 
   bool operator==(const inject_fault&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, inject_fault& x) {
-  return f(caf::meta::type_name("inject_fault"), x.node, x.kind, x.at_step, x.seconds);
+  return f(caf::meta::type_name("inject_fault"), x.node, x.kind, x.at_step, x.seconds, x.attempts);
 }
 
 /// One node as the coordinator sees it.
@@ -69,7 +76,10 @@ struct job_status {
   std::uint64_t committed_steps = 0;
   wire_double last_loss = 0;
   wire_double samples_per_second = 0;
-  std::uint64_t dropped_messages = 0;  ///< stale epoch or step, or from a lost node
+  std::uint64_t dropped_messages = 0;  ///< stale epoch or step, from a lost node, or refused (below)
+  /// Of those, refused: sent by an actor other than the one the coordinator admitted for the node
+  /// (or spawned for the pipeline) the message names, or malformed (an index or size out of range).
+  std::uint64_t refused_messages = 0;
   std::vector<node_status> nodes;
   std::vector<pipeline_status> pipelines;
 
@@ -79,7 +89,7 @@ struct job_status {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, job_status& x) {
   return f(caf::meta::type_name("job_status"), x.state, x.epoch, x.committed_steps, x.last_loss,
-           x.samples_per_second, x.dropped_messages, x.nodes, x.pipelines);
+           x.samples_per_second, x.dropped_messages, x.refused_messages, x.nodes, x.pipelines);
 }
 
 /// What happened, as subscribers (and --events-out files) learn it. Programs, benchmarks and tests

@@ -72,6 +72,9 @@ struct epoch_assignment {
   /// The job's first epoch of a resumed job: the checkpoint directory its layers come from
   /// (validated by the coordinator); empty: layers are built from their seed (or kept, copied).
   std::string resume_dir;
+  /// Fresh random bytes (hex) per epoch: the data plane's handshake proves the job token over
+  /// them, so a handshake recorded in one epoch proves nothing in another.
+  std::string data_nonce;
 
   bool operator==(const epoch_assignment&) const = default;
 };
@@ -79,7 +82,7 @@ struct epoch_assignment {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, epoch_assignment& x) {
   return f(caf::meta::type_name("epoch_assignment"), x.epoch, x.next_step, x.rank, x.peers, x.stages,
-           x.layer_groups, x.copies, x.pipeline_microbatches, x.resume_dir);
+           x.layer_groups, x.copies, x.pipeline_microbatches, x.resume_dir, x.data_nonce);
 }
 
 /// Where a node's forming time went (microseconds, in the node's clock), and the copy plan's bytes
@@ -155,13 +158,75 @@ struct node_fault {
   std::uint64_t epoch = 0;
   planning::node_id node;
   std::string what;
+  /// The node's own stage failed (an exception in its compute, commit, copy or checkpoint: out
+  /// of memory, a c10::Error), not its data plane: the failure is this node's, and counts
+  /// towards its eviction. False: it saw the epoch fail (a peer, an abort).
+  bool own = false;
 
   bool operator==(const node_fault&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_fault& x) {
-  return f(caf::meta::type_name("node_fault"), x.epoch, x.node, x.what);
+  return f(caf::meta::type_name("node_fault"), x.epoch, x.node, x.what, x.own);
+}
+
+/// The coordinator asks a node, after a deadline passed, what its stages are doing; the node's
+/// monitor answers from its own thread (a stage stuck in compute cannot answer itself).
+struct stall_probe {
+  std::uint64_t epoch = 0;
+  std::uint64_t probe = 0;  ///< the coordinator's number for this round of probes
+
+  bool operator==(const stall_probe&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, stall_probe& x) {
+  return f(caf::meta::type_name("stall_probe"), x.epoch, x.probe);
+}
+
+/// What a node's stages are doing (stall_probe's answer). A stage that has been computing for
+/// long while its peers wait for it is the culprit of a step that does not finish; a node that has
+/// not started forming the epoch (its previous step still holds its stages) is the culprit of an
+/// epoch that does not form.
+struct stall_report {
+  std::uint64_t probe = 0;
+  planning::node_id node;
+  std::uint64_t epoch = 0;         ///< the newest epoch the node's stages started forming
+  bool formed = false;             ///< that epoch formed on the node
+  bool forming_blocked = false;    ///< forming waits for a step of the node that does not end
+  wire_double computing_ms = 0;    ///< the longest time a stage of the node has been computing now (0: none)
+  wire_double waiting_ms = 0;      ///< the longest time a stage has been waiting for its peers now
+
+  bool operator==(const stall_report&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, stall_report& x) {
+  return f(caf::meta::type_name("stall_report"), x.probe, x.node, x.epoch, x.formed, x.forming_blocked,
+           x.computing_ms, x.waiting_ms);
+}
+
+/// A deadline the coordinator set itself (delayed_send to itself; from anyone else it is dropped).
+enum class deadline_kind : std::uint8_t {
+  step,    ///< the step did not finish in time
+  form,    ///< the epoch did not form in time
+  commit,  ///< the commit was not confirmed in time
+  probe,   ///< the nodes had their time to answer the stall probe
+};
+
+struct coordinator_deadline {
+  deadline_kind kind = deadline_kind::step;
+  std::uint64_t epoch = 0;
+  std::uint64_t step = 0;
+  std::uint64_t probe = 0;
+
+  bool operator==(const coordinator_deadline&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, coordinator_deadline& x) {
+  return f(caf::meta::type_name("coordinator_deadline"), x.kind, x.epoch, x.step, x.probe);
 }
 
 }  // namespace oobleck::messages

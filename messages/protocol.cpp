@@ -26,6 +26,7 @@ std::string to_string(protocol_error x) {
     case protocol_error::stale_epoch: return "stale_epoch";
     case protocol_error::bad_request: return "bad_request";
     case protocol_error::wrong_slots: return "wrong_slots";
+    case protocol_error::evicted: return "evicted";
   }
   return "protocol_error(" + std::to_string(static_cast<int>(x)) + ")";
 }
@@ -34,6 +35,8 @@ std::string to_string(fault_kind x) {
   switch (x) {
     case fault_kind::kill: return "kill";
     case fault_kind::hang: return "hang";
+    case fault_kind::error: return "error";
+    case fault_kind::stall: return "stall";
   }
   return "fault_kind(" + std::to_string(static_cast<int>(x)) + ")";
 }

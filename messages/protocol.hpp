@@ -21,7 +21,7 @@
 namespace oobleck::messages {
 
 /// Bumped on every incompatible change of a message; nodes of another version are refused.
-constexpr std::uint32_t protocol_version = 8;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing; 7: typed job events (epoch_forming, commit_stood, step_failed, checkpoint_written, node_refused; stop outcome); 8: typed ids (node_id, rank, layer_index) in the node-side messages, epoch_copy
+constexpr std::uint32_t protocol_version = 9;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing; 7: typed job events (epoch_forming, commit_stood, step_failed, checkpoint_written, node_refused; stop outcome); 8: typed ids (node_id, rank, layer_index) in the node-side messages, epoch_copy; 9: hostile and faulty conditions (stage faults: error and stall kinds, own failures, stall probes, deadlines, eviction; authenticated data plane; checkpoint writers replaced)
 
 /// Expected failures returned as values (caf::error with category "oobleck").
 enum class protocol_error : std::uint8_t {
@@ -33,6 +33,7 @@ enum class protocol_error : std::uint8_t {
   stale_epoch,         ///< a message of another epoch
   bad_request,         ///< a malformed request (out-of-range ids, inconsistent fields)
   wrong_slots,         ///< the worker's --slots differs from the job's cluster.slots_per_node
+  evicted,             ///< the coordinator evicted this node (its stages failed or stalled repeatedly)
 };
 
 caf::error make_error(protocol_error x);
@@ -82,7 +83,12 @@ CAF_BEGIN_TYPE_ID_BLOCK(oobleck, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::write_checkpoint))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::checkpoint_layer_file))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::checkpoint_written))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::checkpoint_deadline))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::stall_probe))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::stall_report))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::coordinator_deadline))
   CAF_ADD_ATOM(oobleck, oobleck::messages, status_atom, "status")
   CAF_ADD_ATOM(oobleck, oobleck::messages, subscribe_atom, "subscribe")
   CAF_ADD_ATOM(oobleck, oobleck::messages, shutdown_atom, "shutdown")
+  CAF_ADD_ATOM(oobleck, oobleck::messages, evict_atom, "evict")
 CAF_END_TYPE_ID_BLOCK(oobleck)

@@ -18,6 +18,7 @@ packages=(
   openssl               # the tests make a CA and certificates with it (README, "TLS")
   libopenblas0
   gnuplot-nox           # oobleck-sim --plot
+  iproute2              # ip netns, veth pairs, a bridge: the partition test (partition_netns_e2e_tests; skipped without)
 )
 
 missing=()

@@ -30,16 +30,48 @@ TEST_CASE("admission: HMAC-SHA256 and SHA-256 match their published test vectors
 TEST_CASE("admission: a nonce is good once, within its lifetime, and the book stays bounded") {
   nonce_book book(10s, 4);
   const auto t0 = nonce_book::clock::time_point{} + 1h;
-  const std::string a = book.issue(t0);
+  const std::string a = book.issue(t0).value();
   CHECK(book.consume(a, t0 + 1s));
   CHECK_FALSE(book.consume(a, t0 + 2s));  // replay
-  const std::string b = book.issue(t0);
+  const std::string b = book.issue(t0).value();
   CHECK_FALSE(book.consume(b, t0 + 11s));  // expired
   CHECK_FALSE(book.consume("not a nonce", t0));
   std::set<std::string> many;
-  for (int i = 0; i < 100; ++i) many.insert(book.issue(t0));
+  for (int i = 0; i < 100; ++i) many.insert(book.issue(t0).value());
   CHECK(many.size() == 100);
   CHECK(book.outstanding() <= 4);
+}
+
+TEST_CASE("admission: a flood of nonce requests cannot take a worker's pending nonce away") {
+  const auto t0 = nonce_book::clock::time_point{} + 1h;
+  SUBCASE("one asker flooding: it only ever holds its own few nonces") {
+    nonce_book book(60s, 16, 4);
+    const std::string mine = book.issue(t0, "worker").value();
+    std::string last;
+    for (int i = 0; i < 10'000; ++i) last = book.issue(t0 + 1s, "stranger").value();
+    CHECK(book.outstanding("stranger") == 4u);
+    CHECK(book.outstanding() == 5u);
+    CHECK(book.consume(last, t0 + 2s));   // the flooder's newest is good
+    CHECK(book.consume(mine, t0 + 2s));   // and the worker's survived it
+  }
+  SUBCASE("many askers: the fullest asker's oldest goes first, a single nonce never") {
+    nonce_book book(60s, 8, 4);
+    const std::string mine = book.issue(t0, "worker").value();
+    for (int i = 0; i < 4; ++i) CHECK(book.issue(t0, "greedy").has_value());
+    for (int i = 0; i < 3; ++i) CHECK(book.issue(t0, "one-" + std::to_string(i)).has_value());
+    CHECK(book.outstanding() == 8u);
+    // The book is full: new askers take the greedy one's nonces, one by one ...
+    for (int i = 3; i < 6; ++i) CHECK(book.issue(t0, "one-" + std::to_string(i)).has_value());
+    CHECK(book.outstanding("greedy") == 1u);
+    CHECK(book.outstanding() == 8u);
+    // ... and once everyone holds a single nonce, a newcomer is refused instead of evicting one.
+    CHECK_FALSE(book.issue(t0, "late").has_value());
+    CHECK(book.outstanding() == 8u);
+    CHECK(book.consume(mine, t0 + 1s));
+    // Expired nonces make room again.
+    CHECK(book.issue(t0 + 61s, "late").has_value());
+    CHECK(book.outstanding() == 1u);
+  }
 }
 
 namespace {
@@ -56,7 +88,7 @@ struct registration_case {
     r.name = "node-a";
     r.slots = 1;
     r.data = {"127.0.0.1", 4000};
-    r.nonce = book.issue(now);
+    r.nonce = book.issue(now).value();
     r.proof = admission_proof(token, r.nonce, r.name);
     return r;
   }
@@ -114,10 +146,10 @@ TEST_CASE("admission: registrations are refused with the reason, and only a corr
 
 TEST_CASE("admission: operator requests need a proof made with a fresh nonce") {
   registration_case c;
-  const std::string n = c.book.issue(c.now);
+  const std::string n = c.book.issue(c.now).value();
   CHECK_FALSE(check_control({n, control_proof_of(c.policy.token, n)}, c.policy, c.book, c.now));
   CHECK(check_control({n, control_proof_of(c.policy.token, n)}, c.policy, c.book, c.now));  // reused
-  const std::string m = c.book.issue(c.now);
+  const std::string m = c.book.issue(c.now).value();
   // A registration proof is not a control proof.
   CHECK(check_control({m, admission_proof(c.policy.token, m, "control")}, c.policy, c.book, c.now));
 }

@@ -175,6 +175,34 @@ TEST_CASE("cluster: kill-node kills the node's own process and the coordinator m
   CHECK(w0->wait_exit() == 0);
 }
 
+TEST_CASE("cluster: error-node makes the node's stage throw in its next step, which runs again") {
+  cluster_dir d;
+  coordinator_process c(d, 2, "100000");  // trains until it is stopped
+  auto w0 = worker(d, c, "w0");
+  c.admitted(0, "w0");
+  auto w1 = worker(d, c, "w1");
+  wait_for_event(c.events, {.kind = event_kind::step_committed, .step = 2}, std::chrono::seconds(60));
+  const auto sent = ctl(d, c, {"error-node", "1", "--attempts", "1"});
+  CHECK(sent.exit_status == 0);
+  CHECK(sent.out == "sent error to node 1 (w1)\n");
+  // The node's own failure, named: the epoch is formed again on the same nodes and the step that
+  // failed runs again and commits; nobody is lost.
+  const auto failed = wait_for_event(c.events, {.kind = event_kind::step_failed, .node = 1}, std::chrono::seconds(60));
+  CHECK(failed.detail.find("injected: out of memory") != std::string::npos);
+  wait_for_event(c.events, {.kind = event_kind::step_committed, .step = failed.step}, std::chrono::seconds(60));
+  wait_for_event(c.events, {.kind = event_kind::step_committed, .step = failed.step + 2}, std::chrono::seconds(60));
+  const auto events = read_event_file(c.events);
+  CHECK(!contains(events, {.kind = event_kind::node_lost}));
+  CHECK(count(events, {.kind = event_kind::step_committed, .step = failed.step}) == 1u);
+  const auto bad = ctl(d, c, {"error-node", "7"});
+  CHECK(bad.exit_status == 2);
+  CHECK(bad.err.find("unknown_node") != std::string::npos);
+  c.p->signal(SIGTERM);
+  CHECK(c.p->wait_exit() == 0);
+  CHECK(w0->wait_exit() == 0);
+  CHECK(w1->wait_exit() == 0);
+}
+
 TEST_CASE("cluster: hang-node freezes the node's process until its SIGCONT") {
   cluster_dir d;
   // Generous heartbeats: this test is about the freeze and the wake-up, not the detection (a 1 s

@@ -159,7 +159,7 @@ TEST_CASE("coordinator: shutdown stops every monitor") {
   auto& a = start_worker(f, "node-a");
   auto& b = start_worker(f, "node-b");
   std::string reply;
-  CHECK(f.ask(reply, shutdown_atom_v, std::string("done"), f.operator_proof()) == "ok");
+  CHECK(f.ask(reply, shutdown_atom_v, std::string("done"), false, f.operator_proof()) == "ok");
   CHECK(reply == "shutting down");
   CHECK_FALSE(f.alive(a.handle));
   CHECK_FALSE(f.alive(b.handle));
@@ -176,7 +176,7 @@ TEST_CASE("monitor: a monitor whose coordinator is gone says so and stops") {
   fixture f({.nodes = 1});
   auto& a = start_worker(f, "node-a");
   f.self->monitor(a.handle);
-  caf::anon_send_exit(f.coord, caf::exit_reason::kill);
+  f.self->send_exit(f.coord, caf::exit_reason::kill);
   f.sched.run();
   // It ends as lost contact (oobleck-worker's exit status 3), not as a shutdown.
   std::optional<caf::error> reason;

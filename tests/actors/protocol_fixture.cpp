@@ -32,7 +32,8 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         rec->trace.push_back("step " + std::to_string(s.epoch) + " " + std::to_string(s.step));
         rec->steps.push_back(s);
         const auto& st = node().assignments.at(s.epoch).stages.at(static_cast<std::size_t>(rec->slot));
-        if (rec->hold_step == std::pair{s.epoch, s.step}) return self->make_response_promise<stage_done>();
+        if (rec->hold_step == std::pair{s.epoch, s.step} || rec->hold_steps.count({s.epoch, s.step}))
+          return self->make_response_promise<stage_done>();
         stage_done d{s.epoch, s.step, st.pipeline, st.stage, 0, {}};
         if (st.stage + 1 == st.num_stages) d.loss_sum = 2.0 * s.microbatches;
         if (rec->fail_step == s.step) d.error = "injected stage failure";
@@ -53,7 +54,8 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         rec->trace.push_back("write " + std::to_string(w.step));
         rec->writes.push_back(w);
         if (rec->hold_write) return self->make_response_promise<checkpoint_written>();
-        checkpoint_written out{w.request, node_id{-1}, {}, {}, {}};
+        checkpoint_written out{w.request, node_id{-1}, {}, {}, rec->write_error};
+        if (!rec->write_error.empty()) return out;
         for (auto l : w.layers) {
           if (rec->not_held.count(l.value))
             out.missing.push_back(l);
@@ -163,12 +165,12 @@ fixture::fixture(options o) : opts(o) {
     d.checkpoint.discard = [this](const std::string& temp) { discarded.push_back(temp); };
     d.checkpoint.on_stop = [this](const checkpoint_stop_record& r) { stops.push_back(r); };
   }
-  coord = sys.spawn(coordinator, std::move(d));
+  coord = spawn_coordinator(sys, std::move(d));
   sched.run();
 }
 
 fixture::~fixture() {
-  caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+  self->send_exit(coord, caf::exit_reason::user_shutdown);  // the coordinator takes exits from its own process only
   for (auto& w : workers) caf::anon_send_exit(w->handle, caf::exit_reason::user_shutdown);
   for (auto& [id, slots] : stage_actors)
     for (auto& s : slots) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
@@ -236,6 +238,14 @@ fixture::worker& fixture::add_worker(worker_options o) {
         actors.push_back(caf::actor_cast<stage_actor>(s.runners.back()));
       }
       s.abort = [first](std::uint64_t epoch, const std::string&) { first->trace.push_back("abort " + std::to_string(epoch)); };
+      s.activity = [first] {
+        stall_report r;
+        r.epoch = first->assignments.empty() ? 0 : first->assignments.rbegin()->first;
+        r.formed = !first->forming_blocked && !first->hold_form.count(r.epoch);
+        r.forming_blocked = first->forming_blocked;
+        r.computing_ms = first->computing_ms;
+        return r;
+      };
       return s;
     };
   w->handle = sys.spawn(monitor, std::move(d));

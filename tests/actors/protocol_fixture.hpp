@@ -54,10 +54,15 @@ struct fake_stage_record {
 
   std::set<std::uint64_t> hold_form;                                   ///< never answer these epochs' assignments
   std::optional<std::pair<std::uint64_t, std::uint64_t>> hold_step;    ///< (epoch, step): never answer
+  std::set<std::pair<std::uint64_t, std::uint64_t>> hold_steps;        ///< more (epoch, step)s never answered
   std::optional<std::pair<std::uint64_t, std::uint64_t>> hold_commit;  ///< (epoch, step): never answer
   std::optional<std::uint64_t> fail_step;  ///< answer this step with a stage error, in every epoch
   std::set<std::int32_t> not_held;         ///< layers it answers "missing" for in checkpoint writes
   bool hold_write = false;                 ///< never answer a checkpoint write
+  /// What its node tells the stall probe (slot 0's): a stage computing this long now, forming blocked.
+  double computing_ms = 0;
+  bool forming_blocked = false;
+  std::string write_error;                 ///< answer checkpoint writes with this error, writing nothing
 
   /// The node's newest assignment (an empty one before any).
   const messages::epoch_assignment& assignment() const;

@@ -42,10 +42,10 @@ void run_chaos(std::uint64_t first_seed, int count) {
 }  // namespace
 
 // 20 seeded schedules in 4 cases (each case its own CTest test, with its own timeout).
-TEST_CASE("recovery e2e: chaos: seeded random kill, hang and join schedules 0-4") { run_chaos(0, 5); }
-TEST_CASE("recovery e2e: chaos: seeded random kill, hang and join schedules 5-9") { run_chaos(5, 5); }
-TEST_CASE("recovery e2e: chaos: seeded random kill, hang and join schedules 10-14") { run_chaos(10, 5); }
-TEST_CASE("recovery e2e: chaos: seeded random kill, hang and join schedules 15-19") { run_chaos(15, 5); }
+TEST_CASE("recovery e2e: chaos: seeded random kill, hang, stage error, stall and join schedules 0-4") { run_chaos(0, 5); }
+TEST_CASE("recovery e2e: chaos: seeded random kill, hang, stage error, stall and join schedules 5-9") { run_chaos(5, 5); }
+TEST_CASE("recovery e2e: chaos: seeded random kill, hang, stage error, stall and join schedules 10-14") { run_chaos(10, 5); }
+TEST_CASE("recovery e2e: chaos: seeded random kill, hang, stage error, stall and join schedules 15-19") { run_chaos(15, 5); }
 
 // More seeds, for a benchmark run (issue 8: "more in a benchmark run"): skipped in the suite (CTest
 // does not list it); run it with the seeds to draw, e.g.

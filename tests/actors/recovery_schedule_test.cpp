@@ -18,8 +18,9 @@ namespace {
 const std::string bin = OOBLECK_APPS_DIR;
 }  // namespace
 
-TEST_CASE("recovery chaos: the 20 seeded schedules of the suite draw kills and hangs and joins within f") {
+TEST_CASE("recovery chaos: the 20 seeded schedules of the suite draw kills, hangs, stage errors, stalls and joins within f") {
   int with_kills = 0, with_hangs = 0, with_joins = 0, joins_then_faults = 0, hangs_with_kills = 0;
+  int with_errors = 0, with_stalls = 0, with_blips = 0;
   std::set<int> shapes;
   for (std::uint64_t seed = 0; seed < 20; ++seed) {
     const auto s = draw_schedule(bin, seed);
@@ -29,6 +30,14 @@ TEST_CASE("recovery chaos: the 20 seeded schedules of the suite draw kills and h
     with_hangs += !s.hangs.empty();
     with_joins += s.join_count > 0;
     hangs_with_kills += !s.hangs.empty() && !s.kills.empty();
+    with_errors += !s.errors.empty();
+    with_stalls += !s.stalls.empty();
+    with_blips += !s.blips.empty();
+    CHECK(s.stalls.size() <= 1u);
+    for (const auto& [step, ids] : s.blips) {
+      CHECK(step == 1);  // before any loss: the node runs a stage then
+      CHECK(ids.size() == 1u);
+    }
     const auto faults = s.faults();
     REQUIRE(!faults.empty());
     joins_then_faults += s.join_count > 0 && faults.rbegin()->first > s.join_step;
@@ -53,6 +62,9 @@ TEST_CASE("recovery chaos: the 20 seeded schedules of the suite draw kills and h
     MESSAGE(s.text);
   }
   CHECK(with_kills >= 10);
+  CHECK(with_errors >= 2);
+  CHECK(with_stalls >= 2);
+  CHECK(with_blips >= 4);
   CHECK(with_hangs >= 5);
   CHECK(with_joins >= 5);
   CHECK(joins_then_faults >= 3);  // a joined node may enter before or with a later loss

@@ -230,7 +230,7 @@ TEST_CASE("a TLS coordinator: workers without TLS or of another CA are refused a
   check_trajectory(job, metrics.steps, steps);
 }
 
-TEST_CASE("a TLS worker meeting a coordinator without TLS says so at once; the plain port greets in the clear") {
+TEST_CASE("a TLS worker meeting a coordinator without TLS says so at once, and the plain port greets in the clear") {
   pki_set p;
   const auto worker_id = p.job.issue("worker");
   p.write("job.toml", "[model]\nvocab = 256\n");

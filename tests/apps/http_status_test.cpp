@@ -29,6 +29,7 @@ job_status sample_status() {
   s.last_loss = 3.25;
   s.samples_per_second = 120.5;
   s.dropped_messages = 4;
+  s.refused_messages = 3;
   s.nodes = {{0, "w0", "training", 0}, {1, "w1", "training", 1}, {2, "w2", "lost", -1}};
   s.pipelines = {{{0, 1}, {0, 3, 6}, 8}};
   return s;
@@ -57,7 +58,7 @@ bool starts_with(const std::string& s, const std::string& prefix) { return s.rfi
 TEST_CASE("status text: Prometheus gauges with HELP and TYPE, every node state, the job state") {
   const std::string text = prometheus_metrics(sample_status());
   for (const char* name : {"oobleck_epoch", "oobleck_committed_steps", "oobleck_last_loss",
-                           "oobleck_samples_per_second", "oobleck_dropped_messages", "oobleck_nodes",
+                           "oobleck_samples_per_second", "oobleck_dropped_messages", "oobleck_refused_messages", "oobleck_nodes",
                            "oobleck_job_state"}) {
     CAPTURE(name);
     CHECK(text.find(std::string("# HELP ") + name + " ") != std::string::npos);
@@ -68,6 +69,7 @@ TEST_CASE("status text: Prometheus gauges with HELP and TYPE, every node state, 
   CHECK(text.find("\noobleck_last_loss 3.25\n") != std::string::npos);
   CHECK(text.find("\noobleck_samples_per_second 120.5\n") != std::string::npos);
   CHECK(text.find("\noobleck_dropped_messages 4\n") != std::string::npos);
+  CHECK(text.find("\noobleck_refused_messages 3\n") != std::string::npos);
   CHECK(text.find("\noobleck_nodes{state=\"training\"} 2\n") != std::string::npos);
   CHECK(text.find("\noobleck_nodes{state=\"lost\"} 1\n") != std::string::npos);
   CHECK(text.find("\noobleck_nodes{state=\"idle\"} 0\n") != std::string::npos);
@@ -90,6 +92,7 @@ TEST_CASE("status JSON: the fields of oobleck-ctl status --json") {
   CHECK(j["last_loss"] == 3.25);
   CHECK(j["samples_per_second"] == 120.5);
   CHECK(j["dropped_messages"] == 4);
+  CHECK(j["refused_messages"] == 3);
   REQUIRE(j["nodes"].size() == 3);
   CHECK(j["nodes"][2] == nlohmann::json{{"node", 2}, {"name", "w2"}, {"state", "lost"}, {"rank", -1}});
   CHECK(j["pipelines"][0] == nlohmann::json{{"nodes", {0, 1}}, {"stage_layers", {0, 3, 6}}, {"microbatches", 8}});

@@ -291,7 +291,7 @@ TEST_CASE("read_job_file: relative paths are relative to the job file's folder")
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("[tls]: off by default; certificate, key and CA file together, or refused at the line") {
+TEST_CASE("[tls]: off by default, and certificate, key and CA file together or refused at the line") {
   CHECK_FALSE(apps::parse_job("").tls.enabled());
   const auto job = apps::parse_job(
       "[tls]\ncertificate = \"node.pem\"\nkey = \"node.key\"\nca_file = \"/pki/ca.pem\"\npassphrase = \"p w\"\n");

@@ -130,11 +130,20 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: step messages round-trip") {
   check(step_committed{2, 11, node_id{6}, {{layer_index{0}, 1}, {layer_index{1}, 0xffffffffffffffffULL}}});
   // Ids travel as their integers: a node id beyond 32 bits survives.
   CHECK(round_trip(node_fault{1, node_id{std::int64_t{1} << 40}, ""}).node == node_id{std::int64_t{1} << 40});
+  // Stage faults: a node's own failure, the stall probe and its report, the coordinator's deadlines.
+  check(node_fault{4, node_id{2}, "injected: out of memory", true});
+  CHECK(round_trip(node_fault{4, node_id{2}, "x", true}).own);
+  check(stall_probe{4, 9});
+  check(stall_report{9, node_id{2}, 4, false, true, 1234.5, 0.25});
+  check(coordinator_deadline{deadline_kind::form, 4, 7, 9});
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: control messages round-trip, enums by value") {
   check(inject_fault{3, fault_kind::hang, 12, 2.5});
   CHECK(round_trip(inject_fault{3, fault_kind::kill, -1, 0}).kind == fault_kind::kill);
+  check(inject_fault{3, fault_kind::error, -1, 0, 1});
+  check(inject_fault{3, fault_kind::stall, 12, 0, 0});
+  CHECK(round_trip(inject_fault{3, fault_kind::stall, 12, 0, 2}).attempts == 2);
   check(node_status{3, "node-c", "training", 1});
   check(pipeline_status{{0, 3, 5}, {0, 4, 9, 12}, 6});
   job_status js;
@@ -169,9 +178,10 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: errors carry their category, code
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: every type of the block has a distinct registered name") {
   const auto begin = caf::id_block::oobleck::begin;
   const auto end = caf::id_block::oobleck::end;
-  CHECK(end - begin == 29);
+  CHECK(end - begin == 33);
   CHECK(std::string(caf::type_name<register_node>::value) == "oobleck::messages::register_node");
-  CHECK(caf::type_id<checkpoint_written>::value == end - 1);
+  CHECK(std::string(caf::type_name<stall_report>::value) == "oobleck::messages::stall_report");
+  CHECK(caf::type_id<coordinator_deadline>::value == end - 1);
 }
 
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: infinities and NaNs cross the wire (CAF's own float encoding never returns)") {

@@ -23,8 +23,12 @@ const std::string& default_job_text(const std::string& apps_dir) {
 std::string job_with(const std::string& apps_dir, const job_keys& keys) {
   std::string text = default_job_text(apps_dir);
   for (const auto& [section, key, value] : keys) {
-    const auto header = text.find("[" + section + "]\n");
-    if (header == std::string::npos) throw std::runtime_error("the default job has no [" + section + "]");
+    auto header = text.find("[" + section + "]\n");
+    if (header == std::string::npos) {  // a table the default job leaves at its defaults
+      if (!text.empty() && text.back() != '\n') text += "\n";
+      text += "\n[" + section + "]\n";
+      header = text.size() - section.size() - 3;
+    }
     const auto body = header + section.size() + 3;
     const auto next = text.find("\n[", body);
     const auto end = next == std::string::npos ? text.size() : next + 1;
@@ -189,6 +193,27 @@ chaos_schedule draw_schedule(const std::string& apps_dir, std::uint64_t seed) {
     }
     std::erase_if(s.kills, [](const auto& e) { return e.second.empty(); });
     std::erase_if(s.hangs, [](const auto& e) { return e.second.empty(); });
+    // Stage faults, drawn after the rest (the kills, hangs and joins above stay those of the same
+    // seed before they existed): a killed victim's stage throws in every attempt of its step
+    // instead (evicted after 3) with probability 1/4, or, once per schedule, busy-loops instead
+    // (evicted after its second stall) with probability 1/5; and with probability 1/3 a node's
+    // stage throws once in step 1 (before any loss, so it runs a stage then): not lost.
+    bool stalled = false;
+    for (auto& [step, ids] : s.kills)
+      for (auto it = ids.begin(); it != ids.end();) {
+        if (rng.below(4) == 0) {
+          s.errors[step].push_back(*it);
+          it = ids.erase(it);
+        } else if (!stalled && rng.below(5) == 0) {
+          stalled = true;
+          s.stalls[step].push_back(*it);
+          it = ids.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    std::erase_if(s.kills, [](const auto& e) { return e.second.empty(); });
+    if (rng.below(3) == 0) s.blips[1].push_back(rng.below(s.shape.nodes));
     // A schedule the job cannot survive (in some order of events): draw again.
     if (!survivable(planner, s.shape.nodes, s.faults(), s.join_step, s.join_count)) continue;
     std::ostringstream t;

@@ -108,31 +108,47 @@ inline constexpr int chaos_steps = 32;
 
 /// Heartbeats for chaos: a hang is detected after connection_timeout_ms (5 s each), long enough
 /// that 6 to 10 workers sharing 2 loaded cores (CI runs two e2e tests at once) never miss one
-/// (the default 1.5 s has a third of the margin).
-inline const job_keys chaos_heartbeats{
-    {"cluster", "heartbeat_interval_ms", "500"}, {"cluster", "connection_timeout_ms", "5000"}};
+/// (the default 1.5 s has a third of the margin). Step deadlines short enough that a stall costs
+/// seconds, not the default minutes, and long enough for a healthy step on loaded cores (~0.1 s).
+inline const job_keys chaos_heartbeats{{"cluster", "heartbeat_interval_ms", "500"},
+                                       {"cluster", "connection_timeout_ms", "5000"},
+                                       {"faults", "step_deadline_min_ms", "2000"},
+                                       {"faults", "first_step_deadline_ms", "8000"},
+                                       {"faults", "form_deadline_ms", "8000"}};
 
 struct chaos_schedule {
   chaos_job shape;
   std::map<int, std::vector<int>> kills;  ///< step -> nodes that kill themselves (SIGKILL) in its middle
   std::map<int, std::vector<int>> hangs;  ///< step -> nodes that freeze (SIGSTOP) in its middle
+  /// step -> nodes whose stage throws in every attempt of it (evicted after 3)
+  std::map<int, std::vector<int>> errors;
+  /// step -> nodes whose stage busy-loops in every attempt of it (named by the deadline, evicted after 2)
+  std::map<int, std::vector<int>> stalls;
+  /// step -> nodes whose stage throws once in it (not lost: the step runs again)
+  std::map<int, std::vector<int>> blips;
   int join_step = -1;                     ///< --join-at join_step:join_count (none: -1)
   int join_count = 0;
   std::string text;
 
-  /// Every node lost in a step, killed or frozen.
+  /// Every node lost in a step: killed, frozen or evicted (errors, stalls).
   std::map<int, std::vector<int>> faults() const {
     auto all = kills;
-    for (const auto& [step, ids] : hangs) all[step].insert(all[step].end(), ids.begin(), ids.end());
+    for (const auto* m : {&hangs, &errors, &stalls})
+      for (const auto& [step, ids] : *m) all[step].insert(all[step].end(), ids.begin(), ids.end());
     return all;
   }
   std::vector<std::string> args() const {
     std::vector<std::string> out;
-    for (const auto& [flag, m] : {std::pair{"--fail-at", &kills}, std::pair{"--hang-at", &hangs}})
+    for (const auto& [flag, m] : {std::pair{"--fail-at", &kills}, std::pair{"--hang-at", &hangs},
+                                  std::pair{"--error-at", &errors}, std::pair{"--stall-at", &stalls}})
       for (const auto& [step, ids] : *m) {
         out.push_back(flag);
         out.push_back(std::to_string(step) + ":" + ids_list(ids));
       }
+    for (const auto& [step, ids] : blips) {
+      out.push_back("--error-at");
+      out.push_back(std::to_string(step) + ":" + ids_list(ids) + "/1");
+    }
     if (join_count > 0) {
       out.push_back("--join-at");
       out.push_back(std::to_string(join_step) + ":" + std::to_string(join_count));
