@@ -398,6 +398,19 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       } else {
         ++it;
       }
+    // A starting worker that ends before it registered (it could not start, or was refused) will
+    // never take part: say so and stop, rather than wait for --timeout. (Only before the first
+    // epoch formed: later a worker may be killed on purpose before its registration is read.)
+    for (std::size_t i = 0; i < workers.size() && !progress.formed; ++i) {
+      if (workers[i].reaped() || progress.has_registered("node" + std::to_string(i))) continue;
+      if (const auto status = workers[i].poll()) {
+        err << "error: worker node" << i << " exited with status " << *status
+            << " before it registered (its output is above); stopping the job\n";
+        coordinator.signal(SIGTERM);
+        coordinator.wait();
+        return 1;
+      }
+    }
     if (stop_signal) {
       out << local << "stopping on " << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << std::endl;
       coordinator.signal(SIGTERM);  // an orderly stop of the whole job

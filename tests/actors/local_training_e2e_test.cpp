@@ -256,6 +256,24 @@ TEST_CASE("oobleck-local: --timeout stops every process and returns") {
   CHECK(took < 60);
 }
 
+TEST_CASE("oobleck-local: a worker that cannot start stops the job at once, naming it") {
+  // It used to wait for the worker until --timeout (600 s by default). Here the programs are
+  // copies beside an oobleck-worker that exits at once (as one that cannot load or is refused).
+  const testing::temp_dir tmp("oobleck-local-broken-worker-");
+  for (const char* p : {"oobleck-local", "oobleck-coordinator"})
+    std::filesystem::copy_file(bin + "/" + p, tmp.path() / p);
+  std::ofstream(tmp.path() / "oobleck-worker") << "#!/bin/sh\necho 'cannot start' >&2\nexit 7\n";
+  std::filesystem::permissions(tmp.path() / "oobleck-worker", std::filesystem::perms::owner_all);
+  const auto started = std::chrono::steady_clock::now();
+  const auto r = run_process((tmp.path() / "oobleck-local").string(), {"--nodes", "4", "--steps", "5", "--timeout", "120"});
+  const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  INFO(r.out);
+  INFO(r.err);
+  CHECK(r.exit_status == 1);
+  CHECK(r.err.find("worker node0 exited with status 7 before it registered") != std::string::npos);
+  CHECK(took < 30);
+}
+
 TEST_CASE("oobleck-local: --trace flags are checked before any process starts") {
   const testing::temp_dir tmp("oobleck-local-trace-flags-");
   const auto& dir = tmp.path();
