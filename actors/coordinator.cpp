@@ -25,13 +25,6 @@ bool epoch_layout::contains(node_id node) const {
 
 namespace {
 
-template <class... Fs>
-struct overloaded : Fs... {
-  using Fs::operator()...;
-};
-template <class... Fs>
-overloaded(Fs...) -> overloaded<Fs...>;
-
 /// The one place a node-side message meets the phase: the gate first, then the phase that handles
 /// it decides (false: of another epoch or step); every other phase drops it. Every message not
 /// taken counts in `dropped`; no exception leaves.

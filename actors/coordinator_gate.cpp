@@ -10,13 +10,6 @@ using namespace oobleck::messages;
 
 namespace {
 
-template <class... Fs>
-struct overloaded : Fs... {
-  using Fs::operator()...;
-};
-template <class... Fs>
-overloaded(Fs...) -> overloaded<Fs...>;
-
 gate_verdict refused(std::string why) { return {gate_verdict::refuse, std::move(why)}; }
 
 std::string sender_name(const caf::strong_actor_ptr& sender) {

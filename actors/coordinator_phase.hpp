@@ -154,6 +154,14 @@ struct stopped {
 using job_phase = std::variant<phase::registering, phase::ready, phase::forming, phase::training,
                                phase::committing, phase::checkpointing, phase::stopped>;
 
+/// A visitor of several lambdas (`std::visit(overloaded{[](phase::ready&) {...}, ...}, phase)`).
+template <class... Fs>
+struct overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <class... Fs>
+overloaded(Fs...) -> overloaded<Fs...>;
+
 /// The name of the phase `p` is in.
 std::string_view phase_name(const job_phase& p);
 

@@ -133,50 +133,22 @@ TEST_CASE("recovery e2e: a node lost while the job's first epoch forms") {
   // its seed's. Generous heartbeats: the frozen node must not be declared lost by the heartbeat
   // before the others have joined and the first epoch is planned on it.
   const auto c = make_job(6, 1, 1'500'000, slow_heartbeats);
-  const testing::temp_dir tmp("oobleck-first-epoch-");
-  const auto& dir = tmp.path();
-  std::ofstream(dir / "job.toml") << c.text;
   constexpr int steps = 5;
-  const std::string metrics = (dir / "metrics.jsonl").string();
-  const std::string events = (dir / "events.jsonl").string();
-  const std::string token = (dir / "token").string();
-  background_process coordinator(bin + "/oobleck-coordinator",
-                                 {"--listen", "127.0.0.1:0", "--config", (dir / "job.toml").string(), "--token-file",
-                                  token, "--steps", std::to_string(steps), "--metrics-out", metrics, "--events-out",
-                                  events, "--address-file", (dir / "address").string()});
-  const std::string address = wait_for_address((dir / "address").string());
-  auto worker = [&](const std::string& name) {
-    return std::make_unique<background_process>(
-        bin + "/oobleck-worker", std::vector<std::string>{"--coordinator", address, "--token-file", token, "--name", name,
-                                                          "--heartbeat-interval-ms", "1000", "--connection-timeout-ms", "30000"});
-  };
-  auto victim = worker("victim");
-  wait_for_event(events, {.kind = event_kind::node_joined, .node = 0, .detail = "victim"}, std::chrono::seconds(30));
-  victim->signal(SIGSTOP);
-  std::vector<std::unique_ptr<background_process>> others;
-  for (int i = 1; i < c.nodes; ++i) others.push_back(worker("w" + std::to_string(i)));
+  separate_job job(c, steps);
+  const std::vector<std::string> patient{"--heartbeat-interval-ms", "1000", "--connection-timeout-ms", "30000"};
+  auto& victim = job.worker("victim", patient);
+  wait_for_event(job.events(), {.kind = event_kind::node_joined, .node = 0, .detail = "victim"}, std::chrono::seconds(30));
+  victim.signal(SIGSTOP);
+  for (int i = 1; i < c.nodes; ++i) job.worker("w" + std::to_string(i), patient);
   // The first epoch is planned once all six are in: on the frozen node too.
-  wait_for_event(events, {.kind = event_kind::epoch_forming, .epoch = 1}, std::chrono::seconds(60));
-  CHECK(count(read_event_file(events), {.kind = event_kind::node_joined}) == static_cast<std::size_t>(c.nodes));
+  wait_for_event(job.events(), {.kind = event_kind::epoch_forming, .epoch = 1}, std::chrono::seconds(60));
+  CHECK(count(read_event_file(job.events()), {.kind = event_kind::node_joined}) == static_cast<std::size_t>(c.nodes));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the others form, waiting for node 0
-  CHECK(!contains(read_event_file(events), {.kind = event_kind::epoch_formed}));
-  victim->signal(SIGKILL);
-  int status = -1;
-  try {
-    status = coordinator.wait_exit(std::chrono::seconds(120));
-  } catch (...) {
-    coordinator.signal(SIGTERM);
-    throw;
-  }
-  run_result r;
-  r.status = status;
-  r.output = coordinator.output();
-  r.events = read_event_file(events);
-  read_metrics(metrics, r);
-  for (auto& w : others) {
-    r.output += w->output();
-    CHECK(w->wait_exit(std::chrono::seconds(30)) == 0);
-  }
+  CHECK(!contains(read_event_file(job.events()), {.kind = event_kind::epoch_formed}));
+  victim.signal(SIGKILL);
+  std::map<std::string, int> exits;
+  const run_result r = job.finish(std::chrono::seconds(120), &exits);
+  for (int i = 1; i < c.nodes; ++i) CHECK(exits.at("w" + std::to_string(i)) == 0);
   // Nothing had trained: the coordinator plans the job afresh on the five survivors (a plan, not a
   // reconfiguration: no policy rules, no copies), then trains exactly like the single-process run.
   INFO(r.output);
@@ -191,17 +163,5 @@ TEST_CASE("recovery e2e: a node lost while the job's first epoch forms") {
   CHECK(position(r.events, {.kind = event_kind::epoch_formed, .epoch = r.events[replanned].epoch}) < r.events.size());
   CHECK(contains(r.events, finished(steps)));
   CHECK(r.records.empty());  // no "reconfigured" record: nothing was reconfigured
-  REQUIRE(r.steps.size() == static_cast<std::size_t>(steps));
-  for (int k = 0; k < steps; ++k) {
-    const auto& m = r.steps[static_cast<std::size_t>(k)];
-    CAPTURE(k);
-    CHECK(m["step"] == k);
-    CHECK(m["samples"] == c.job.training.global_batch);
-    for (const auto& p : m["pipelines"])
-      for (const auto& n : p["nodes"]) CHECK(n.get<int>() != 0);
-    for (const auto& [layer, digests] : m["layer_digests"].items())
-      for (const auto& d : digests) CHECK(d == digests[0]);
-    const double want = reference_losses()[static_cast<std::size_t>(k)];
-    CHECK(std::abs(m["loss"].get<double>() - want) <= 1e-4 * std::abs(want));
-  }
+  check_trajectory(c, r, steps, {0});
 }

@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -234,6 +235,62 @@ checked_run run_faults(const job_case& c, int steps, const std::vector<std::stri
                                         << ", the faults were for " << ids_list({scheduled.begin(), scheduled.end()}));
   auto s = check_run(c, r, steps, fired);
   return {std::move(r), std::move(s)};
+}
+
+separate_job::separate_job(const job_case& c, int steps) : tmp_("oobleck-separate-") {
+  const auto& dir = tmp_.path();
+  std::ofstream(dir / "job.toml") << c.text;
+  events_ = (dir / "events.jsonl").string();
+  metrics_ = (dir / "metrics.jsonl").string();
+  token_ = (dir / "token").string();
+  coordinator_ = std::make_unique<background_process>(
+      bin + "/oobleck-coordinator",
+      std::vector<std::string>{"--listen", "127.0.0.1:0", "--config", (dir / "job.toml").string(), "--token-file", token_,
+                               "--steps", std::to_string(steps), "--metrics-out", metrics_, "--events-out", events_,
+                               "--address-file", (dir / "address").string()});
+  address_ = wait_for_address((dir / "address").string());
+}
+
+background_process& separate_job::worker(const std::string& name, const std::vector<std::string>& extra) {
+  std::vector<std::string> args{"--coordinator", address_, "--token-file", token_, "--name", name};
+  args.insert(args.end(), extra.begin(), extra.end());
+  workers_.emplace_back(name, std::make_unique<background_process>(bin + "/oobleck-worker", args));
+  return *workers_.back().second;
+}
+
+run_result separate_job::finish(std::chrono::seconds timeout, std::map<std::string, int>* worker_status) {
+  run_result r;
+  try {
+    r.status = coordinator_->wait_exit(timeout);
+  } catch (...) {
+    coordinator_->signal(SIGTERM);
+    throw;
+  }
+  r.output = coordinator_->output();
+  r.events = read_event_file(events_);
+  read_metrics(metrics_, r);
+  for (auto& [name, w] : workers_) {
+    const int status = w->wait_exit(std::chrono::seconds(30));
+    if (worker_status) (*worker_status)[name] = status;
+    r.output += w->output();
+  }
+  return r;
+}
+
+void check_trajectory(const job_case& c, const run_result& r, int steps, const std::set<int>& gone) {
+  REQUIRE(r.steps.size() == static_cast<std::size_t>(steps));
+  for (int k = 0; k < steps; ++k) {
+    const auto& m = r.steps[static_cast<std::size_t>(k)];
+    CAPTURE(k);
+    CHECK(m["step"] == k);
+    CHECK(m["samples"] == c.job.training.global_batch);
+    for (const auto& p : m["pipelines"])
+      for (const auto& n : p["nodes"]) CHECK(!gone.count(n.get<int>()));
+    for (const auto& [layer, digests] : m["layer_digests"].items())
+      for (const auto& d : digests) CHECK(d == digests[0]);
+    const double want = reference_losses()[static_cast<std::size_t>(k)];
+    CHECK(std::abs(m["loss"].get<double>() - want) <= 1e-4 * std::abs(want));
+  }
 }
 
 }  // namespace oobleck::testing

@@ -21,8 +21,11 @@
 // This header holds what the recovery_e2e_*_test.cpp files share: the job and its failure-free
 // reference, one oobleck-local run, and the checks above.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -30,6 +33,7 @@
 #include "support/background_process.hpp"
 #include "support/local_run.hpp"
 #include "support/recovery_model.hpp"
+#include "support/temp_dir.hpp"
 
 namespace oobleck::testing {
 
@@ -80,5 +84,32 @@ struct checked_run {
 };
 checked_run run_faults(const job_case& c, int steps, const std::vector<std::string>& args, const std::set<int>& scheduled,
                        const std::function<void(running_local&)>& during = {});
+
+/// A job run as separate processes (oobleck-coordinator, then each oobleck-worker when the test
+/// starts it), for tests that act on one worker from its start (freeze it, limit its memory)
+/// before the others exist. The coordinator writes its events, metrics and address to a fresh
+/// temporary folder.
+class separate_job {
+ public:
+  separate_job(const job_case& c, int steps);
+  /// Starts a worker named `name` (with the job's token; `extra` flags appended).
+  background_process& worker(const std::string& name, const std::vector<std::string>& extra = {});
+  const std::string& events() const { return events_; }
+  /// Waits for the coordinator to exit (SIGTERM if it does not within `timeout`, and throws), then
+  /// for every worker (30 s each); the run's status, events, metrics and every process's output.
+  /// `worker_status` receives each worker's exit status by name.
+  run_result finish(std::chrono::seconds timeout, std::map<std::string, int>* worker_status = nullptr);
+
+ private:
+  temp_dir tmp_;
+  std::string events_, metrics_, token_, address_;
+  std::unique_ptr<background_process> coordinator_;
+  std::vector<std::pair<std::string, std::unique_ptr<background_process>>> workers_;
+};
+
+/// The trajectory of a run that finished `steps` steps: each committed once, in order, on B samples,
+/// every layer's holders in agreement, the loss of the failure-free run within 1e-4 relative, and
+/// no node of `gone` in any pipeline.
+void check_trajectory(const job_case& c, const run_result& r, int steps, const std::set<int>& gone);
 
 }  // namespace oobleck::testing

@@ -118,74 +118,32 @@ TEST_CASE("stage faults e2e: a worker that hits its memory limit during training
   // Slow heartbeats: the victim's spinning stage takes one of the two cores that 6 workers share,
   // and this test is about the deadline, not about losses by timeout.
   const auto c = make_job(6, 1, 1'500'000, with(slow_heartbeats, quick_deadlines));
-  const testing::temp_dir tmp("oobleck-oom-");
-  const auto& dir = tmp.path();
-  std::ofstream(dir / "job.toml") << c.text;
   constexpr int steps = 5;
-  const std::string metrics = (dir / "metrics.jsonl").string();
-  const std::string events = (dir / "events.jsonl").string();
-  const std::string token = (dir / "token").string();
-  background_process coordinator(bin + "/oobleck-coordinator",
-                                 {"--listen", "127.0.0.1:0", "--config", (dir / "job.toml").string(), "--token-file",
-                                  token, "--steps", std::to_string(steps), "--metrics-out", metrics, "--events-out",
-                                  events, "--address-file", (dir / "address").string()});
-  const std::string address = wait_for_address((dir / "address").string());
-  auto worker = [&](const std::string& name) {
-    return std::make_unique<background_process>(
-        bin + "/oobleck-worker", std::vector<std::string>{"--coordinator", address, "--token-file", token, "--name", name});
-  };
-  auto victim = worker("victim");
-  wait_for_event(events, {.kind = event_kind::node_joined, .node = 0, .detail = "victim"}, std::chrono::seconds(30));
+  separate_job job(c, steps);
+  auto& victim = job.worker("victim");
+  wait_for_event(job.events(), {.kind = event_kind::node_joined, .node = 0, .detail = "victim"}, std::chrono::seconds(30));
   // Admitted: its stage runtime (corpus, threads) is built right after; then it is idle.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   std::int64_t idle_kb = 0;
   {
-    std::ifstream status("/proc/" + std::to_string(victim->pid()) + "/status");
+    std::ifstream status("/proc/" + std::to_string(victim.pid()) + "/status");
     std::string key;
     while (status >> key)
       if (key == "VmSize:") status >> idle_kb;
   }
   REQUIRE(idle_kb > 0);
   const rlimit limit{static_cast<rlim_t>((idle_kb + 32 * 1024) * 1024), static_cast<rlim_t>((idle_kb + 32 * 1024) * 1024)};
-  REQUIRE(::prlimit(victim->pid(), RLIMIT_AS, &limit, nullptr) == 0);
+  REQUIRE(::prlimit(victim.pid(), RLIMIT_AS, &limit, nullptr) == 0);
   MESSAGE("victim idle at " << idle_kb / 1024 << " MiB of address space, limited to " << idle_kb / 1024 + 32 << " MiB");
-  std::vector<std::unique_ptr<background_process>> others;
-  for (int i = 1; i < c.nodes; ++i) others.push_back(worker("w" + std::to_string(i)));
-  int status = -1;
-  try {
-    status = coordinator.wait_exit(std::chrono::seconds(150));
-  } catch (...) {
-    coordinator.signal(SIGTERM);
-    throw;
-  }
-  run_result r;
-  r.status = status;
-  r.output = coordinator.output();
-  r.events = read_event_file(events);
-  read_metrics(metrics, r);
-  const int victim_status = victim->wait_exit(std::chrono::seconds(30));
-  r.output += victim->output();
-  for (auto& w : others) {
-    CHECK(w->wait_exit(std::chrono::seconds(30)) == 0);
-    r.output += w->output();
-  }
+  for (int i = 1; i < c.nodes; ++i) job.worker("w" + std::to_string(i));
+  std::map<std::string, int> exits;
+  const run_result r = job.finish(std::chrono::seconds(150), &exits);
   INFO(r.output);
   INFO(describe(r.events));
   REQUIRE(r.status == 0);
   CHECK(evicted(r, 0));
-  CHECK(victim_status == 3);  // told to exit: evicted
+  CHECK(exits.at("victim") == 3);  // told to exit: evicted
+  for (int i = 1; i < c.nodes; ++i) CHECK(exits.at("w" + std::to_string(i)) == 0);
   CHECK(contains(r.events, {.kind = event_kind::stopped, .outcome = messages::stop_outcome::finished, .committed = steps}));
-  REQUIRE(r.steps.size() == static_cast<std::size_t>(steps));
-  for (int k = 0; k < steps; ++k) {
-    const auto& m = r.steps[static_cast<std::size_t>(k)];
-    CAPTURE(k);
-    CHECK(m["step"] == k);
-    CHECK(m["samples"] == c.job.training.global_batch);
-    for (const auto& p : m["pipelines"])
-      for (const auto& n : p["nodes"]) CHECK(n.get<int>() != 0);
-    for (const auto& [layer, digests] : m["layer_digests"].items())
-      for (const auto& d : digests) CHECK(d == digests[0]);
-    const double want = reference_losses()[static_cast<std::size_t>(k)];
-    CHECK(std::abs(m["loss"].get<double>() - want) <= 1e-4 * std::abs(want));
-  }
+  check_trajectory(c, r, steps, {0});
 }
