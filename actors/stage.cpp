@@ -142,6 +142,7 @@ struct stage_runtime {
   std::atomic<bool> forming_blocked{false};
   std::atomic<std::uint64_t> formed_epoch{0};
   std::atomic<std::uint64_t> aborted_epoch{0};  ///< aborted_through, readable without abort_mu
+  std::atomic<std::uint64_t> reported_epoch{0};  ///< the newest epoch whose own failure was reported
 
   /// Where a failure of the node's own stage goes (the monitor): set once, before the first epoch.
   std::mutex sink_mu;
@@ -152,6 +153,8 @@ struct stage_runtime {
   /// and the monitor reports it to the coordinator (a strike towards eviction).
   void own_failure(std::uint64_t epoch, const std::string& what) {
     abort(epoch, "a stage of " + to_string(assignment.rank) + " failed: " + what);
+    // One report per epoch: two slots of the node failing together are one strike of the node.
+    if (reported_epoch.exchange(epoch) == epoch) return;
     std::function<void(std::uint64_t, const std::string&)> sink;
     {
       std::lock_guard lock(sink_mu);
