@@ -47,6 +47,20 @@ namespace oobleck::apps {
 
 namespace {
 
+/// Whether the events file records the registration of worker `name` (read whole, now).
+bool registered_in(const std::string& events_path, const std::string& name) {
+  std::ifstream in(events_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    try {
+      const auto e = messages::parse_event_line(line);
+      if (e && e->event.kind == messages::event_kind::node_joined && e->event.detail == name) return true;
+    } catch (const messages::input_error&) {  // a line still being written
+    }
+  }
+  return false;
+}
+
 std::atomic<int> stop_signal{0};
 extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
 
@@ -399,11 +413,13 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
         ++it;
       }
     // A starting worker that ends before it registered (it could not start, or was refused) will
-    // never take part: say so and stop, rather than wait for --timeout. (Only before the first
-    // epoch formed: later a worker may be killed on purpose before its registration is read.)
+    // never take part: say so and stop, rather than wait for --timeout. The events read so far may
+    // lag (a worker can register and be killed by an injected fault before they are read): the
+    // whole file decides.
     for (std::size_t i = 0; i < workers.size() && !progress.formed; ++i) {
-      if (workers[i].reaped() || progress.has_registered("node" + std::to_string(i))) continue;
-      if (const auto status = workers[i].poll()) {
+      const std::string name = "node" + std::to_string(i);
+      if (workers[i].reaped() || progress.has_registered(name)) continue;
+      if (const auto status = workers[i].poll(); status && !registered_in(events_path, name)) {
         err << "error: worker node" << i << " exited with status " << *status
             << " before it registered (its output is above); stopping the job\n";
         coordinator.signal(SIGTERM);
