@@ -128,6 +128,16 @@ bool host_transport::state::consume_stage(int peer) {
 bool host_transport::state::protocol_violation(int peer, const std::string& why) {
   const std::string reason = "peer " + std::to_string(peer) + " broke the data-plane protocol: " + why +
                              "; the epoch's data plane is closed";
+  {
+    // Aborted before the receive waiting on this link is woken: whoever sees that failure sees
+    // the data plane aborted too (abort() below keeps this reason and closes every link).
+    auto lk = lock();
+    transport_shared& sh = shared(lk);
+    if (!sh.is_aborted) {
+      sh.is_aborted = true;
+      sh.abort_reason = reason;
+    }
+  }
   fail_link(peer, {}, reason);
   abort(reason);  // on the I/O thread: closes every link now
   return false;
