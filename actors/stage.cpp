@@ -433,10 +433,12 @@ stage_done run(stage_runtime& rt, const stage_step& order, int slot) {
     activity.set(slot_activity::waiting);  // for the all-reduces (they run on the reducer's thread too)
     executor.reduce_gradients(rt.layer_groups);
   } catch (const std::exception& e) {
-    executor.discard();
     done.error = what_of(e);
-    // This stage's own failure (out of memory, a c10::Error): its peers must not wait for it.
+    // This stage's own failure (out of memory, a c10::Error): its peers must not wait for it. Told
+    // before anything else: discarding the step cancels its all-reduces, its peers fail, and the
+    // coordinator's abort of the epoch could otherwise arrive first and hide whose failure it was.
     if (!data_plane_failure(e) && rt.aborted_epoch.load() < order.epoch) rt.own_failure(order.epoch, done.error);
+    executor.discard();
   }
   const auto& t = executor.last_step_timing();
   done.timing = {ms_since(started), t.compute_ms, t.p2p_wait_ms, t.allreduce_ms};
