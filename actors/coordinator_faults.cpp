@@ -72,7 +72,7 @@ void stalled(coordinator_pointer self, const std::vector<node_id>& culprits, con
 }
 
 /// The step's deadline passed and the probe is in (or its time is up): name the culprit.
-void decide_step(coordinator_pointer self, phase::training& ph) {
+void decide(coordinator_pointer self, phase::training& ph) {
   auto& st = self->state;
   const probe_round round = std::move(*ph.probing);
   ph.probing.reset();
@@ -109,7 +109,7 @@ void decide_step(coordinator_pointer self, phase::training& ph) {
 
 /// The epoch's forming deadline passed and the probe is in: the nodes that have not started
 /// forming (their previous step still holds their stages) or did not answer are the culprits.
-void decide_form(coordinator_pointer self, phase::forming& ph) {
+void decide(coordinator_pointer self, phase::forming& ph) {
   auto& st = self->state;
   const probe_round round = std::move(*ph.probing);
   ph.probing.reset();
@@ -128,6 +128,23 @@ void decide_form(coordinator_pointer self, phase::forming& ph) {
   else
     what += ": " + id_text(waiting) + " still forming";
   stalled(self, culprits, what);
+}
+
+/// A stall report of the probe in progress: kept; the culprit is named once every node answered.
+template <class Phase>
+bool take_report(coordinator_pointer self, Phase& ph, stall_report& r) {
+  if (!ph.probing || r.probe != ph.probing->id) return false;
+  ph.probing->reports[r.node] = r;
+  if (probe_complete(self->state, *ph.probing)) decide(self, ph);
+  return true;
+}
+
+/// The probe's time is up (nodes that did not answer are suspects): the culprit is named now.
+template <class Phase>
+bool probe_time_up(coordinator_pointer self, Phase& ph, const coordinator_deadline& d) {
+  if (d.kind != deadline_kind::probe || !ph.probing || ph.probing->id != d.probe) return false;
+  decide(self, ph);
+  return true;
 }
 
 }  // namespace
@@ -215,20 +232,10 @@ bool handle(coordinator_pointer self, phase::training& ph, coordinator_deadline&
     ph.probing = start_probe(self, deadline);
     return true;
   }
-  if (d.kind == deadline_kind::probe && ph.probing && ph.probing->id == d.probe) {
-    decide_step(self, ph);
-    return true;
-  }
-  return false;
+  return probe_time_up(self, ph, d);
 }
 
-bool handle(coordinator_pointer self, phase::training& ph, stall_report& r) {
-  auto& st = self->state;
-  if (!ph.probing || r.probe != ph.probing->id) return false;
-  ph.probing->reports[r.node] = r;
-  if (probe_complete(st, *ph.probing)) decide_step(self, ph);
-  return true;
-}
+bool handle(coordinator_pointer self, phase::training& ph, stall_report& r) { return take_report(self, ph, r); }
 
 bool handle(coordinator_pointer self, phase::forming& ph, coordinator_deadline& d) {
   auto& st = self->state;
@@ -238,20 +245,10 @@ bool handle(coordinator_pointer self, phase::forming& ph, coordinator_deadline& 
     ph.probing = start_probe(self, ms_between(ph.assignments_sent, st.deps.now()));
     return true;
   }
-  if (d.kind == deadline_kind::probe && ph.probing && ph.probing->id == d.probe) {
-    decide_form(self, ph);
-    return true;
-  }
-  return false;
+  return probe_time_up(self, ph, d);
 }
 
-bool handle(coordinator_pointer self, phase::forming& ph, stall_report& r) {
-  auto& st = self->state;
-  if (!ph.probing || r.probe != ph.probing->id) return false;
-  ph.probing->reports[r.node] = r;
-  if (probe_complete(st, *ph.probing)) decide_form(self, ph);
-  return true;
-}
+bool handle(coordinator_pointer self, phase::forming& ph, stall_report& r) { return take_report(self, ph, r); }
 
 bool handle(coordinator_pointer self, phase::committing& ph, coordinator_deadline& d) {
   auto& st = self->state;
