@@ -17,7 +17,9 @@ packages=(
   libssl-dev            # HMAC-SHA256 and SHA-256 of the admission protocol; TLS files checked at start
   openssl               # the tests make a CA and certificates with it (README, "TLS")
   libopenblas0
-  gnuplot-nox           # oobleck-sim --plot
+  gnuplot-nox           # oobleck-sim --plot, oobleck-report --plot
+  python3-torch         # PyTorch 1.13 under /usr/bin/python3: the GPT-2 reference checks (tests/python)
+  chromium              # headless: the dashboard test (label browser)
   iproute2              # ip netns, veth pairs, a bridge: the partition test (partition_netns_e2e_tests; skipped without)
 )
 
