@@ -44,8 +44,20 @@ struct adamw_options {
   double eps = 1e-8;
   double weight_decay = 0.1;  ///< applied to matrices only (dim >= 2), not to biases and norms
   lr_schedule lr;
+  /// Gradient clipping by the global norm over every parameter (a tied matrix counted once): the
+  /// gradients are scaled by clip_norm / (norm + 1e-6) when that is below 1, as PyTorch's
+  /// clip_grad_norm_ does. 0: off.
+  double clip_norm = 0;
 
   bool operator==(const adamw_options&) const = default;
 };
+
+/// The factor global-norm clipping multiplies the gradients by: clip_norm / (norm + 1e-6) when that
+/// is below 1, else 1 (PyTorch's clip_grad_norm_); 1 when clip_norm is 0 (off).
+inline double clip_scale(double clip_norm, double norm) {
+  if (clip_norm <= 0) return 1;
+  const double s = clip_norm / (norm + 1e-6);
+  return s < 1 ? s : 1;
+}
 
 }  // namespace oobleck::runtime

@@ -20,6 +20,12 @@ using planning::op_kind;
 /// Point-to-point tags stay below this (the copy plan's start there: actors/stage.cpp).
 constexpr std::int64_t p2p_tag_limit = std::int64_t{1} << 24;
 
+/// The tied embedding's gradient between a pipeline's first and last stage, one tag per direction.
+/// The 1F1B tags stay at or below 2 * microbatches * stages - 3 < p2p_tag_limit - 4 (run_step
+/// refuses more microbatches), so these two are never a step's.
+constexpr int tie_tag_from_first = static_cast<int>(p2p_tag_limit - 1);
+constexpr int tie_tag_from_last = static_cast<int>(p2p_tag_limit - 2);
+
 /// One message stream per link, direction and microbatch; the transport keeps each (peer, tag) in
 /// order. The link (stage s to s + 1 is link s) is part of the tag because a node of several slots
 /// runs consecutive stages of one pipeline: stages s and s + 1 then talk to the node's own rank,
@@ -238,16 +244,119 @@ void stage_executor::reduce_gradients(const std::vector<std::vector<int>>& layer
     comm_.all_reduce_sum(store_.gradients(l), group, gradient_tag(l));
   }
   reduce_started_.assign(reduce_started_.size(), false);
+  tie_gradients();
 }
 
-void stage_executor::commit() {
+void stage_executor::tie_gradients() {
+  const auto& model = store_.model();
+  if (!tied(model)) return;
+  const int last_layer = model.num_layers() - 1;
+  const bool has_first = position_.first_layer == 0;
+  const bool has_last = position_.end_layer == model.num_layers();
+  if (!has_first && !has_last) return;
+  torch::NoGradGuard no_grad;
+  // Parameter 0 of both layers is the tied matrix: the first piece of each flat gradient buffer.
+  const auto elements = model.vocab * model.d_model;
+  auto tied_gradient = [&](int layer) { return store_.gradients(layer).slice(0, 0, elements); };
+  if (has_first && has_last) {
+    auto embedding = tied_gradient(0);
+    auto head = tied_gradient(last_layer);
+    embedding.add_(head);
+    head.copy_(embedding);
+    return;
+  }
+  if (position_.first_rank < 0 || position_.last_rank < 0)
+    throw std::logic_error("a stage of a tied-embedding model does not know its pipeline's first and last stage");
+  timed t(timing_.allreduce_ms);
+  // The first stage sends, then receives; the last receives, then sends: whatever the transport
+  // buffers, neither waits on the other.
+  if (has_first) {
+    auto mine = tied_gradient(0);
+    comm_.send(mine, position_.last_rank, tie_tag_from_first);
+    auto theirs = torch::empty_like(mine);
+    comm_.recv(theirs, position_.last_rank, tie_tag_from_last);
+    mine.add_(theirs);
+  } else {
+    auto mine = tied_gradient(last_layer);
+    auto theirs = torch::empty_like(mine);
+    comm_.recv(theirs, position_.first_rank, tie_tag_from_first);
+    comm_.send(mine, position_.first_rank, tie_tag_from_last);
+    mine.add_(theirs);
+  }
+}
+
+double stage_executor::gradient_sq_norm() {
+  torch::NoGradGuard no_grad;
+  const auto& model = store_.model();
+  const int last_layer = model.num_layers() - 1;
+  double sum = 0;
+  for (int l = position_.first_layer; l < position_.end_layer; ++l) {
+    auto g = store_.gradients(l);
+    if (l == last_layer && tied(model)) g = g.slice(0, model.vocab * model.d_model);  // counted on layer 0
+    sum += g.to(torch::kFloat64).square().sum().item<double>();
+  }
+  return sum;
+}
+
+void stage_executor::commit(double gradient_scale) {
   reducer_.wait();  // normally idle: reduce_gradients() waited
   {
     timed t(timing_.optimizer_ms);
-    for (int l = position_.first_layer; l < position_.end_layer; ++l)
+    torch::NoGradGuard no_grad;
+    for (int l = position_.first_layer; l < position_.end_layer; ++l) {
+      if (gradient_scale != 1.0) store_.gradients(l).mul_(gradient_scale);
       adamw_step(store_.parameters(l), store_.optimizer_state(l), options_.optimizer);
+    }
   }
   for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.drop_gradients(l);
+}
+
+double stage_executor::run_eval(int windows, const torch::Tensor& inputs, const torch::Tensor& targets) {
+  torch::NoGradGuard no_grad;
+  const auto& model = store_.model();
+  const auto device = store_.device();
+  const bool first = position_.stage == 0;
+  const bool last = position_.stage == position_.num_stages - 1;
+  const int b = options_.microbatch_size;
+  const int chunks = (windows + b - 1) / b;
+  if (static_cast<std::int64_t>(chunks) * position_.num_stages * 2 >= p2p_tag_limit)
+    throw std::invalid_argument("a pipeline of " + std::to_string(position_.num_stages) + " stages cannot evaluate " +
+                                std::to_string(windows) + " windows in one round (message tags run out)");
+  const auto activation = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  // Evaluation mode for the range (no dropout); training mode again whatever happens.
+  struct mode_guard {
+    layer_store& store;
+    int first, end;
+    mode_guard(layer_store& s, int f, int e) : store(s), first(f), end(e) {
+      for (int l = first; l < end; ++l) store.module(l).eval();
+    }
+    ~mode_guard() {
+      for (int l = first; l < end; ++l) store.module(l).train();
+    }
+  } mode(store_, position_.first_layer, position_.end_layer);
+  double sum = 0;
+  for (int c = 0; c < chunks; ++c) {
+    const int rows = std::min(b, windows - c * b);
+    torch::Tensor h;
+    if (first) {
+      h = inputs.slice(0, c * b, c * b + rows).to(device);
+    } else {
+      h = torch::empty({rows, model.seq_len, model.d_model}, activation);
+      comm_.recv(h, position_.prev_rank, tag_of(op_kind::recv_activation, c, position_.stage, position_.num_stages));
+    }
+    for (int l = position_.first_layer; l < position_.end_layer; ++l) h = store_.module(l).forward(h, nullptr);
+    if (last) {
+      const auto t = targets.slice(0, c * b, c * b + rows).to(device);
+      auto per_token = torch::nn::functional::cross_entropy(
+          h.reshape({-1, h.size(-1)}), t.reshape({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+      sum += per_token.view({rows, -1}).mean(1).to(torch::kFloat64).sum().item<double>();
+    } else {
+      comm_.send(h.contiguous(), position_.next_rank,
+                 tag_of(op_kind::send_activation, c, position_.stage, position_.num_stages));
+    }
+  }
+  return sum;
 }
 
 void stage_executor::discard() {

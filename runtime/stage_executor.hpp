@@ -24,6 +24,10 @@ struct stage_position {
   int num_stages = 1;
   int prev_rank = -1;  ///< rank of stage - 1 (unused on the first stage)
   int next_rank = -1;  ///< rank of stage + 1 (unused on the last stage)
+  /// Ranks of the pipeline's first and last stage: the embedding group of a model whose input and
+  /// output embeddings are tied (gpt_config tied()); -1 where unknown (a one-stage pipeline).
+  int first_rank = -1;
+  int last_rank = -1;
 };
 
 struct executor_options {
@@ -79,10 +83,33 @@ class stage_executor {
   /// gradient buffer. Waits for those run_step started and runs the others; layers go in
   /// decreasing order on every rank (the order a backward pass makes them final). Throws
   /// comm_error when the data plane fails.
+  /// Then, for a model with tied embeddings, tie_gradients().
   void reduce_gradients(const std::vector<std::vector<int>>& layer_groups);
 
+  /// A model with tied embeddings (gpt_config tied()): the token embedding of layer 0 and the LM
+  /// head of the last layer are one matrix held twice (parameter 0 of both layers). Its gradient is
+  /// the sum over both uses: the stage holding layer 0 and the one holding the last layer swap
+  /// their (already all-reduced) gradients of it and each adds the other's, so both hold
+  /// bitwise the same sum (float addition commutes), on every pipeline alike (the all-reduce
+  /// leaves the same bits on every holder). A stage holding both adds in place. Nothing for an
+  /// untied model or a stage holding neither. Throws comm_error when the data plane fails.
+  void tie_gradients();
+
+  /// Sum of the squares of the range's gradients (after reduce_gradients: the step's global
+  /// gradient), counting the tied matrix once (on layer 0, not on its copy in the last layer):
+  /// the pipeline's stages add up to the squared global norm that clipping uses.
+  double gradient_sq_norm();
+
   /// The step is committed everywhere: apply AdamW to every layer of the range and drop gradients.
-  void commit();
+  /// `gradient_scale` (from global-norm clipping; 1: none) multiplies the gradients first.
+  void commit(double gradient_scale = 1.0);
+
+  /// Evaluation (no dropout, no gradients): the pipeline's forward pass over `windows` rows of
+  /// `inputs` / `targets` (token ids [windows, seq]; read on the first / last stage only), in chunks
+  /// of microbatch_size rows handed from stage to stage. Returns, on the last stage, the sum over
+  /// the rows of each row's mean token cross-entropy; 0 elsewhere. Throws comm_error when the data
+  /// plane fails.
+  double run_eval(int windows, const torch::Tensor& inputs, const torch::Tensor& targets);
   /// The step failed somewhere: drop its gradients (all-reduces still in flight are cancelled
   /// first, aborting this rank's communicator).
   void discard();

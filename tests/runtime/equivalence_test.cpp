@@ -3,19 +3,26 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include "support/cluster_harness.hpp"
 
 using namespace oobleck::testing;
 
 namespace {
 
-void check_equivalent(const training_result& got, const training_result& reference) {
+/// `tolerance` bounds the parameters' relative error after the steps: 1e-5 for oobleck-gpt; GPT-2 is
+/// compared within 1e-4 (issue 24) because its attention's key bias has an identically zero
+/// gradient (softmax ignores a constant added to every key), so AdamW turns the rounding noise of
+/// each summation order into full-size updates of it (~5e-5 relative after 5 steps, whatever the
+/// split, one stage included; every other tensor agrees within 1e-6).
+void check_equivalent(const training_result& got, const training_result& reference, double tolerance = 1e-5) {
   // fp32 sums in another order (microbatches, pipelines, all-reduce) differ in the last bits and
   // AdamW rescales tiny gradients, so elements differ slightly; tensors agree to 1e-5 relative.
   const double diff = max_relative_difference(got, reference);
   MESSAGE("after " << reference.losses.size() << " steps: max ||p - ref|| / ||ref|| = " << diff
                    << ", max elementwise |p - ref| / max|ref| = " << max_elementwise_difference(got, reference));
-  CHECK(diff < 1e-5);
+  CHECK(diff < tolerance);
   // AdamW hides a uniformly mis-scaled gradient; compare the reduced gradients themselves.
   const double grad_diff = max_relative_difference(got.first_gradients, reference.first_gradients);
   MESSAGE("step 0 gradients: max ||g - ref|| / ||ref|| = " << grad_diff);
@@ -64,4 +71,76 @@ TEST_CASE("activation checkpointing changes memory, not results") {
   s.activation_checkpointing = true;
   const auto recomputed = train_pipelines(s, {{{{0, 2}, {2, 6}}, 8}});
   CHECK(max_relative_difference(recomputed, plain) < 1e-6);
+}
+
+namespace {
+
+/// A GPT-2 of the harness's sizes, its LM head tied to the token embedding.
+training_setup tied_setup() {
+  auto s = small_setup();
+  s.model.architecture = oobleck::runtime::model_architecture::gpt2;
+  s.model.tie_embeddings = true;
+  return s;
+}
+
+void check_tied_copies_equal(const training_result& r) {
+  REQUIRE(r.tied_digests.size() >= 2);
+  for (auto d : r.tied_digests) CHECK(d == r.tied_digests.front());
+}
+
+}  // namespace
+
+TEST_CASE("tied embeddings: one stage, and 2, 3 and 4 stages, train like one process and keep both copies equal") {
+  const auto s = tied_setup();
+  const auto ref = train_reference(s);
+  check_tied_copies_equal(ref);
+  for (const auto& shape : std::vector<std::vector<pipeline_shape>>{
+           {{{{0, 6}}, 8}},
+           {{{{0, 3}, {3, 6}}, 8}},
+           {{{{0, 1}, {1, 4}, {4, 6}}, 8}},
+           {{{{0, 2}, {2, 3}, {3, 5}, {5, 6}}, 8}},
+           // Two pipelines of other depths: the tied sum after the all-reduce is the same bits in both.
+           {{{{0, 3}, {3, 6}}, 3}, {{{0, 1}, {1, 4}, {4, 6}}, 5}},
+       }) {
+    CAPTURE(shape.size());
+    CAPTURE(shape.front().stages.size());
+    const auto got = train_pipelines(s, shape);
+    check_equivalent(got, ref, 1e-4);
+    check_tied_copies_equal(got);
+  }
+}
+
+TEST_CASE("tied embeddings: without the sum across stages the copies drift apart and training differs") {
+  // The test above would pass for an untied model too; this one shows the tie is what it checks:
+  // the same GPT-2 untied trains differently from the tied reference.
+  auto untied = tied_setup();
+  untied.model.tie_embeddings = false;
+  const auto tied_ref = train_reference(tied_setup());
+  const auto got = train_pipelines(untied, {{{{0, 3}, {3, 6}}, 8}});
+  CHECK(std::abs(got.losses.back() - tied_ref.losses.back()) > 1e-4);
+}
+
+TEST_CASE("gradient clipping by the global norm: pipelines scale like one process's clip_grad_norm_") {
+  for (const bool tie : {false, true}) {
+    CAPTURE(tie);
+    auto s = tie ? tied_setup() : small_setup();
+    const auto unclipped = train_reference(s);
+    // Half the first step's norm, so that clipping is active from the first step on.
+    s.optimizer.clip_norm = 0.05;
+    const auto ref = train_reference(s);
+    REQUIRE(ref.grad_norms.size() == static_cast<std::size_t>(s.steps));
+    CHECK(ref.grad_norms.front() > 2 * s.optimizer.clip_norm);
+    CHECK(std::abs(ref.losses.back() - unclipped.losses.back()) > 1e-4);  // the clip changed the run
+    for (const auto& shape : std::vector<std::vector<pipeline_shape>>{
+             {{{{0, 6}}, 8}},
+             {{{{0, 2}, {2, 3}, {3, 5}, {5, 6}}, 8}},
+             {{{{0, 3}, {3, 6}}, 3}, {{{0, 1}, {1, 4}, {4, 6}}, 5}},
+         }) {
+      const auto got = train_pipelines(s, shape);
+      check_equivalent(got, ref, tie ? 1e-4 : 1e-5);
+      REQUIRE(got.grad_norms.size() == ref.grad_norms.size());
+      for (std::size_t k = 0; k < ref.grad_norms.size(); ++k)
+        CHECK(got.grad_norms[k] == doctest::Approx(ref.grad_norms[k]).epsilon(1e-5));
+    }
+  }
 }

@@ -1,5 +1,6 @@
 #include "support/cluster_harness.hpp"
 
+#include <cmath>
 #include <future>
 #include <map>
 
@@ -57,12 +58,28 @@ training_result train_reference(const training_setup& s) {
       }
       r.losses.push_back(loss_sum / M);
     }
+    const bool tied = runtime::tied(s.model);
+    auto head_copy = layers.back()->parameters()[0];
+    if (tied) {
+      auto embedding = layers.front()->parameters()[0].grad();
+      embedding.add_(head_copy.grad());
+      head_copy.grad().copy_(embedding);
+    }
     if (step == 0)
       for (auto& l : layers) {
         std::vector<torch::Tensor> g;
         for (auto& p : l->parameters()) g.push_back(p.grad().clone());
         r.first_gradients.push_back(std::move(g));
       }
+    // Clipped after the gradients are recorded: the executors scale them at commit.
+    if (s.optimizer.clip_norm > 0) {
+      std::vector<torch::Tensor> once;
+      for (auto& l : layers)
+        for (auto& p : l->parameters())
+          if (!(tied && p.is_same(head_copy))) once.push_back(p);
+      r.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(once, s.optimizer.clip_norm));
+      if (tied) head_copy.grad().copy_(layers.front()->parameters()[0].grad());
+    }
     set_learning_rate(*optimizer, s.optimizer.lr, step + 1);
     optimizer->step();
     for (auto& p : params) p.mutable_grad() = torch::Tensor();
@@ -71,6 +88,8 @@ training_result train_reference(const training_setup& s) {
     r.parameters.push_back(l->parameters());
     r.digests.push_back({runtime::tensor_digest(l->parameters())});
   }
+  if (runtime::tied(s.model))
+    for (auto* l : {&layers.front(), &layers.back()}) r.tied_digests.push_back(runtime::tensor_digest({(*l)->parameters()[0]}));
   return r;
 }
 
@@ -86,7 +105,7 @@ training_result train_pipelines(const training_setup& s, const std::vector<pipel
     const int stages = static_cast<int>(pipelines[p].stages.size());
     for (int k = 0; k < stages; ++k) {
       const auto [u, v] = pipelines[p].stages[k];
-      ranks.push_back({p, {u, v, k, stages, base + k - 1, base + k + 1}});
+      ranks.push_back({p, {u, v, k, stages, base + k - 1, base + k + 1, base, base + stages - 1}});
       for (int l = u; l < v; ++l) layer_groups[l].push_back(base + k);
     }
   }
@@ -115,7 +134,7 @@ training_result train_pipelines(const training_setup& s, const std::vector<pipel
     std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
     for (int p = 0; p < static_cast<int>(pipelines.size()); ++p)
       batches.push_back(data.batch(runtime::sampler::slice(ids, microbatches, p, s.microbatch)));
-    std::vector<double> loss(ranks.size(), 0.0);
+    std::vector<double> loss(ranks.size(), 0.0), grad_sq(ranks.size(), 0.0);
     std::vector<std::future<void>> stages;
     for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
       stages.push_back(std::async(std::launch::async, [&, r] {
@@ -127,13 +146,23 @@ training_result train_pipelines(const training_setup& s, const std::vector<pipel
           for (int l = ranks[r].position.first_layer; l < ranks[r].position.end_layer; ++l)
             if (layer_groups[l].front() == r)
               for (auto& p : executors[r]->parameters(l)) result.first_gradients[l].push_back(p.grad().clone());
-        executors[r]->commit();
+        if (s.optimizer.clip_norm > 0) grad_sq[r] = executors[r]->gradient_sq_norm();
       }));
     // A step of this size takes well under a second; a stage still running after 30 s is stuck
     // (a lost message, a collective that never completes): fail, abort the hub to free it.
     wait_or_fail(stages, std::chrono::seconds(30), "step " + std::to_string(step) + " of a stage",
                  [&] { hub.abort_all(); });
     for (auto& f : stages) f.get();  // rethrows a stage's error
+    // The coordinator's part: pipeline 0's stages add up the squared norm, one factor for all.
+    double scale = 1;
+    if (s.optimizer.clip_norm > 0) {
+      double sq = 0;
+      for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
+        if (ranks[r].pipeline == 0) sq += grad_sq[r];
+      result.grad_norms.push_back(std::sqrt(sq));
+      scale = runtime::clip_scale(s.optimizer.clip_norm, std::sqrt(sq));
+    }
+    for (auto& e : executors) e->commit(scale);
     double total = 0;
     for (double l : loss) total += l;
     result.losses.push_back(total / (s.global_batch / s.microbatch));
@@ -144,6 +173,8 @@ training_result train_pipelines(const training_setup& s, const std::vector<pipel
     for (int g : layer_groups[l]) {
       if (result.parameters[l].empty()) result.parameters[l] = executors[g]->parameters(l);
       result.digests[l].push_back(executors[g]->parameter_digest(l));
+      if (runtime::tied(s.model) && (l == 0 || l == L - 1))
+        result.tied_digests.push_back(runtime::tensor_digest({executors[g]->parameters(l)[0]}));
     }
   return result;
 }

@@ -38,6 +38,9 @@ struct training_result {
   std::vector<std::vector<std::uint64_t>> digests;     ///< [layer][pipeline]
   std::vector<double> losses;                          ///< mean loss per step
   std::vector<std::vector<torch::Tensor>> first_gradients;  ///< [layer] step 0, after all-reduce
+  /// A tied-embedding model: the tied matrix's digest in every holder of layer 0 and the last layer.
+  std::vector<std::uint64_t> tied_digests;
+  std::vector<double> grad_norms;  ///< per step, with clipping (optimizer.clip_norm > 0)
 };
 
 training_setup small_setup();
@@ -46,7 +49,10 @@ const runtime::token_dataset& test_dataset(std::int64_t seq_len);
 /// Plain LibTorch: all layers in one loop, the whole global batch at once (microbatch by
 /// microbatch when the model has dropout: masks belong to global microbatches),
 /// torch::optim::AdamW with the same hyper-parameters and schedule (not the project's AdamW, which
-/// is under test).
+/// is under test). A tied-embedding model: the gradients of both uses of the matrix are added and
+/// both copies take that sum (one matrix, as Hugging Face ties it, updated in two places alike).
+/// Clipping (optimizer.clip_norm): torch::nn::utils::clip_grad_norm_ over every parameter, the tied
+/// matrix once.
 training_result train_reference(const training_setup& s);
 
 /// The pipelines on threads (one per stage) with the 1F1B executor and per-layer all-reduce.
