@@ -12,6 +12,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "apps/dashboard.hpp"
 #include "messages/input_error.hpp"
 
 namespace oobleck::apps {
@@ -30,8 +31,25 @@ struct core {
   net::io_context ioc{1};
   http_limits limits;
   status_source source;
+  history_source history;
   std::size_t connections = 0;  // touched on the server's thread only
 };
+
+/// A response, as a source's answer becomes one.
+struct answer {
+  http::status status;
+  const char* type;
+  std::string body;
+};
+
+/// GET /status (JSON) or /metrics (Prometheus text), or 503 with why there is no status.
+answer status_answer(status_reply r, bool metrics) {
+  if (!r.status)
+    return {http::status::service_unavailable, metrics ? "text/plain; charset=utf-8" : "application/json",
+            metrics ? "no status: " + r.error + "\n" : nlohmann::json{{"error", r.error}}.dump() + "\n"};
+  if (metrics) return {http::status::ok, "text/plain; version=0.0.4; charset=utf-8", prometheus_metrics(*r.status)};
+  return {http::status::ok, "application/json", status_json(*r.status).dump(2) + "\n"};
+}
 
 bool is_parse_error(const beast::error_code& ec) {
   return ec.category() == http::make_error_code(http::error::bad_method).category();
@@ -72,42 +90,48 @@ class session : public std::enable_shared_from_this<session> {
     if (req.method() != http::verb::get)
       return respond(http::status::method_not_allowed, "text/plain; charset=utf-8",
                      "method not allowed: only GET\n");
-    if (path != "/status" && path != "/metrics")
-      return respond(http::status::not_found, "text/plain; charset=utf-8",
-                     "not found: GET /status (JSON) or GET /metrics (Prometheus)\n");
-    metrics_ = path == "/metrics";
-    ask();
+    if (path == "/") return respond(http::status::ok, "text/html; charset=utf-8", std::string(dashboard_html()));
+    if (path == "/status" || path == "/metrics") {
+      const bool metrics = path == "/metrics";
+      return ask(
+          [c = weak_core_.lock(), metrics](std::function<void(answer)> done) {
+            c->source([metrics, done = std::move(done)](status_reply r) { done(status_answer(std::move(r), metrics)); });
+          },
+          metrics);
+    }
+    if (path == "/history" && core_.history) {
+      return ask(
+          [c = weak_core_.lock()](std::function<void(answer)> done) {
+            c->history([done = std::move(done)](std::string json) {
+              done({http::status::ok, "application/json", std::move(json)});
+            });
+          },
+          false);
+    }
+    respond(http::status::not_found, "text/plain; charset=utf-8",
+            "not found: GET / (dashboard), /status (JSON), /history (JSON) or /metrics (Prometheus)\n");
   }
 
-  /// Asks the source; whichever comes first, its answer or status_timeout, is the response.
-  void ask() {
+  /// Asks a source (`query`); whichever comes first, its answer or status_timeout, is the response.
+  void ask(std::function<void(std::function<void(answer)>)> query, bool plain_text) {
     const std::uint64_t id = ++asked_;
     timer_.expires_after(core_.limits.status_timeout);
-    timer_.async_wait([self = shared_from_this(), id](beast::error_code ec) {
-      if (!ec) self->on_status(id, {std::nullopt, "the coordinator did not answer in time"});
+    timer_.async_wait([self = shared_from_this(), id, plain_text](beast::error_code ec) {
+      if (!ec) self->on_answer(id, status_answer({std::nullopt, "the coordinator did not answer in time"}, plain_text));
     });
     std::weak_ptr<session> weak = shared_from_this();
-    core_.source([c = weak_core_.lock(), weak, id](status_reply r) {
-      net::post(c->ioc, [weak, id, r = std::move(r)]() mutable {
-        if (auto s = weak.lock()) s->on_status(id, std::move(r));
+    query([c = weak_core_.lock(), weak, id](answer a) {
+      net::post(c->ioc, [weak, id, a = std::move(a)]() mutable {
+        if (auto s = weak.lock()) s->on_answer(id, std::move(a));
       });
     });
   }
 
-  void on_status(std::uint64_t id, status_reply r) {
+  void on_answer(std::uint64_t id, answer a) {
     if (id != asked_ || id == answered_) return;
     answered_ = id;
     timer_.cancel();
-    if (!r.status) {
-      return respond(http::status::service_unavailable,
-                     metrics_ ? "text/plain; charset=utf-8" : "application/json",
-                     metrics_ ? "no status: " + r.error + "\n"
-                              : nlohmann::json{{"error", r.error}}.dump() + "\n");
-    }
-    if (metrics_)
-      respond(http::status::ok, "text/plain; version=0.0.4; charset=utf-8", prometheus_metrics(*r.status));
-    else
-      respond(http::status::ok, "application/json", status_json(*r.status).dump(2) + "\n");
+    respond(a.status, a.type, std::move(a.body));
   }
 
   /// A request we cannot read on from: answer and close.
@@ -120,6 +144,13 @@ class session : public std::enable_shared_from_this<session> {
     response_.emplace(status, version_);
     response_->set(http::field::server, "oobleck");
     response_->set(http::field::content_type, type);
+    response_->set(http::field::cache_control, "no-store");  // every answer is of now
+    response_->set("X-Content-Type-Options", "nosniff");
+    // The dashboard loads nothing from elsewhere, and a page it is framed in cannot overlay it.
+    if (std::string_view(type).rfind("text/html", 0) == 0)
+      response_->set("Content-Security-Policy",
+                     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                     "frame-ancestors 'none'");
     if (status == http::status::method_not_allowed) response_->set(http::field::allow, "GET");
     response_->keep_alive(keep_alive_);
     response_->body() = std::move(body);
@@ -164,7 +195,6 @@ class session : public std::enable_shared_from_this<session> {
   net::steady_timer timer_;
   bool keep_alive_ = false;
   unsigned version_ = 11;
-  bool metrics_ = false;
   std::uint64_t asked_ = 0, answered_ = 0;
   char scratch_[1024];
 };
@@ -225,8 +255,9 @@ http_status_server::~http_status_server() = default;
 
 std::uint16_t http_status_server::port() const { return impl_->acceptor.local_endpoint().port(); }
 
-void http_status_server::start(status_source source) {
+void http_status_server::start(status_source source, history_source history) {
   impl_->c->source = std::move(source);
+  impl_->c->history = std::move(history);
   impl_->accept();
   impl_->thread = std::thread([c = impl_->c] {
     for (;;) {

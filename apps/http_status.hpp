@@ -1,9 +1,11 @@
 #pragma once
 // The coordinator's HTTP status endpoint (ARCHITECTURE.md §5): `GET /status` answers the JSON of
-// `oobleck-ctl status --json`, `GET /metrics` the Prometheus text of the job's gauges; any other
-// path is 404, any other method 405, a request that is not HTTP 400 (then the connection closes).
-// It runs on a thread of its own (Boost.Asio and Beast; no Boost in this header) and gets each
-// status from a status_source, which asks the coordinator actor without blocking that thread.
+// `oobleck-ctl status --json`, `GET /metrics` the Prometheus text of the job's gauges, `GET /history`
+// the run's history (run_history.hpp) and `GET /` the dashboard (dashboard.hpp: one self-contained
+// HTML page that polls the two JSON paths); any other path is 404, any other method 405, a request
+// that is not HTTP 400 (then the connection closes). It runs on a thread of its own (Boost.Asio and
+// Beast; no Boost in this header) and gets each status from a status_source, which asks the
+// coordinator actor without blocking that thread, and each history from a history_source.
 //
 // A hostile or slow client holds little: a request must arrive whole within read_timeout and fit
 // max_request_bytes, and at most max_connections are open at once (further ones are closed at
@@ -32,6 +34,10 @@ struct http_limits {
 /// once, from any thread, without blocking the caller (request_status does).
 using status_source = std::function<void(std::function<void(status_reply)> done)>;
 
+/// Where the server gets the run's history (the JSON text of GET /history). Called on the server's
+/// thread; it must call `done` exactly once, from any thread, without blocking the caller.
+using history_source = std::function<void(std::function<void(std::string json)> done)>;
+
 class http_status_server {
  public:
   /// Listens on host:port (port 0: any free port) at once, so that an address in use is an error
@@ -45,8 +51,9 @@ class http_status_server {
 
   /// The port it listens on (the bound one when constructed with port 0).
   [[nodiscard]] std::uint16_t port() const;
-  /// Starts the server's thread: accepts and answers requests with statuses from `source`.
-  void start(status_source source);
+  /// Starts the server's thread: accepts and answers requests with statuses from `source` and
+  /// histories from `history` (none: GET /history is 404, and the dashboard shows no curves).
+  void start(status_source source, history_source history = {});
 
  private:
   struct impl;

@@ -11,6 +11,8 @@
 #include <random>
 #include <thread>
 
+#include "apps/dashboard.hpp"
+#include "apps/run_history.hpp"
 #include "messages/input_error.hpp"
 #include "support/tcp_client.hpp"
 
@@ -113,8 +115,9 @@ TEST_CASE("http: GET /status is JSON, GET /metrics Prometheus text, other paths 
   CHECK(metrics.find("Content-Type: text/plain; version=0.0.4") != std::string::npos);
   CHECK(http_body(metrics) == prometheus_metrics(sample_status()));
 
-  CHECK(starts_with(http_get(server.port(), "/"), "HTTP/1.1 404 Not Found\r\n"));
+  CHECK(starts_with(http_get(server.port(), "/history"), "HTTP/1.1 404 Not Found\r\n"));  // no history source
   CHECK(starts_with(http_get(server.port(), "/status/x"), "HTTP/1.1 404 Not Found\r\n"));
+  CHECK(starts_with(http_get(server.port(), "/index.html"), "HTTP/1.1 404 Not Found\r\n"));
   const auto post = exchange(server.port(),
                              "POST /status HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc")
                         .received;
@@ -233,4 +236,52 @@ TEST_CASE("http: a port in use is an error naming the address, and the holder ke
   }
   CHECK(starts_with(http_get(first.port(), "/status"), "HTTP/1.1 200 OK\r\n"));
   CHECK_THROWS_AS(http_status_server("no such host.invalid", 0), input_error);
+}
+
+TEST_CASE("http: GET / is the dashboard, self-contained HTML; GET /history the run's history as JSON") {
+  run_history history;
+  history.add_step({0, 1, 4.5, 200, 80, 1.7e12});
+  history.add_step({1, 1, 4.25, 210, 76, 1.7e12 + 80});
+  http_status_server server("127.0.0.1", 0, fast_limits());
+  server.start(fixed_source(), [&history](std::function<void(std::string)> done) { done(history.json().dump()); });
+
+  const std::string page = http_get(server.port(), "/");
+  REQUIRE(starts_with(page, "HTTP/1.1 200 OK\r\n"));
+  CHECK(page.find("Content-Type: text/html; charset=utf-8\r\n") != std::string::npos);
+  CHECK(page.find("Content-Security-Policy: default-src 'none';") != std::string::npos);
+  CHECK(page.find("Cache-Control: no-store\r\n") != std::string::npos);
+  const std::string html = http_body(page);
+  CHECK(html == dashboard_html());
+  CHECK(html.rfind("<!DOCTYPE html>", 0) == 0);
+  // Nothing from elsewhere: no absolute URL but SVG's namespace name, nothing that loads a file.
+  CHECK(html.find("https://") == std::string::npos);
+  for (auto at = html.find("http://"); at != std::string::npos; at = html.find("http://", at + 1))
+    CHECK(html.compare(at, 27, "http://www.w3.org/2000/svg\"") == 0);
+  for (const char* loads : {"<link", "src=", "@import", "url("}) CHECK(html.find(loads) == std::string::npos);
+  for (const char* fetched : {"fetch(\"status\"", "fetch(\"history\""}) CHECK(html.find(fetched) != std::string::npos);
+
+  const std::string got = http_get(server.port(), "/history?since=0");
+  REQUIRE(starts_with(got, "HTTP/1.1 200 OK\r\n"));
+  CHECK(got.find("Content-Type: application/json\r\n") != std::string::npos);
+  const auto j = nlohmann::json::parse(http_body(got));
+  CHECK(j == nlohmann::json::parse(history.json().dump()));
+  CHECK(j["steps"].size() == 2);
+  CHECK(j["steps"][1]["loss"] == 4.25);
+}
+
+TEST_CASE("http: a history source that does not answer in time is 503, like a status source") {
+  std::mutex m;
+  std::vector<std::function<void(std::string)>> pending;
+  http_status_server server("127.0.0.1", 0, fast_limits());  // status_timeout 300 ms
+  server.start(fixed_source(), [&](std::function<void(std::string)> done) {
+    std::lock_guard lock(m);
+    pending.push_back(std::move(done));
+  });
+  const std::string got = http_get(server.port(), "/history", 5s);
+  CHECK(starts_with(got, "HTTP/1.1 503 Service Unavailable\r\n"));
+  CHECK(nlohmann::json::parse(http_body(got))["error"] == "the coordinator did not answer in time");
+  CHECK(starts_with(http_get(server.port(), "/status", 5s), "HTTP/1.1 200 OK\r\n"));  // the server goes on
+  std::lock_guard lock(m);
+  REQUIRE(pending.size() == 1);
+  pending[0]("{}");  // too late: nobody is waiting
 }
