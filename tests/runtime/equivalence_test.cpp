@@ -5,7 +5,10 @@
 
 #include <cmath>
 
+#include <future>
+
 #include "support/cluster_harness.hpp"
+#include "support/deadline.hpp"
 
 using namespace oobleck::testing;
 
@@ -142,5 +145,56 @@ TEST_CASE("gradient clipping by the global norm: pipelines scale like one proces
       for (std::size_t k = 0; k < ref.grad_norms.size(); ++k)
         CHECK(got.grad_norms[k] == doctest::Approx(ref.grad_norms[k]).epsilon(1e-5));
     }
+  }
+}
+
+TEST_CASE("evaluation: a pipeline's forward-only pass gives each window's mean loss, as one process does") {
+  namespace rt = oobleck::runtime;
+  for (const bool gpt2 : {false, true}) {
+    CAPTURE(gpt2);
+    auto s = gpt2 ? tied_setup() : small_setup();
+    s.model.dropout = 0.1;  // evaluation must not apply it
+    const auto& data = test_dataset(s.model.seq_len);
+    const int windows = 7;  // not a multiple of the microbatch: the last chunk is short
+    std::vector<std::int64_t> ids(windows);
+    for (int i = 0; i < windows; ++i) ids[static_cast<std::size_t>(i)] = i;
+    const auto [inputs, targets] = data.batch(ids);
+    // One process: every layer in eval mode, each window's mean token loss, summed.
+    double expected = 0;
+    {
+      torch::NoGradGuard no_grad;
+      auto layers = rt::build_layers(s.model, 0, s.model.num_layers());
+      for (int w = 0; w < windows; ++w) {
+        torch::Tensor h = inputs.slice(0, w, w + 1);
+        for (auto& l : layers) {
+          l->eval();
+          h = l->forward(h);
+        }
+        expected += rt::lm_loss(h, targets.slice(0, w, w + 1)).item<double>();
+      }
+    }
+    const std::vector<std::pair<int, int>> stages{{0, 2}, {2, 3}, {3, 6}};
+    const int S = static_cast<int>(stages.size());
+    fake_hub hub(S);
+    rt::executor_options options{.microbatch_size = s.microbatch, .global_microbatches = 8, .optimizer = s.optimizer};
+    std::vector<std::unique_ptr<rt::layer_store>> stores;
+    std::vector<std::unique_ptr<rt::stage_executor>> executors;
+    for (int k = 0; k < S; ++k) {
+      stores.push_back(std::make_unique<rt::layer_store>(s.model));
+      stores.back()->ensure(stages[k].first, stages[k].second);
+      executors.push_back(std::make_unique<rt::stage_executor>(
+          *stores.back(), rt::stage_position{stages[k].first, stages[k].second, k, S, k - 1, k + 1, 0, S - 1}, hub.at(k),
+          options));
+    }
+    std::vector<double> sums(S);
+    std::vector<std::future<void>> running;
+    for (int k = 0; k < S; ++k)
+      running.push_back(std::async(std::launch::async, [&, k] { sums[k] = executors[k]->run_eval(windows, inputs, targets); }));
+    wait_or_fail(running, std::chrono::seconds(30), "an evaluation stage", [&] { hub.abort_all(); });
+    for (auto& f : running) f.get();
+    CHECK(sums.back() == doctest::Approx(expected).epsilon(1e-6));
+    CHECK(sums.front() == 0);
+    // Training mode again afterwards: the next step's dropout is drawn.
+    CHECK(stores.front()->module(0).is_training());
   }
 }
