@@ -3,7 +3,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <limits>
 #include <optional>
+#include <stdexcept>
 
 namespace oobleck::runtime {
 
@@ -127,6 +129,110 @@ class head_layer : public model_layer {
   torch::Tensor ln_w_, ln_b_, lm_w_;
 };
 
+// GPT-2 as published (Radford et al. 2019; Hugging Face's GPT2LMHeadModel): learned positions,
+// pre-LayerNorm blocks with biases everywhere, GELU with the tanh approximation, and an LM head
+// that may be tied to the token embedding. Parameters are registered in Hugging Face's order
+// (weights in torch.nn.Linear's [out, in] layout, the transpose of its Conv1D), so that the
+// safetensors import and export map them by position; layer 0's first parameter is the matrix
+// that a tied head holds too.
+
+constexpr double kGpt2LayerNormEps = 1e-5;
+
+class gpt2_embedding_layer : public model_layer {
+ public:
+  gpt2_embedding_layer(const gpt_config& c, initialiser& init) : dropout_(c.dropout) {
+    wte_ = register_parameter("wte", init.normal({c.vocab, c.d_model}));
+    wpe_ = register_parameter("wpe", init.normal({c.seq_len, c.d_model}));
+  }
+  torch::Tensor forward(const torch::Tensor& tokens, at::Generator* gen) override {
+    const auto s = tokens.size(1);
+    auto x = wte_.index_select(0, tokens.reshape({-1})).view({tokens.size(0), s, -1}) +
+             wpe_.slice(0, 0, s).unsqueeze(0);
+    return dropout(x, dropout_, is_training(), gen);
+  }
+
+ private:
+  double dropout_;
+  torch::Tensor wte_, wpe_;
+};
+
+class gpt2_block_layer : public model_layer {
+ public:
+  gpt2_block_layer(const gpt_config& c, initialiser& init) : heads_(c.heads), dropout_(c.dropout) {
+    const auto d = c.d_model;
+    const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(c.blocks));
+    ln1_w_ = register_parameter("ln_1_weight", init.ones({d}));
+    ln1_b_ = register_parameter("ln_1_bias", init.zeros({d}));
+    attn_w_ = register_parameter("attn_c_attn_weight", init.normal({3 * d, d}));
+    attn_b_ = register_parameter("attn_c_attn_bias", init.zeros({3 * d}));
+    attn_proj_w_ = register_parameter("attn_c_proj_weight", init.normal({d, d}, residual_std));
+    attn_proj_b_ = register_parameter("attn_c_proj_bias", init.zeros({d}));
+    ln2_w_ = register_parameter("ln_2_weight", init.ones({d}));
+    ln2_b_ = register_parameter("ln_2_bias", init.zeros({d}));
+    fc_w_ = register_parameter("mlp_c_fc_weight", init.normal({4 * d, d}));
+    fc_b_ = register_parameter("mlp_c_fc_bias", init.zeros({4 * d}));
+    mlp_proj_w_ = register_parameter("mlp_c_proj_weight", init.normal({d, 4 * d}, residual_std));
+    mlp_proj_b_ = register_parameter("mlp_c_proj_bias", init.zeros({d}));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x, at::Generator* gen) override {
+    const auto b = x.size(0), s = x.size(1), d = x.size(2), dh = d / heads_;
+    auto h = torch::layer_norm(x, {d}, ln1_w_, ln1_b_, kGpt2LayerNormEps);
+    auto qkv = torch::linear(h, attn_w_, attn_b_).view({b, s, 3, heads_, dh}).permute({2, 0, 3, 1, 4});
+    auto q = qkv[0], k = qkv[1], v = qkv[2];  // [b, heads, s, dh]
+    auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dh));
+    auto causal = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+    att = torch::softmax(att.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
+    att = dropout(att, dropout_, is_training(), gen);
+    auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, s, d});
+    auto x1 = x + dropout(torch::linear(y, attn_proj_w_, attn_proj_b_), dropout_, is_training(), gen);
+    auto h2 = torch::layer_norm(x1, {d}, ln2_w_, ln2_b_, kGpt2LayerNormEps);
+    auto m = torch::linear(torch::gelu(torch::linear(h2, fc_w_, fc_b_), "tanh"), mlp_proj_w_, mlp_proj_b_);
+    return x1 + dropout(m, dropout_, is_training(), gen);
+  }
+
+ private:
+  std::int64_t heads_;
+  double dropout_;
+  torch::Tensor ln1_w_, ln1_b_, attn_w_, attn_b_, attn_proj_w_, attn_proj_b_, ln2_w_, ln2_b_, fc_w_, fc_b_,
+      mlp_proj_w_, mlp_proj_b_;
+};
+
+class gpt2_head_layer : public model_layer {
+ public:
+  /// `embedding_init` draws as layer 0's initialiser does (its generator, fresh): a tied head's
+  /// copy of wte starts bitwise equal to layer 0's, wherever the two layers are built.
+  gpt2_head_layer(const gpt_config& c, initialiser& init, initialiser& embedding_init) {
+    if (tied(c)) lm_w_ = register_parameter("wte", embedding_init.normal({c.vocab, c.d_model}));
+    ln_w_ = register_parameter("ln_f_weight", init.ones({c.d_model}));
+    ln_b_ = register_parameter("ln_f_bias", init.zeros({c.d_model}));
+    if (!tied(c)) lm_w_ = register_parameter("lm_head_weight", init.normal({c.vocab, c.d_model}));
+  }
+  torch::Tensor forward(const torch::Tensor& x, at::Generator*) override {
+    return torch::linear(torch::layer_norm(x, {x.size(-1)}, ln_w_, ln_b_, kGpt2LayerNormEps), lm_w_);
+  }
+
+ private:
+  torch::Tensor lm_w_, ln_w_, ln_b_;
+};
+
+std::shared_ptr<model_layer> build_layer(const gpt_config& c, int l, layer_init how) {
+  const bool seeded = how == layer_init::seeded;
+  initialiser init(seeded ? std::optional(layer_generator(c, l)) : std::nullopt);
+  const bool head = l == c.num_layers() - 1;
+  if (c.architecture == model_architecture::oobleck_gpt) {
+    if (l == 0) return std::make_shared<embedding_layer>(c, init);
+    if (head) return std::make_shared<head_layer>(c, init);
+    return std::make_shared<block_layer>(c, init);
+  }
+  if (l == 0) return std::make_shared<gpt2_embedding_layer>(c, init);
+  if (head) {
+    initialiser embedding_init(seeded && tied(c) ? std::optional(layer_generator(c, 0)) : std::nullopt);
+    return std::make_shared<gpt2_head_layer>(c, init, embedding_init);
+  }
+  return std::make_shared<gpt2_block_layer>(c, init);
+}
+
 }  // namespace
 
 std::vector<std::shared_ptr<model_layer>> build_layers(const gpt_config& c, int first, int end, torch::Device device,
@@ -137,11 +243,7 @@ std::vector<std::shared_ptr<model_layer>> build_layers(const gpt_config& c, int 
                                 ") is not inside the model's " + std::to_string(c.num_layers()) + " layers");
   std::vector<std::shared_ptr<model_layer>> layers;
   for (int l = first; l < end; ++l) {
-    initialiser init(how == layer_init::seeded ? std::optional(layer_generator(c, l)) : std::nullopt);
-    std::shared_ptr<model_layer> layer;
-    if (l == 0) layer = std::make_shared<embedding_layer>(c, init);
-    else if (l == c.num_layers() - 1) layer = std::make_shared<head_layer>(c, init);
-    else layer = std::make_shared<block_layer>(c, init);
+    auto layer = build_layer(c, l, how);
     layer->to(device);
     layers.push_back(std::move(layer));
   }

@@ -1,5 +1,7 @@
 #pragma once
-// The GPT decoder's layers in LibTorch: the unit of planning, copying and gradient sync.
+// The GPT decoder's layers in LibTorch: the unit of planning, copying and gradient sync. Two
+// architectures (gpt_config::architecture): the project's own oobleck-gpt, and GPT-2 as published,
+// whose head, when tied, holds a copy of layer 0's token embedding as its first parameter.
 
 #include <torch/torch.h>
 

@@ -205,7 +205,8 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
 planning::profile make_profile(const gpt_config& model, const profiler_options& options,
                                const std::vector<layer_measurement>& layers, planning::link_profile link) {
   planning::profile p;
-  p.model = "gpt-" + std::to_string(model.blocks) + "x" + std::to_string(model.d_model);
+  p.model = (model.architecture == model_architecture::gpt2 ? "gpt2-" : "gpt-") + std::to_string(model.blocks) + "x" +
+            std::to_string(model.d_model);
   p.config_hash = model.hash();
   p.device_kind = "cpu";
   p.microbatch_size = options.microbatch;
