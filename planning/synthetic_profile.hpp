@@ -22,8 +22,11 @@ struct synthetic_gpt {
 };
 
 /// Forward FLOPs 24bsh^2 + 4bs^2h per block and 2bshV for the head, backward twice forward; width d
-/// divides time by d and adds `tensor_parallel_overhead` per doubling. Parameters in fp32;
-/// activations 34bsh + 5as^2b bytes per block (Megatron's count).
+/// divides time by d and adds `tensor_parallel_overhead` per doubling. Parameters in fp32, counted
+/// as GPT-2's (runtime gpt2): embedding (V + s)h, block 12h^2 + 13h with every bias, head Vh + 2h
+/// whether its matrix is its own or a tied copy of the embedding's (each stage holding it keeps a
+/// copy, with gradients and optimizer state, so a tied matrix counts on both stages); oobleck-gpt
+/// has 3h fewer per block. Activations 34bsh + 5as^2b bytes per block (Megatron's count).
 profile synthetic_gpt_profile(const synthetic_gpt& config);
 
 }  // namespace oobleck::planning

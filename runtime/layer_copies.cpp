@@ -140,11 +140,12 @@ std::chrono::milliseconds layer_copies::time_limit(std::chrono::milliseconds con
 }
 
 std::uint64_t largest_frame_bytes(const gpt_config& model, std::int64_t microbatch) {
-  // Parameters per layer (runtime/gpt_model.cpp): the embeddings, a block, the head.
+  // Parameters per layer (runtime/gpt_model.cpp): the embeddings, a block (gpt2's, with its q/k/v
+  // bias: 3d more than oobleck-gpt's), the head (a tied one holds the embedding's matrix instead).
   const auto d = static_cast<std::uint64_t>(model.d_model);
   const auto vocab = static_cast<std::uint64_t>(model.vocab);
   const auto seq = static_cast<std::uint64_t>(model.seq_len);
-  const std::uint64_t layer_floats = std::max({(vocab + seq) * d, 12 * d * d + 10 * d, vocab * d + 2 * d});
+  const std::uint64_t layer_floats = std::max({(vocab + seq) * d, 12 * d * d + 13 * d, vocab * d + 2 * d});
   const std::uint64_t activation_floats = static_cast<std::uint64_t>(std::max<std::int64_t>(microbatch, 1)) * seq * d;
   const std::uint64_t segment_bytes = std::uint64_t{1} << 20;  // the all-reduce's (transport_collectives.cpp)
   const std::uint64_t largest =

@@ -14,6 +14,8 @@
 
 #include "planning/synthetic_profile.hpp"
 #include "runtime/gpt_model.hpp"
+#include "runtime/layer_copies.hpp"
+#include "runtime/layer_store.hpp"
 #include "runtime/profiler.hpp"
 
 using namespace oobleck;
@@ -366,4 +368,21 @@ TEST_CASE("the profiler measures gpt2 layers and tags the profile with the gpt2 
   const auto profile = runtime::make_profile(c, options, measured);
   CHECK(profile.config_hash == c.hash());
   CHECK(profile.model.rfind("gpt2-", 0) == 0);
+}
+
+TEST_CASE("largest_frame_bytes bounds a gpt2 block's copy, biases included, with its margin of two") {
+  // d large enough that a block, not the all-reduce segment or the embedding, is the largest frame.
+  auto c = tiny_gpt2(true);
+  c.vocab = 256;
+  c.d_model = 256;
+  c.blocks = 1;
+  c.seq_len = 16;
+  const std::uint64_t bound = runtime::largest_frame_bytes(c, 1);
+  runtime::layer_store store(c);
+  store.ensure(0, c.num_layers());
+  std::uint64_t largest = 0;
+  for (int l = 0; l < c.num_layers(); ++l)
+    for (const auto& b : store.copy_of(l).buffers) largest = std::max<std::uint64_t>(largest, b.nbytes());
+  CHECK(largest > (std::uint64_t{1} << 20));
+  CHECK(largest <= bound / 2);
 }
