@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -37,6 +38,7 @@
 #include "apps/flags.hpp"
 #include "apps/job_file.hpp"
 #include "apps/local_options.hpp"
+#include "apps/progress_bar.hpp"
 #include "apps/tls.hpp"
 #include "apps/trace_replay.hpp"
 #include "messages/event_json.hpp"
@@ -275,9 +277,27 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
 
+  // Where the lines go: on a terminal, with a progress bar below them (from the committed steps'
+  // events); elsewhere, as they are.
+  console screen(out, &out == &std::cout && stdout_wants_bar());
+  auto say = [&screen](const std::string& line) { screen.line(line); };
+  auto error = [&screen, &err]() -> std::ostream& {  // an error starts on a line of its own, below the bar
+    screen.end_bar();
+    return err;
+  };
+  progress_meter meter(replay ? 0 : steps, job.training.global_batch);  // a trace's end is not a step count
   // What the job does, from the coordinator's events as they are written.
   job_progress progress;
-  event_tail tail(events_path, [&progress](const messages::timed_event& e) { progress.on_event(e); }, err);
+  event_tail tail(
+      events_path,
+      [&](const messages::timed_event& e) {
+        progress.on_event(e);
+        if (screen.has_bar() && e.event.kind == messages::event_kind::step_committed) {
+          meter.committed(e.event.step, e.event.loss, e.unix_ms);
+          screen.bar(progress_bar_line(meter.figures(), terminal_columns()));
+        }
+      },
+      err);
 
   runtime::output_pipe coordinator_out;
   std::vector<std::string> coord_args{"--listen", "127.0.0.1:0", "--config", job_path, "--token-file", token,
@@ -299,12 +319,26 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   runtime::child_process coordinator((bin / "oobleck-coordinator").string(), coord_args,
                                      {.out = runtime::child_output::descriptor(coordinator_out.write_end())});
   coordinator_out.close_write_end();
+  // With a bar, the workers' lines come through the console too (else they would land on the bar):
+  // one pipe for them all, read until the last of them is gone.
+  std::optional<runtime::output_pipe> workers_out;
+  std::thread workers_echo;
+  if (screen.has_bar()) {
+    workers_out.emplace();
+    workers_echo = std::thread([&workers_out, &say] { workers_out->read_lines(say); });
+  }
+  struct join_workers_echo {  // after the workers are gone (it is declared before join_echo)
+    std::optional<runtime::output_pipe>& pipe;
+    std::thread& t;
+    ~join_workers_echo() {
+      if (pipe) pipe->close_write_end();
+      if (t.joinable()) t.join();
+    }
+  } workers_joiner{workers_out, workers_echo};
   std::vector<runtime::child_process> workers;  // by worker number (its name is "node" + number)
 
   // Echo the coordinator's lines, for people.
-  std::thread echo([&coordinator_out, &out] {
-    coordinator_out.read_lines([&](const std::string& line) { out << line << std::endl; });
-  });
+  std::thread echo([&coordinator_out, &say] { coordinator_out.read_lines(say); });
   // On every way out: the echo thread reads until the coordinator's end of the pipe closes, so the
   // processes go first (an early return, e.g. --timeout, would otherwise wait for ever).
   struct join_echo {
@@ -327,11 +361,11 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       break;
     }
     if ((coordinator_status = coordinator.poll())) {
-      err << "error: the coordinator exited with status " << *coordinator_status << " before listening\n";
+      error() << "error: the coordinator exited with status " << *coordinator_status << " before listening\n";
       return *coordinator_status == 2 ? 2 : 1;
     }
     if (std::chrono::steady_clock::now() > deadline || stop_signal) {
-      err << "error: the coordinator did not start listening\n";
+      error() << "error: the coordinator did not start listening\n";
       return 1;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -358,7 +392,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (*handed_over < static_cast<int>(faults.size())) {
       if (std::chrono::steady_clock::now() > by || stop_signal) {
-        err << "error: the coordinator did not take the injected faults within 30 s\n";
+        error() << "error: the coordinator did not take the injected faults within 30 s\n";
         return 1;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -372,9 +406,11 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
                                          "--connection-timeout-ms",
                                          std::to_string(job.cluster.connection_timeout_ms)};
     worker_args.insert(worker_args.end(), tls_forward.begin(), tls_forward.end());
-    workers.emplace_back((bin / "oobleck-worker").string(), worker_args);
+    runtime::child_streams streams;
+    if (workers_out) streams.out = runtime::child_output::descriptor(workers_out->write_end());
+    workers.emplace_back((bin / "oobleck-worker").string(), worker_args, streams);
   };
-  if (replay) out << local << replay->summary(o.trace_path) << std::endl;
+  if (replay) say(local + replay->summary(o.trace_path));
   for (int i = 0; i < nodes && !coordinator_status; ++i) {
     start_worker(i);
     // A trace replay starts its workers one at a time, so that worker i is node i (ids follow
@@ -382,7 +418,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     // are the pipelines a removal hits.
     while (replay && progress.registered <= i && !(coordinator_status = coordinator.poll())) {
       if (std::chrono::steady_clock::now() > deadline || stop_signal) {
-        err << "error: worker node" << i << " did not register\n";
+        error() << "error: worker node" << i << " did not register\n";
         return 1;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -396,17 +432,19 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       const auto now = std::chrono::steady_clock::now();
       if (!replay->begun() && progress.formed) replay->begin(progress.formed_at);
       for (const auto& e : replay->due(now))
-        out << local << replay_step(e, replay->local_s(e), workers, next_worker, start_worker) << std::endl;
+        say(local + replay_step(e, replay->local_s(e), workers, next_worker, start_worker));
       if (replay->ended(now)) {
-        out << local << "the trace ended (trace " << replay->schedule().end_ms / 1000 << " s): stopping the job"
-            << std::endl;
+        std::ostringstream line;
+        line << local << "the trace ended (trace " << replay->schedule().end_ms / 1000 << " s): stopping the job";
+        say(line.str());
         coordinator.signal(SIGTERM);  // an orderly stop: the steps committed so far stand
         trace_stopped = true;
       }
     }
     for (auto it = joins.begin(); it != joins.end();)
       if (progress.last_step >= it->first) {
-        out << local << "step " << it->first << " committed: starting " << it->second << " more worker(s)" << std::endl;
+        say(local + "step " + std::to_string(it->first) + " committed: starting " + std::to_string(it->second) +
+            " more worker(s)");
         for (int k = 0; k < it->second; ++k) start_worker(next_worker++);
         it = joins.erase(it);
       } else {
@@ -420,7 +458,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       const std::string name = "node" + std::to_string(i);
       if (workers[i].reaped() || progress.has_registered(name)) continue;
       if (const auto status = workers[i].poll(); status && !registered_in(events_path, name)) {
-        err << "error: worker node" << i << " exited with status " << *status
+        error() << "error: worker node" << i << " exited with status " << *status
             << " before it registered (its output is above); stopping the job\n";
         coordinator.signal(SIGTERM);
         coordinator.wait();
@@ -428,12 +466,12 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       }
     }
     if (stop_signal) {
-      out << local << "stopping on " << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << std::endl;
+      say(local + "stopping on " + (stop_signal == SIGINT ? "SIGINT" : "SIGTERM"));
       coordinator.signal(SIGTERM);  // an orderly stop of the whole job
       stop_signal = 0;
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      err << "error: the job did not finish within " << o.timeout_s << " s; stopping every process\n";
+      error() << "error: the job did not finish within " << o.timeout_s << " s; stopping every process\n";
       return 1;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -442,15 +480,15 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   // pipe is at its end (every line echoed).
   tail.stop();
   for (const auto& [step, count] : joins)
-    out << local << "--join-at " << step << ":" << count << " started no worker: the job ended before it saw step "
-        << step << " commit" << std::endl;
+    say(local + "--join-at " + std::to_string(step) + ":" + std::to_string(count) +
+        " started no worker: the job ended before it saw step " + std::to_string(step) + " commit");
   echo.join();
   // A worker that never registered (one started by --join-at or a trace near the end) would wait
   // for the coordinator until its own connect timeout: it holds nothing, so it goes now.
   for (std::size_t i = 0; i < workers.size(); ++i)
     if (!workers[i].reaped() && !progress.has_registered("node" + std::to_string(i))) {
       workers[i].kill_and_reap();
-      out << local << "worker node" << i << " had not registered when the job ended: stopped it" << std::endl;
+      say(local + "worker node" + std::to_string(i) + " had not registered when the job ended: stopped it");
     }
   // The workers leave once the coordinator told them; give them a moment, then make sure.
   const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -464,7 +502,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     // The injector counts the faults whose node was never lost once the job has stopped.
     caf_sys.reset();  // waits for the injector, which ends on the job's stop
     if (*unfired > 0) {
-      err << "error: " << *unfired << " injected fault(s) did not fire; the job ran without them\n";
+      error() << "error: " << *unfired << " injected fault(s) did not fire; the job ran without them\n";
       return 1;
     }
   }
