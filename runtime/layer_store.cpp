@@ -8,6 +8,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include "runtime/hf_gpt2_weights.hpp"
+
 namespace oobleck::runtime {
 
 namespace {
@@ -161,6 +163,9 @@ std::unique_ptr<layer_store::slot> layer_store::build(int layer, layer_init how)
     offset += p.numel();
   }
   s->parameters = std::move(params);
+  // [model] init: the seed's values give way to the user's weights (Hugging Face GPT-2 form);
+  // the optimizer state stays fresh.
+  if (seeded && !model_.init.empty()) load_hf_layer(model_.init, model_, layer, s->parameters);
   return s;
 }
 
@@ -308,7 +313,7 @@ void layer_store::install_layer(int layer, std::span<const std::byte> bytes) {
   if (h.step < 0) refuse(layer, "negative step count " + std::to_string(h.step));
 
   std::unique_ptr<slot> fresh;
-  if (!holds(layer)) fresh = build(layer);
+  if (!holds(layer)) fresh = build(layer, layer_init::uninitialised);  // every value is overwritten below
   slot& s = fresh ? *fresh : at(layer);
   if (h.tensors != static_cast<std::int64_t>(s.parameters.size()) || h.elements != s.flat_parameters.numel())
     refuse(layer, "the bytes hold " + std::to_string(h.tensors) + " tensors of " + std::to_string(h.elements) +
