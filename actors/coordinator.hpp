@@ -57,6 +57,16 @@ struct reconfiguration_record {
   double downtime_ms = 0;  ///< from the last commit before the failure to the first one after
 };
 
+/// One evaluation round (ARCHITECTURE.md §5 "Evaluation"): the mean loss over the first `windows`
+/// windows of the validation data, with the weights committed by step `step`.
+struct eval_record {
+  std::uint64_t step = 0;  ///< the last committed step (the record's weights are its)
+  std::uint64_t epoch = 0;
+  double loss = 0;
+  std::int32_t windows = 0;
+  double wall_ms = 0;
+};
+
 /// How the job stopped when the reconfiguration policy said "checkpoint and stop".
 struct checkpoint_stop_record {
   std::string reason;
@@ -135,6 +145,14 @@ struct coordinator_deps {
   std::uint64_t steps = 0;
   std::function<void(const step_record&)> on_step = [](const step_record&) {};
   std::function<void(const reconfiguration_record&)> on_reconfigured = [](const reconfiguration_record&) {};
+  /// Global-norm gradient clipping ([optimizer] clip_norm; 0: off): the stages report their squared
+  /// norms, the commit carries the factor.
+  double clip_norm = 0;
+  /// Evaluation ([eval]): after every eval_every committed steps (0: never), a round over the first
+  /// eval_windows windows of the validation data, split across the pipelines.
+  std::uint64_t eval_every = 0;
+  std::int32_t eval_windows = 0;
+  std::function<void(const eval_record&)> on_eval = [](const eval_record&) {};
   /// Called with a sentence when the coordinator finds a bug of its own (a phase entered along an
   /// edge its machine does not have); it goes on. Tests fail on it.
   std::function<void(const std::string&)> on_bug = [](const std::string&) {};
@@ -212,6 +230,9 @@ struct coordinator_state {
   static constexpr std::size_t refusal_senders_named = 32;
   std::uint64_t illegal_transitions = 0;  ///< bugs: a phase entered along an edge not drawn
   int failures_without_loss = 0;  ///< failed steps or epochs since the last commit or loss
+  bool eval_due = false;          ///< an evaluation round runs before the next step (or the end)
+  std::uint64_t evaluations = 0;  ///< rounds finished
+  std::uint64_t tied_mismatches = 0;  ///< commits after which the tied matrix's copies differed (a bug)
   static constexpr int max_failures_without_loss = 3;
 
   // Stage faults (coordinator_faults.cpp): strikes since the last commit, per node.

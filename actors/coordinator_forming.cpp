@@ -23,7 +23,8 @@ std::vector<node_id> live_nodes(const coordinator_state& st) {
   return out;
 }
 
-messages::stage_assignment to_message(const planning::stage_assignment& s) {
+messages::stage_assignment to_message(const planning::stage_assignment& s, const planning::epoch& ep) {
+  const auto& ranks = ep.pipelines().at(static_cast<std::size_t>(s.pipeline)).ranks;
   return {s.pipeline,
           s.stage,
           s.num_stages,
@@ -31,7 +32,9 @@ messages::stage_assignment to_message(const planning::stage_assignment& s) {
           s.end_layer,
           s.prev.value_or(planning::no_rank),
           s.next.value_or(planning::no_rank),
-          s.gpus};
+          s.gpus,
+          ranks.front(),
+          ranks.back()};
 }
 
 std::string id_list(const std::vector<node_id>& ids) {
@@ -79,7 +82,7 @@ void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::
       a.rank = *r;
       const auto& stages = ep.stages(*r);
       for (std::size_t k = 0; k < stages.size(); ++k) {
-        a.stages.push_back(to_message(stages[k]));
+        a.stages.push_back(to_message(stages[k], ep));
         auto& slots = st.current.stages.at(static_cast<std::size_t>(stages[k].pipeline));
         slots.resize(std::max<std::size_t>(slots.size(), static_cast<std::size_t>(stages[k].stage) + 1));
         slots[static_cast<std::size_t>(stages[k].stage)] = {id, static_cast<std::int32_t>(k)};

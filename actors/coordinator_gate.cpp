@@ -1,5 +1,6 @@
 #include "actors/coordinator_gate.hpp"
 
+#include <algorithm>
 #include <set>
 #include <variant>
 #include <vector>
@@ -94,6 +95,16 @@ gate_verdict gate(coordinator_pointer self, step_committed& m) {
   std::vector<layer_index> layers;
   for (const auto& d : m.digests) layers.push_back(d.layer);
   if (auto bad = check_layers(self->state, layers, "digest(s) of layer"); !bad.empty()) return refused(bad);
+  // At most the two tied layers (0 and the last), each once, and each also among the digests.
+  if (m.tied_digests.size() > 2) return refused("more than two tied-embedding digests");
+  for (const auto& d : m.tied_digests) {
+    const int last = self->state.deps.profile.num_layers() - 1;
+    if (d.layer.value != 0 && d.layer.value != last) return refused("a tied-embedding digest of a layer that is not tied");
+    if (std::find(layers.begin(), layers.end(), d.layer) == layers.end())
+      return refused("a tied-embedding digest of a layer the node did not commit");
+  }
+  if (m.tied_digests.size() == 2 && m.tied_digests[0].layer == m.tied_digests[1].layer)
+    return refused("two tied-embedding digests of one layer");
   return {};
 }
 

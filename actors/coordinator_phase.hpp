@@ -14,7 +14,8 @@
 //   forming -> training           every node of the epoch reported node_ready
 //   training -> committing        every pipeline reported pipeline_done: commit_step to every node
 //   training -> forming           a node lost (loss), or a step failed without a loss (retry)
-//   committing -> training        every node confirmed step_committed: the next step
+//   committing -> training        every node confirmed step_committed: the next step (or an evaluation round)
+//   training -> training          an evaluation round finished: the next step
 //   committing -> forming         a node lost during the commit (it stands), or nodes join at the step boundary
 //   committing -> checkpointing   a periodic checkpoint is due
 //   checkpointing -> training     the periodic checkpoint written, or failed (training goes on)
@@ -70,6 +71,11 @@ struct step_record {
   std::int64_t samples = 0;
   std::vector<std::pair<std::vector<node_id>, std::int32_t>> pipelines;  ///< nodes, microbatches
   std::map<layer_index, std::vector<std::uint64_t>> layer_digests;      ///< per layer: every holder's
+  /// A tied-embedding model: the tied matrix's digest in every holder of layer 0 and of the last
+  /// layer (all equal when the two copies stayed bitwise the same).
+  std::vector<std::uint64_t> tied_digests;
+  double grad_norm = 0;    ///< the global gradient norm, when the job clips (0 otherwise)
+  double grad_scale = 1;   ///< the clipping factor the commit applied
   double wall_ms = 0;
   step_breakdown breakdown;  ///< where wall_ms went (step_breakdown.hpp)
 };
@@ -78,6 +84,7 @@ struct step_record {
 struct step_progress {
   step_record record;
   double loss_sum = 0;
+  double grad_sq = 0;  ///< pipeline 0's squared gradient norm (every replica is scaled by its factor)
   step_clock timing;  ///< T0, T1 and the slowest reports
 };
 
@@ -121,10 +128,12 @@ struct forming {
   std::optional<probe_round> probing;  ///< its deadline passed: the nodes are asked what they do
 };
 
-/// A step runs: each pipeline actor drives its stages and reports pipeline_done.
+/// A step runs: each pipeline actor drives its stages and reports pipeline_done. Or, with `eval`, an
+/// evaluation round between two steps (the same protocol, forward passes only, nothing to commit).
 struct training {
   static constexpr std::string_view name = "training";
   step_progress step;
+  bool eval = false;
   std::size_t pipelines_pending = 0;
   std::optional<probe_round> probing;  ///< its deadline passed: the nodes are asked what they do
 };
@@ -182,7 +191,7 @@ inline constexpr phase_transition transitions[] = {
     {"training", "forming"},       {"committing", "training"},      {"committing", "forming"},
     {"committing", "checkpointing"}, {"checkpointing", "training"}, {"checkpointing", "forming"},
     {"forming", "checkpointing"},  {"training", "checkpointing"},   {"committing", "checkpointing"},
-    {"checkpointing", "checkpointing"}, {"any", "stopped"},
+    {"checkpointing", "checkpointing"}, {"training", "training"}, {"any", "stopped"},
 };
 
 /// Whether `transitions` allows from -> to.

@@ -1,11 +1,13 @@
 #include "actors/coordinator_training.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include <caf/send.hpp>
 
 #include "actors/coordinator_checkpoint.hpp"
+#include "runtime/optimizer_options.hpp"
 
 namespace oobleck::actors {
 
@@ -31,6 +33,8 @@ void record_committed_step(coordinator_pointer self, step_progress& progress, co
   for (const auto& [layer, digests] : rec.layer_digests)
     if (std::adjacent_find(digests.begin(), digests.end(), std::not_equal_to<>()) != digests.end())
       mismatch += " " + std::to_string(layer.value);
+  const auto& tied = rec.tied_digests;
+  const bool tied_differ = std::adjacent_find(tied.begin(), tied.end(), std::not_equal_to<>()) != tied.end();
   st.last_loss = rec.loss;
   st.samples_per_second = rec.wall_ms > 0 ? 1000.0 * rec.samples / rec.wall_ms : 0;
   ++st.committed;
@@ -43,17 +47,53 @@ void record_committed_step(coordinator_pointer self, step_progress& progress, co
   st.deps.log(line.str());
   if (!mismatch.empty())
     st.deps.log("ERROR: replicas of layer(s)" + mismatch + " disagree after step " + std::to_string(st.step));
+  if (tied_differ) {
+    ++st.tied_mismatches;
+    st.deps.log("ERROR: the copies of the tied embedding (layer 0 and the last layer) disagree after step " +
+                std::to_string(st.step));
+  }
   note_committed(self, rec.wall_ms);
   st.deps.on_step(rec);
   publish(self, {event_kind::step_committed, st.epoch, st.step, -1, rec.loss, {}});
   ++st.step;
+  if (st.deps.eval_every > 0 && st.step % st.deps.eval_every == 0) st.eval_due = true;
 }
+
+/// training(eval) -> training: the first eval_windows validation windows, split across the pipelines
+/// in proportion to their microbatches (every pipeline holds every layer, so any split gives the
+/// same mean up to rounding), each pipeline's share in chunks of its microbatch size.
+void run_eval(coordinator_pointer self) {
+  auto& st = self->state;
+  phase::training next;
+  next.eval = true;
+  next.pipelines_pending = st.current.pipelines.size();
+  next.step.record.step = st.step;
+  next.step.record.epoch = st.epoch;
+  st.step_started = st.deps.now();
+  next.step.timing.start(st.step_started);
+  enter(self, std::move(next));
+  const std::int64_t total = st.deps.job.global_batch / st.deps.job.microbatch;
+  const std::int64_t windows = st.deps.eval_windows;
+  std::int64_t first = 0, microbatches_before = 0;
+  for (auto& p : st.current.pipelines) {
+    microbatches_before += p.microbatches;
+    // Pipeline i gets windows [W * before_i / total, W * (before_i + mb_i) / total).
+    const std::int64_t end = windows * microbatches_before / total;
+    self->send(p.actor, messages::run_step{st.epoch, st.step, true, static_cast<std::int32_t>(first),
+                                           static_cast<std::int32_t>(end - first)});
+    first = end;
+  }
+  arm_step_deadline(self);
+}
+
 
 }  // namespace
 
-/// -> training: sends step st.step to every pipeline actor of the epoch.
+/// -> training: sends step st.step to every pipeline actor of the epoch (an evaluation round first
+/// when one is due).
 void run_step(coordinator_pointer self) {
   auto& st = self->state;
+  if (st.eval_due) return run_eval(self);
   phase::training next;
   next.pipelines_pending = st.current.pipelines.size();
   next.step.record.step = st.step;
@@ -117,7 +157,7 @@ void stop_job(coordinator_pointer self, stop_outcome outcome, const std::string&
 
 void after_commit(coordinator_pointer self) {
   auto& st = self->state;
-  if (st.step >= st.deps.steps) {
+  if (st.step >= st.deps.steps && !st.eval_due) {
     st.deps.log("training finished: " + std::to_string(st.committed) + " step(s) committed");
     return stop_job(self, stop_outcome::finished, "training finished");
   }
@@ -128,20 +168,51 @@ void after_commit(coordinator_pointer self) {
 
 bool handle(coordinator_pointer self, phase::training& ph, pipeline_done& d) {
   auto& st = self->state;
-  if (d.epoch != st.epoch || d.step != st.step) return false;
+  if (d.epoch != st.epoch || d.step != st.step || d.eval != ph.eval) return false;
   if (!d.error.empty()) {
-    on_retry(self, "step " + std::to_string(d.step) + " failed in pipeline " + std::to_string(d.pipeline) + ": " + d.error,
+    // A failed evaluation is handled as a failed step: the epoch is formed again and the round
+    // runs again (eval_due stays set) before the next step.
+    on_retry(self,
+             (ph.eval ? "the evaluation before step " : "step ") + std::to_string(d.step) + " failed in pipeline " +
+                 std::to_string(d.pipeline) + ": " + d.error,
              std::nullopt);
     return true;
   }
   ph.step.loss_sum += d.loss_sum;
+  if (d.pipeline == 0) ph.step.grad_sq = d.grad_sq;
   ph.step.timing.on_pipeline_done(d, st.deps.now());
   if (--ph.pipelines_pending > 0) return true;
-  // Every pipeline reported: the step is committed, everywhere, now.
+  if (ph.eval) {
+    eval_record r;
+    r.step = st.step - 1;
+    r.epoch = st.epoch;
+    r.windows = st.deps.eval_windows;
+    r.loss = ph.step.loss_sum / static_cast<double>(r.windows);
+    r.wall_ms = ms_between(st.step_started, st.deps.now());
+    st.eval_due = false;
+    ++st.evaluations;
+    std::ostringstream line;
+    line.precision(4);
+    line << "eval after step " << r.step << ": loss " << r.loss << " over " << r.windows << " validation window(s), "
+         << std::fixed;
+    line.precision(1);
+    line << r.wall_ms << " ms";
+    st.deps.log(line.str());
+    st.deps.on_eval(r);
+    after_commit(self);
+    return true;
+  }
+  // Every pipeline reported: the step is committed, everywhere, now. With clipping, the factor is
+  // pipeline 0's: every replica applies the same one, so they stay bitwise equal.
+  if (st.deps.clip_norm > 0) {
+    ph.step.record.grad_norm = std::sqrt(ph.step.grad_sq);
+    ph.step.record.grad_scale = runtime::clip_scale(st.deps.clip_norm, ph.step.record.grad_norm);
+  }
+  const double scale = ph.step.record.grad_scale;
   phase::committing next{std::move(ph.step), {}};
   next.pending.insert(st.current.nodes.begin(), st.current.nodes.end());
   enter(self, std::move(next));
-  for (node_id id : st.current.nodes) self->send(st.nodes.at(id).monitor, commit_step{st.epoch, st.step});
+  for (node_id id : st.current.nodes) self->send(st.nodes.at(id).monitor, commit_step{st.epoch, st.step, scale});
   arm_commit_deadline(self);
   return true;
 }
@@ -151,6 +222,7 @@ bool handle(coordinator_pointer self, phase::committing& ph, step_committed& c) 
   if (c.epoch != st.epoch || c.step != st.step || ph.pending.erase(c.node) == 0) return false;
   ph.step.timing.on_step_committed(c);
   for (const auto& d : c.digests) ph.step.record.layer_digests[d.layer].push_back(d.digest);
+  for (const auto& d : c.tied_digests) ph.step.record.tied_digests.push_back(d.digest);
   if (!ph.pending.empty()) return true;
 
   const std::uint64_t committed_step = st.step;

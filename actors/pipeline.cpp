@@ -11,7 +11,7 @@ using namespace oobleck::messages;
 
 namespace {
 
-void finish_stage(pipeline_pointer self, std::uint64_t step, const stage_done* done,
+void finish_stage(pipeline_pointer self, std::uint64_t step, std::size_t s, const stage_done* done,
                   const std::string& error) {
   auto& st = self->state;
   if (!st.running || step != st.step) {
@@ -21,12 +21,15 @@ void finish_stage(pipeline_pointer self, std::uint64_t step, const stage_done* d
   if (done) {
     st.loss_sum += done->loss_sum;
     if (done->timing.busy_ms.value >= st.slowest.busy_ms.value) st.slowest = done->timing;
+    st.grad_sq.at(s) = done->grad_sq.value;
   }
   if (!error.empty() && st.error.empty()) st.error = error;
   if (--st.pending > 0) return;
   st.running = false;
-  self->send(st.deps.coordinator,
-             pipeline_done{st.deps.epoch, st.step, st.deps.index, st.loss_sum, st.error, st.slowest});
+  double grad_sq = 0;
+  for (double g : st.grad_sq) grad_sq += g;  // in stage order, whatever order the answers came in
+  self->send(st.deps.coordinator, pipeline_done{st.deps.epoch, st.step, st.deps.index, st.loss_sum, st.error,
+                                                st.slowest, grad_sq, st.eval});
 }
 
 bool sent_by(pipeline_pointer self, const caf::actor_addr& who) {
@@ -55,11 +58,11 @@ void await_stage(pipeline_pointer self, caf::message_id mid, std::size_t s, std:
                    ++self->state.dropped;
                    return;
                  }
-                 finish_stage(self, step, &d, d.error);
+                 finish_stage(self, step, s, &d, d.error);
                },
                [self, s, step, refuse](caf::error& e) {
                  if (!sent_by(self, self->state.deps.stages[s].address()) && !runtime_error(self, e)) return refuse();
-                 finish_stage(self, step, nullptr, "stage " + std::to_string(s) + ": " + self->system().render(e));
+                 finish_stage(self, step, s, nullptr, "stage " + std::to_string(s) + ": " + self->system().render(e));
                },
            });
 }
@@ -85,7 +88,10 @@ pipeline_actor::behavior_type pipeline(pipeline_pointer self, pipeline_deps deps
         st.loss_sum = 0;
         st.error.clear();
         st.slowest = {};
-        const stage_step order{r.epoch, r.step, st.deps.first_microbatch, st.deps.microbatches};
+        st.eval = r.eval;
+        st.grad_sq.assign(st.deps.stages.size(), 0.0);
+        const stage_step order = r.eval ? stage_step{r.epoch, r.step, r.first_window, r.windows, true}
+                                        : stage_step{r.epoch, r.step, st.deps.first_microbatch, st.deps.microbatches};
         for (std::size_t s = 0; s < st.deps.stages.size(); ++s) {
           // A stage's step may take minutes; its loss is a down message or an error, not a timeout.
           const auto mid = self->request(st.deps.stages[s], caf::infinite, order).id();

@@ -36,6 +36,8 @@ struct pipeline_state {
   double loss_sum = 0;
   std::string error;
   messages::stage_timing slowest;  ///< of the step's stages, the one busy longest
+  bool eval = false;               ///< the round running is an evaluation
+  std::vector<double> grad_sq;     ///< per stage, added in stage order when all answered
   std::uint64_t dropped = 0;
   std::uint64_t refused = 0;  ///< run_step not from the coordinator, answers not from the stage asked
   static inline const char* name = "oobleck.pipeline";

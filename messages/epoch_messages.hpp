@@ -33,6 +33,9 @@ struct stage_assignment {
   /// d: the node's slots the stage runs on (a power of two; the widths of a node's stages add up
   /// to its slots). On CPU, its LibTorch intra-op threads.
   std::int32_t width = 1;
+  /// Ranks of the pipeline's first and last stage (the embedding group of a tied-embedding model).
+  planning::rank first_rank = planning::no_rank;
+  planning::rank last_rank = planning::no_rank;
 
   bool operator==(const stage_assignment&) const = default;
 };
@@ -40,7 +43,7 @@ struct stage_assignment {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_assignment& x) {
   return f(caf::meta::type_name("stage_assignment"), x.pipeline, x.stage, x.num_stages, x.first_layer,
-           x.end_layer, x.prev_rank, x.next_rank, x.width);
+           x.end_layer, x.prev_rank, x.next_rank, x.width, x.first_rank, x.last_rank);
 }
 
 /// One entry of an epoch's copy plan, in the epoch's ranks (planning::epoch_copy on the wire; the

@@ -20,17 +20,22 @@
 
 namespace oobleck::messages {
 
-/// Coordinator -> pipeline actor: run step `step` of epoch `epoch`.
+/// Coordinator -> pipeline actor: run step `step` of epoch `epoch`; or, with `eval`, evaluate the
+/// weights committed before step `step` on validation windows [first_window, first_window +
+/// windows) (ARCHITECTURE.md §5 "Evaluation").
 struct run_step {
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;
+  bool eval = false;
+  std::int32_t first_window = 0;
+  std::int32_t windows = 0;
 
   bool operator==(const run_step&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, run_step& x) {
-  return f(caf::meta::type_name("run_step"), x.epoch, x.step);
+  return f(caf::meta::type_name("run_step"), x.epoch, x.step, x.eval, x.first_window, x.windows);
 }
 
 /// Where a stage's step went, in milliseconds of its own steady clock (runtime::step_timing plus
@@ -52,18 +57,21 @@ typename Inspector::result_type inspect(Inspector& f, stage_timing& x) {
 /// Pipeline actor -> stage: compute your part of step `step`: the pipeline's microbatches
 /// [first_microbatch, first_microbatch + microbatches) of the step's global batch (the samples
 /// follow from the step alone, ARCHITECTURE.md §5 "Sampler").
+/// With `eval`: the forward pass only, over validation windows [first_microbatch, first_microbatch
+/// + microbatches) (here windows, not microbatches), no dropout, nothing to commit.
 struct stage_step {
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;
   std::int32_t first_microbatch = 0;
   std::int32_t microbatches = 0;
+  bool eval = false;
 
   bool operator==(const stage_step&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_step& x) {
-  return f(caf::meta::type_name("stage_step"), x.epoch, x.step, x.first_microbatch, x.microbatches);
+  return f(caf::meta::type_name("stage_step"), x.epoch, x.step, x.first_microbatch, x.microbatches, x.eval);
 }
 
 /// Stage -> pipeline actor: forward, backward and gradient all-reduce done (or failed: `error`).
@@ -72,16 +80,20 @@ struct stage_done {
   std::uint64_t step = 0;
   std::int32_t pipeline = 0;
   std::int32_t stage = 0;
-  wire_double loss_sum = 0;  ///< sum of microbatch losses, last stage only
+  wire_double loss_sum = 0;  ///< sum of microbatch losses (eval: of window losses), last stage only
   std::string error;    ///< empty on success
   stage_timing timing;
+  /// The squared norm of the stage's part of the step's global gradient (stage_executor::
+  /// gradient_sq_norm), when the job clips gradients; 0 otherwise.
+  wire_double grad_sq = 0;
 
   bool operator==(const stage_done&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_done& x) {
-  return f(caf::meta::type_name("stage_done"), x.epoch, x.step, x.pipeline, x.stage, x.loss_sum, x.error, x.timing);
+  return f(caf::meta::type_name("stage_done"), x.epoch, x.step, x.pipeline, x.stage, x.loss_sum, x.error, x.timing,
+           x.grad_sq);
 }
 
 /// Pipeline actor -> coordinator.
@@ -92,26 +104,34 @@ struct pipeline_done {
   wire_double loss_sum = 0;
   std::string error;  ///< empty on success
   stage_timing slowest;  ///< the timing of the stage with the largest busy_ms
+  /// The stages' grad_sq added in stage order: the squared global gradient norm as this pipeline
+  /// sees it (pipelines split the sum differently, so their last bits may differ).
+  wire_double grad_sq = 0;
+  bool eval = false;  ///< the answer to an evaluation round
 
   bool operator==(const pipeline_done&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, pipeline_done& x) {
-  return f(caf::meta::type_name("pipeline_done"), x.epoch, x.step, x.pipeline, x.loss_sum, x.error, x.slowest);
+  return f(caf::meta::type_name("pipeline_done"), x.epoch, x.step, x.pipeline, x.loss_sum, x.error, x.slowest,
+           x.grad_sq, x.eval);
 }
 
-/// Coordinator -> every node in use: the step is committed; apply the optimizer step.
+/// Coordinator -> every node in use: the step is committed; apply the optimizer step, after
+/// multiplying the gradients by `grad_scale` (global-norm clipping: one factor for every replica,
+/// so they stay bitwise equal; 1: none).
 struct commit_step {
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;
+  wire_double grad_scale = 1.0;
 
   bool operator==(const commit_step&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, commit_step& x) {
-  return f(caf::meta::type_name("commit_step"), x.epoch, x.step);
+  return f(caf::meta::type_name("commit_step"), x.epoch, x.step, x.grad_scale);
 }
 
 /// A layer's parameter digest after a commit (FNV-1a over its parameter bytes, 8-byte words at a time).
@@ -135,13 +155,17 @@ struct step_committed {
   std::vector<layer_digest> digests;
   wire_double commit_ms = 0;     ///< the stage's commit handling: optimizer and digests (its clock)
   wire_double optimizer_ms = 0;  ///< of which AdamW
+  /// A tied-embedding model: the digest of the tied matrix alone in each of layer 0 and the last
+  /// layer the node holds (their whole-layer digests differ; these must all be equal).
+  std::vector<layer_digest> tied_digests;
 
   bool operator==(const step_committed&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_committed& x) {
-  return f(caf::meta::type_name("step_committed"), x.epoch, x.step, x.node, x.digests, x.commit_ms, x.optimizer_ms);
+  return f(caf::meta::type_name("step_committed"), x.epoch, x.step, x.node, x.digests, x.commit_ms, x.optimizer_ms,
+           x.tied_digests);
 }
 
 }  // namespace oobleck::messages

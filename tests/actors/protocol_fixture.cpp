@@ -35,7 +35,18 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         if (rec->hold_step == std::pair{s.epoch, s.step} || rec->hold_steps.count({s.epoch, s.step}))
           return self->make_response_promise<stage_done>();
         stage_done d{s.epoch, s.step, st.pipeline, st.stage, 0, {}};
+        if (s.eval) {
+          // Every validation window's loss is 3: a round's mean is 3 whatever the split.
+          if (st.stage + 1 == st.num_stages) d.loss_sum = 3.0 * s.microbatches;
+          if (rec->fail_evals > 0) {
+            --rec->fail_evals;
+            d.error = "injected evaluation failure";
+          }
+          return d;
+        }
         if (st.stage + 1 == st.num_stages) d.loss_sum = 2.0 * s.microbatches;
+        // Squared gradient norms that differ by stage: a pipeline's total depends on its depth.
+        d.grad_sq = 1.0 + st.stage;
         if (rec->fail_step == s.step) d.error = "injected stage failure";
         return d;
       },
@@ -46,8 +57,11 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         step_committed out{c.epoch, c.step, node_id{-1}, {}};
         // Slot 0 commits every stage of its node.
         for (const auto& st : rec->assignments.at(c.epoch).stages)
-          for (int l = st.first_layer.value; l < st.end_layer.value; ++l)
+          for (int l = st.first_layer.value; l < st.end_layer.value; ++l) {
             out.digests.push_back({layer_index{l}, 1000u + static_cast<unsigned>(c.step)});
+            if (l == 0 || l == static_cast<int>(rec->assignments.at(c.epoch).layer_groups.size()) - 1)
+              out.tied_digests.push_back({layer_index{l}, rec->bad_tied_digest && l != 0 ? 8u : 7u});
+          }
         return out;
       },
       [self, rec](write_checkpoint& w) -> caf::result<checkpoint_written> {
@@ -154,6 +168,10 @@ fixture::fixture(options o) : opts(o) {
   d.steps = o.steps;
   d.on_step = [this](const step_record& r) { records.push_back(r); };
   d.on_reconfigured = [this](const reconfiguration_record& r) { recoveries.push_back(r); };
+  d.clip_norm = o.clip_norm;
+  d.eval_every = o.eval_every;
+  d.eval_windows = o.eval_windows;
+  d.on_eval = [this](const eval_record& r) { evals.push_back(r); };
   if (o.checkpoints || o.checkpoint_every > 0) {
     d.checkpoint.root = "/ckpt";
     d.checkpoint.every = o.checkpoint_every;

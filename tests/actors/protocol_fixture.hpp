@@ -57,6 +57,10 @@ struct fake_stage_record {
   std::set<std::pair<std::uint64_t, std::uint64_t>> hold_steps;        ///< more (epoch, step)s never answered
   std::optional<std::pair<std::uint64_t, std::uint64_t>> hold_commit;  ///< (epoch, step): never answer
   std::optional<std::uint64_t> fail_step;  ///< answer this step with a stage error, in every epoch
+  int fail_evals = 0;                      ///< answer this many evaluation rounds with a stage error
+  /// Commits report the tied matrix's digest for layer 0 and the last layer it holds (always 7;
+  /// 8 when this is set: the copies disagree).
+  bool bad_tied_digest = false;
   std::set<std::int32_t> not_held;         ///< layers it answers "missing" for in checkpoint writes
   bool hold_write = false;                 ///< never answer a checkpoint write
   /// What its node tells the stall probe (slot 0's): a stage computing this long now, forming blocked.
@@ -94,6 +98,9 @@ struct fixture {
     std::int32_t global_batch = 16;  ///< microbatches of 2 samples
     std::uint64_t checkpoint_every = 0;
     bool checkpoints = false;  ///< checkpoints to "/ckpt" (also when checkpoint_every > 0)
+    double clip_norm = 0;                 ///< coordinator_deps::clip_norm
+    std::uint64_t eval_every = 0;         ///< coordinator_deps::eval_every
+    std::int32_t eval_windows = 0;        ///< coordinator_deps::eval_windows
   };
   /// The step protocol tests' jobs: `nodes` nodes of `slots` slots, any of which holds the whole
   /// model, a global batch of 8 (4 microbatches).
@@ -129,6 +136,7 @@ struct fixture {
   std::vector<std::string> log;             ///< every progress line, "[coordinator] ..." or "[NAME] ...", prefixed
   std::vector<actors::step_record> records;
   std::vector<actors::reconfiguration_record> recoveries;
+  std::vector<actors::eval_record> evals;
   messages::coordinator_actor coord;
   std::map<std::int64_t, std::unique_ptr<fake_stage_record>> stages;  ///< slot 0 by node id; outlive the actors
   std::map<std::int64_t, messages::monitor_actor> monitors;           ///< by node id
