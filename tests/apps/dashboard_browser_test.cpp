@@ -160,6 +160,17 @@ std::uint16_t free_port() {
   return ntohs(a.sin_port);
 }
 
+/// The default job with `edits` (text replaced) and the coordinator's HTTP endpoint on `port`.
+std::string local_job(const std::vector<std::pair<std::string, std::string>>& edits, std::uint16_t port) {
+  std::string job = default_local_job;
+  for (const auto& [from, to] : edits) {
+    const auto at = job.find(from);
+    REQUIRE(at != std::string::npos);
+    job.replace(at, from.size(), to);
+  }
+  return job + "\n[http]\nport = " + std::to_string(port) + "\n";
+}
+
 oobleck::messages::job_status fixed_status() {
   oobleck::messages::job_status s;
   s.state = "training";
@@ -253,17 +264,8 @@ TEST_CASE("dashboard in chromium: oobleck-local training a small job shows its w
   temp_dir dir("oobleck-dashboard-local-");
   // The default job on 2 nodes (the model does not fit one: one pipeline of two stages), f = 0,
   // with the coordinator's HTTP endpoint on a free port.
-  std::string job = default_local_job;
-  const auto replace = [&job](const std::string& from, const std::string& to) {
-    const auto at = job.find(from);
-    REQUIRE(at != std::string::npos);
-    job.replace(at, from.size(), to);
-  };
-  replace("nodes = 6", "nodes = 2");
-  replace("fault_tolerance = 1", "fault_tolerance = 0");
   const std::uint16_t port = free_port();
-  job += "\n[http]\nport = " + std::to_string(port) + "\n";
-  std::ofstream(dir.path() / "job.toml") << job;
+  std::ofstream(dir.path() / "job.toml") << local_job({{"nodes = 6", "nodes = 2"}, {"fault_tolerance = 1", "fault_tolerance = 0"}}, port);
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/";
 
   const auto run = run_to_end(
@@ -303,6 +305,46 @@ TEST_CASE("dashboard in chromium: oobleck-local training a small job shows its w
         }
         check_screenshot(browser, dir.path(), url);
         local.process.signal(SIGTERM);  // an orderly stop of the job
+      });
+  INFO("oobleck-local's output:\n" << run.output);
+  CHECK(run.status == 0);
+}
+
+TEST_CASE("dashboard in chromium: a node killed during an oobleck-local run is lost, its reconfiguration marked") {
+  const std::string browser = find_chromium();
+  if (skip_without_chromium(browser)) return;
+  temp_dir dir("oobleck-dashboard-lost-");
+  // 3 nodes, f = 1, the model on one node: losing one leaves enough to go on.
+  const std::uint16_t port = free_port();
+  std::ofstream(dir.path() / "job.toml")
+      << local_job({{"nodes = 6", "nodes = 3"}, {"device_memory_bytes = 1500000", ""}}, port);
+  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/";
+  const auto run = run_to_end(
+      std::string(OOBLECK_APPS_DIR) + "/oobleck-local",
+      {"--config", (dir.path() / "job.toml").string(), "--steps", "100000", "--timeout", "150", "--fail-at", "3:1"}, "",
+      (dir.path() / "events.jsonl").string(), 60s, [&](running_local& local) {
+        local.wait_for({.kind = event_kind::node_lost, .node = 1}, 90s);
+        local.wait_for({.kind = event_kind::step_committed, .epoch = 2}, 90s);
+        const auto history = nlohmann::json::parse(http_body(http_get(port, "/history")));
+        INFO("the history:\n" << history.dump(2));
+        REQUIRE(history["reconfigurations"].size() == 1);
+        const auto& reconfiguration = history["reconfigurations"][0];
+        CHECK(reconfiguration["lost"] == nlohmann::json::array({1}));
+        CHECK(reconfiguration["epoch"] == 2);
+        const std::string dom = rendered_dom(browser, dir.path() / "profile", url);
+        INFO("the rendered DOM:\n" << dom);
+        const auto rows = elements(dom, "tr", "node");
+        REQUIRE(rows.size() == 3);
+        CHECK(rows[1].at("data-state") == "lost");
+        CHECK(rows[0].at("data-state") == "training");
+        CHECK(rows[2].at("data-state") == "training");
+        for (const auto& stage : elements(dom, "div", "stage")) CHECK(stage.at("data-node") != "1");
+        const auto marks = elements(dom, "line", "reconfiguration");
+        REQUIRE(marks.size() == 2);  // on the loss chart and on the samples/s chart
+        for (const auto& m : marks) CHECK(m.at("data-step") == std::to_string(reconfiguration["step"].get<int>()));
+        CHECK(elements(dom, "li", "reconfiguration-item").size() == 1);
+        CHECK(dom.find("lost 1") != std::string::npos);
+        local.process.signal(SIGTERM);
       });
   INFO("oobleck-local's output:\n" << run.output);
   CHECK(run.status == 0);
