@@ -238,7 +238,7 @@ TEST_CASE("http: a port in use is an error naming the address, and the holder ke
   CHECK_THROWS_AS(http_status_server("no such host.invalid", 0), input_error);
 }
 
-TEST_CASE("http: GET / is the dashboard, self-contained HTML; GET /history the run's history as JSON") {
+TEST_CASE("http: GET / is the dashboard (self-contained HTML) and GET /history the run's history as JSON") {
   run_history history;
   history.add_step({0, 1, 4.5, 200, 80, 1.7e12});
   history.add_step({1, 1, 4.25, 210, 76, 1.7e12 + 80});
