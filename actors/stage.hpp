@@ -34,6 +34,7 @@
 #include <caf/actor_system.hpp>
 
 #include "messages/actor_interfaces.hpp"
+#include "runtime/data_source.hpp"
 #include "runtime/gpt_config.hpp"
 #include "runtime/optimizer_options.hpp"
 
@@ -45,8 +46,10 @@ struct stage_job {
   std::int32_t global_batch = 1;
   std::int32_t microbatch = 1;
   std::uint64_t sample_seed = 1;          ///< which samples form each step
-  std::int64_t corpus_bytes = 1 << 20;    ///< the generated corpus
-  std::uint64_t corpus_seed = 7;
+  runtime::data_source train;              ///< the training tokens (default: the generated corpus)
+  /// Held-out tokens for evaluation (kind none: no evaluation) and how many windows of them count.
+  runtime::data_source validation{.kind = runtime::data_source::kind_t::none};
+  std::int64_t eval_windows = 16;
   runtime::adamw_options optimizer;
   std::int32_t connect_timeout_ms = 60'000;  ///< the data plane's mesh (twice [faults] form_deadline_ms)
   bool overlap_gradient_reduce = true;  ///< runtime::executor_options::overlap_gradient_reduce

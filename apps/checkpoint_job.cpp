@@ -2,8 +2,10 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
+#include "apps/checkpoint_model.hpp"
 #include "runtime/checkpoint.hpp"
 
 namespace oobleck::apps {
@@ -27,13 +29,26 @@ std::string shell_quoted(const std::string& s) {
   return out + "'";
 }
 
+/// The training data as the trajectory sees it: the generated corpus by its size and seed (the
+/// text of every checkpoint written before data files existed); a file by its kind, name, dtype and
+/// size, not its folder, so a job resumed from a checkpoint may find the same file elsewhere.
+std::string data_identity(const runtime::data_source& s) {
+  if (s.kind == runtime::data_source::kind_t::generated)
+    return std::to_string(s.corpus_bytes) + " " + std::to_string(s.corpus_seed);
+  std::error_code ec;
+  const auto bytes = fs::file_size(s.path, ec);
+  const std::string name = fs::path(s.path).filename().string();
+  return (s.kind == runtime::data_source::kind_t::text ? "text " : "tokens " + runtime::dtype_name(s.dtype) + " ") +
+         std::to_string(name.size()) + ":" + name + " " + (ec ? std::string("unreadable") : std::to_string(bytes));
+}
+
 }  // namespace
 
 std::string trajectory_hash(const job_file& job) {
   std::ostringstream s;
   s << "oobleck-trajectory-1\n"
     << "model " << job.model.hash() << "\n"
-    << "data " << job.data.corpus_bytes << " " << job.data.corpus_seed << "\n"
+    << "data " << data_identity(job.data.train_source()) << "\n"
     << "training " << job.training.steps << " " << job.training.global_batch << " " << job.training.microbatch << " "
     << job.training.seed << "\n";
   const auto& o = job.optimizer;
@@ -54,6 +69,7 @@ actors::checkpoint_deps checkpoint_deps_for(const job_file& job, const std::stri
   const auto model_seed = job.model.seed;
   const auto sample_seed = job.training.seed;
   const auto layers = job.model.num_layers();
+  const std::string model_toml = checkpoint_model_toml(job.model);
   const std::string r = d.root;
   d.begin = [r](std::uint64_t step) { return runtime::begin_checkpoint(r, step).string(); };
   d.finish = [=](const std::string& temp, std::uint64_t step, const std::vector<messages::checkpoint_layer_file>& files) {
@@ -65,7 +81,20 @@ actors::checkpoint_deps checkpoint_deps_for(const job_file& job, const std::stri
     m.num_layers = layers;
     for (const auto& f : files)
       m.files.push_back({f.layer.value, runtime::layer_file_name(f.layer.value), f.bytes, f.sha256});
-    return runtime::finish_checkpoint(temp, m).string();
+    const auto final_dir = runtime::finish_checkpoint(temp, m);
+    // Beside the manifest (which lists only layer files), so that oobleck-export and oobleck-eval
+    // need nothing but the checkpoint. Written to a temporary name and renamed, like the rest.
+    const auto model_file = final_dir / checkpoint_model_file;
+    const auto temp_file = final_dir / (std::string(checkpoint_model_file) + ".tmp");
+    {
+      std::ofstream out(temp_file, std::ios::trunc);
+      out << model_toml;
+      if (!out.flush()) throw runtime::checkpoint_error(temp_file.string() + ": cannot write it");
+    }
+    std::error_code ec;
+    fs::rename(temp_file, model_file, ec);
+    if (ec) throw runtime::checkpoint_error(model_file.string() + ": cannot rename it into place: " + ec.message());
+    return final_dir.string();
   };
   d.discard = [](const std::string& temp) {
     std::error_code ec;

@@ -16,7 +16,8 @@ namespace oobleck::apps {
 /// not a checkpoint could be written. 0: finished, 1: internal error, 2: bad input.
 inline constexpr int exit_checkpoint_and_stop = 4;
 
-/// The hash of everything that decides a job's trajectory: [model], [data], [training] (steps
+/// The hash of everything that decides a job's trajectory: [model], [data] (the training source:
+/// the generated corpus's size and seed, or a file's name, dtype and size), [training] (steps
 /// too: the LR schedule ends there) and [optimizer]. A checkpoint resumes only a job with the same
 /// hash; [cluster] (node count, f, memory, heartbeats), [checkpoint], [http] and [profile] may
 /// change between the run that wrote it and the one that resumes it.

@@ -13,8 +13,9 @@ inline actors::stage_job stage_job_for(const job_file& job) {
   s.global_batch = job.training.global_batch;
   s.microbatch = job.training.microbatch;
   s.sample_seed = job.training.seed;
-  s.corpus_bytes = job.data.corpus_bytes;
-  s.corpus_seed = job.data.corpus_seed;
+  s.train = job.data.train_source();
+  s.validation = job.data.validation_source();
+  s.eval_windows = job.eval.windows;
   s.optimizer = job.optimizer;
   s.overlap_gradient_reduce = job.training.overlap_gradient_reduce;
   // Twice the coordinator's forming deadline: the coordinator, which can name the node that holds

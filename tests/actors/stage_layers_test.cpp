@@ -29,7 +29,7 @@ actors::stage_job tiny_job() {
   job.model.seq_len = 8;
   job.global_batch = 4;
   job.microbatch = 2;
-  job.corpus_bytes = 4096;
+  job.train.corpus_bytes = 4096;
   job.data_token = "test token";
   return job;
 }
