@@ -60,6 +60,7 @@ constexpr std::string_view page = R"html(<!DOCTYPE html>
   <span class="kv">committed steps <b id="job-steps">…</b></span>
   <span class="kv">loss <b id="job-loss">…</b></span>
   <span class="kv">samples/s <b id="job-speed">…</b></span>
+  <span class="kv">eval loss <b id="job-eval">–</b></span>
   <span class="kv" id="connection">connecting…</span>
 </header>
 <main>
@@ -207,6 +208,8 @@ function chart(id, series, marks) {
 }
 
 function renderHistory(h) {
+  const lastEval = h.evals.length ? h.evals[h.evals.length - 1] : null;
+  document.getElementById("job-eval").textContent = lastEval ? fmt(lastEval.loss, 4) + " at step " + lastEval.step : "–";
   const steps = h.steps.slice();
   const last = h.last_step;
   if (last && (!steps.length || steps[steps.length - 1].step < last.step)) steps.push(last);
