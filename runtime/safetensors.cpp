@@ -129,7 +129,9 @@ safetensors_file safetensors_file::parse(std::shared_ptr<const void> owner, std:
   if (!duplicate.empty()) fail("tensor \"" + duplicate + "\" is named twice in the header");
   if (!header.is_object()) fail("the header is not a JSON object");
   const std::uint64_t buffer = bytes.size() - 8 - n;
-  for (const auto& [name, info] : header.items()) {
+  for (const auto& item : header.items()) {
+    const std::string name = item.key();  // (a structured binding cannot be captured by clang 14)
+    const json& info = item.value();
     auto fail_at = [&](const std::string& what) { fail("tensor \"" + name + "\": " + what); };
     if (name == "__metadata__") {
       if (!info.is_object()) fail("__metadata__ must be an object of strings");
