@@ -21,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <sstream>
@@ -261,14 +262,28 @@ TEST_CASE("dashboard in chromium: nodes, pipelines and stages, a loss curve poin
   check_screenshot(browser, dir.path(), url);
 }
 
-TEST_CASE("dashboard in chromium: oobleck-local training a small job shows its workers, its pipeline and its steps") {
+TEST_CASE("dashboard in chromium: oobleck-local training a small job shows its workers, its pipeline, its steps and evals") {
   const std::string browser = find_chromium();
   if (skip_without_chromium(browser)) return;
   temp_dir dir("oobleck-dashboard-local-");
   // The default job on 2 nodes (the model does not fit one: one pipeline of two stages), f = 0,
-  // with the coordinator's HTTP endpoint on a free port.
+  // evaluated every 2 steps on a token file of random ids, with the coordinator's HTTP endpoint on
+  // a free port.
   const std::uint16_t port = free_port();
-  std::ofstream(dir.path() / "job.toml") << local_job({{"nodes = 6", "nodes = 2"}, {"fault_tolerance = 1", "fault_tolerance = 0"}}, port);
+  const auto validation = dir.path() / "val.bin";
+  {
+    std::mt19937 rng(3);
+    std::vector<std::uint16_t> tokens(2048);
+    for (auto& t : tokens) t = static_cast<std::uint16_t>(rng() % 256);
+    std::ofstream(validation, std::ios::binary)
+        .write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+  }
+  std::ofstream(dir.path() / "job.toml")
+      << local_job({{"nodes = 6", "nodes = 2"},
+                    {"fault_tolerance = 1", "fault_tolerance = 0"},
+                    {"[data]\n", "[data]\nvalidation = \"" + validation.string() + "\"\n"}},
+                   port)
+      << "\n[eval]\nevery = 2\nwindows = 4\n";
   const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/";
 
   const auto run = run_to_end(
@@ -276,7 +291,12 @@ TEST_CASE("dashboard in chromium: oobleck-local training a small job shows its w
       {"--config", (dir.path() / "job.toml").string(), "--steps", "100000", "--timeout", "150"}, "",
       (dir.path() / "events.jsonl").string(), 60s, [&](running_local& local) {
         local.wait_for({.kind = event_kind::step_committed, .step = 3}, 90s);
-        const auto before = nlohmann::json::parse(http_body(http_get(port, "/history")));
+        nlohmann::json before;
+        const auto deadline = std::chrono::steady_clock::now() + 60s;
+        do {  // until an evaluation round is in the history
+          REQUIRE(std::chrono::steady_clock::now() < deadline);
+          before = nlohmann::json::parse(http_body(http_get(port, "/history")));
+        } while (before["evals"].empty());
         const auto status = nlohmann::json::parse(http_body(http_get(port, "/status")));
         const std::string dom = rendered_dom(browser, dir.path() / "profile", url);
         const auto after = nlohmann::json::parse(http_body(http_get(port, "/history")));
@@ -300,6 +320,14 @@ TEST_CASE("dashboard in chromium: oobleck-local training a small job shows its w
         CHECK(n >= before["steps_seen"].get<unsigned long>());
         CHECK(n <= after["steps_seen"].get<unsigned long>());
         CHECK(points_drawn(loss.at("d")) == n);
+        const auto evals = std::stoul(series(dom, "loss-chart", "eval").at("data-points"));
+        CHECK(evals >= before["evals"].size());
+        CHECK(evals <= after["evals"].size());
+        for (const auto& e : after["evals"]) {
+          CHECK(e["windows"] == 4);
+          CHECK(e["loss"].is_number());
+          CHECK(e["step"].get<int>() % 2 == 1);  // after steps 1, 3, 5, ...: every 2 committed steps
+        }
         // The history's own steps: numbered from 0, losses finite.
         REQUIRE(after["steps"].size() >= 4);
         for (std::size_t k = 0; k < after["steps"].size(); ++k) {
