@@ -141,21 +141,21 @@ void plot(const std::string& png, const std::string& title, const run_metrics& m
     std::ofstream f(script);
     f << "set terminal pngcairo size 1100,750 noenhanced\n";
     f << "set output " << quoted(png) << "\n";
-    f << "set datafile missing 'NaN'\nset grid\nset key top right\n";
+    f << "set datafile missing 'NaN'\nset grid\nset key above horizontal\n";
     const double x0 = static_cast<double>(m.steps.front().step), x1 = static_cast<double>(m.steps.back().step);
     f << "set xrange [" << fmt("%.17g", x0) << ":" << fmt("%.17g", x1 > x0 ? x1 : x0 + 1) << "]\n";
     for (std::size_t i = 0; i < m.reconfigurations.size(); ++i)
       f << "set arrow " << i + 1 << " from " << m.reconfigurations[i].step << ", graph 0 to "
         << m.reconfigurations[i].step << ", graph 1 nohead dashtype 2 linecolor rgb '#d97706' linewidth 1.5\n";
-    f << "set multiplot layout 2,1 title " << quoted(title) << "\n";
-    f << "set ylabel 'loss'\n";
+    f << "set multiplot layout 2,1\n";
+    f << "set title " << quoted(title) << "\nset ylabel 'loss'\n";
     f << "plot " << quoted(steps.string()) << " using 1:2 with lines linewidth 2 linecolor rgb '#2563eb' title 'training loss'";
     if (!m.evals.empty())
       f << ", " << quoted(evals.string())
         << " using 1:2 with linespoints pointtype 7 linewidth 2 dashtype 2 linecolor rgb '#dc2626' title 'eval loss'";
     if (!m.reconfigurations.empty())  // a legend entry for the marks (the arrows have none)
       f << ", NaN with lines dashtype 2 linecolor rgb '#d97706' title 'reconfiguration'";
-    f << "\nset xlabel 'step'\nset ylabel 'samples/s'\nset yrange [0:*]\n";
+    f << "\nunset title\nset xlabel 'step'\nset ylabel 'samples/s'\nset yrange [0:*]\n";
     f << "plot " << quoted(steps.string())
       << " using 1:3 with lines linewidth 2 linecolor rgb '#059669' title 'samples/s'\nunset multiplot\n";
   }
