@@ -107,10 +107,10 @@ function fmt(v, digits) {
   if (v === null || v === undefined || !isFinite(v)) return "–";
   return Number(v).toFixed(digits);
 }
-function short(v) {
-  const a = Math.abs(v);
-  if (a >= 1e4 || (a > 0 && a < 1e-2)) return v.toExponential(1);
-  return Number(v.toPrecision(4)).toString();
+/// The smallest of 1, 2, 5 times a power of ten that is at least v (> 0).
+function nice(v) {
+  const mag = Math.pow(10, Math.floor(Math.log10(v)));
+  return [1, 2, 5, 10].map(m => m * mag).find(m => m >= v * (1 - 1e-9));
 }
 
 function renderStatus(s, names) {
@@ -174,17 +174,19 @@ function chart(id, series, marks) {
   let x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
   if (x1 === x0) x1 = x0 + 1;
   if (y1 === y0) { y0 -= Math.abs(y0) * 0.05 + 0.5; y1 += Math.abs(y1) * 0.05 + 0.5; }
-  const pad = (y1 - y0) * 0.06; y0 -= pad; y1 += pad;
+  // Round ticks (1, 2 or 5 times a power of ten apart), the range widened to them.
+  const yStep = nice((y1 - y0) / 4);
+  y0 = Math.floor(y0 / yStep) * yStep; y1 = Math.ceil(y1 / yStep) * yStep;
+  const digits = Math.max(0, -Math.floor(Math.log10(yStep)));
   const px = x => PAD.l + (x - x0) / (x1 - x0) * (W - PAD.l - PAD.r);
   const py = y => H - PAD.b - (y - y0) / (y1 - y0) * (H - PAD.t - PAD.b);
-  for (let k = 0; k <= 4; ++k) {
-    const y = y0 + (y1 - y0) * k / 4;
+  for (let k = 0, y = y0; y <= y1 + yStep / 2 && k < 12; ++k, y = y0 + k * yStep) {
     root.append(svg("line", { "class": "grid", x1: PAD.l, x2: W - PAD.r, y1: py(y), y2: py(y) }));
-    root.append(svg("text", { x: PAD.l - 6, y: py(y) + 4, "text-anchor": "end" }, short(y)));
+    root.append(svg("text", { x: PAD.l - 6, y: py(y) + 4, "text-anchor": "end" },
+                    Math.abs(y) >= 1e5 ? y.toExponential(1) : y.toFixed(digits)));
   }
   // Steps are integers: ticks at a round integer spacing.
-  const raw = Math.max(1, (x1 - x0) / 6), mag = Math.pow(10, Math.floor(Math.log10(raw)));
-  const every = [1, 2, 5, 10].map(m => m * mag).find(v => v >= raw);
+  const every = Math.max(1, nice((x1 - x0) / 6));
   for (let x = Math.ceil(x0 / every) * every; x <= x1; x += every)
     root.append(svg("text", { x: px(x), y: H - 8, "text-anchor": "middle" }, x));
   root.append(svg("line", { "class": "axis", x1: PAD.l, x2: PAD.l, y1: PAD.t, y2: H - PAD.b }));
@@ -201,7 +203,7 @@ function chart(id, series, marks) {
       if (y === null || !isFinite(y)) { pen = false; continue; }
       d += (pen ? "L" : "M") + px(x).toFixed(1) + " " + py(y).toFixed(1);
       pen = true; ++n;
-      if (s.dots) root.append(svg("circle", { "class": "dot " + s.cls, cx: px(x), cy: py(y), r: 3 }));
+      if (s.dots && s.points.length <= 60) root.append(svg("circle", { "class": "dot " + s.cls, cx: px(x), cy: py(y), r: 3 }));
     }
     root.append(svg("path", { "class": "series " + s.cls, "data-points": n, d: d }));
   }
