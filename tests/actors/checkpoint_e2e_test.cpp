@@ -319,7 +319,7 @@ TEST_CASE("checkpoint e2e: SIGTERM checkpoints before it stops, a writer killed 
     CHECK(e.path().extension() != ".tmp");
     ++entries;
   }
-  CHECK(entries == static_cast<std::size_t>(job.model.num_layers()) + 1);
+  CHECK(entries == static_cast<std::size_t>(job.model.num_layers()) + 2);  // the manifest and model.toml
   CHECK(runtime::list_checkpoints(root) == std::vector<fs::path>{dir});
 
   // Resumed on 4 nodes: the failure-free run's losses.
