@@ -138,11 +138,11 @@ int run_eval_command(const std::vector<std::string>& args, std::ostream& out, st
     auto* j = add_text(app, "--config", config, "with --checkpoint: its job file, instead of its model.toml")->type_name("JOB.toml");
     j->needs(c);
     add_text(app, "--tokens", tokens, "the token file: flat little-endian ids of --dtype")->required()->type_name("FILE");
-    add_text(app, "--dtype", dtype, "uint16 (default) or uint32");
+    add_text(app, "--dtype", dtype, "uint16 (default) or uint32")->type_name("uint16|uint32");
     add_integer(app, "--windows", windows, 1, std::int64_t{1} << 40, "how many windows, from the file's start")
         ->required()
         ->type_name("W");
-    add_integer(app, "--batch", batch, 1, 1 << 16, "windows per forward (default 8; the loss does not depend on it)");
+    add_integer(app, "--batch", batch, 1, 1 << 16, "windows per forward (default 8; the loss does not depend on it)")->type_name("B");
     app.add_flag("--json", json, "print one JSON object {\"loss\": L, \"windows\": W}");
     if (!parse_flags(app, args, out)) return 0;
     if (checkpoint.empty() && model_dir.empty()) throw input_error("give --checkpoint DIR/step-N or --model OUTDIR");

@@ -176,3 +176,61 @@ TEST_CASE("oobleck-eval reads weights PyTorch writes with PyTorch's loss") {
     fs::remove_all(dir);
   }
 }
+
+TEST_CASE("oobleck-export and oobleck-eval refuse what they cannot read, saying why, with exit status 2") {
+  const auto dir = scratch("refusals");
+  // An oobleck-gpt checkpoint: no Hugging Face names.
+  runtime::gpt_config ours;
+  ours.blocks = 1;
+  std::vector<std::vector<std::byte>> layers;
+  {
+    runtime::layer_store store(ours);
+    store.ensure(0, ours.num_layers());
+    for (int l = 0; l < ours.num_layers(); ++l) layers.push_back(store.serialize_layer(l));
+  }
+  const auto checkpoint = write_checkpoint(dir / "ours", ours, layers).string();
+  auto r = testing::run_process(apps_dir + "/oobleck-export", {"--checkpoint", checkpoint, "--out", (dir / "hf").string()});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err.find("the model is oobleck-gpt, which has no Hugging Face names") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir / "hf"));
+
+  const auto tokens = token_file(dir, 256, 5 * 32 + 1);  // 5 windows of the default 32 tokens
+  CHECK(oobleck_eval({"--checkpoint", checkpoint}, tokens, 5) > 0);  // an oobleck-gpt checkpoint evaluates
+  r = testing::run_process(apps_dir + "/oobleck-eval", {"--checkpoint", checkpoint, "--tokens", tokens, "--windows", "6"});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err.find("--windows 6: " + tokens + " holds only 5 windows of 32 tokens") != std::string::npos);
+  r = testing::run_process(apps_dir + "/oobleck-eval", {"--tokens", tokens, "--windows", "1"});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err.find("give --checkpoint DIR/step-N or --model OUTDIR") != std::string::npos);
+  r = testing::run_process(apps_dir + "/oobleck-eval",
+                           {"--checkpoint", checkpoint, "--tokens", tokens, "--windows", "1", "--dtype", "int8"});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err.find("--dtype") != std::string::npos);
+
+  // Ids beyond the vocabulary: named with their offset.
+  const auto big = (dir / "big.bin").string();
+  std::ofstream(big, std::ios::binary) << std::string(64, '\0') << '\x2c' << '\x01' << std::string(64, '\0');
+  r = testing::run_process(apps_dir + "/oobleck-eval", {"--checkpoint", checkpoint, "--tokens", big, "--windows", "1"});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err.find("token id 300 at byte offset 64 is >= model vocab 256") != std::string::npos);
+
+  // A checkpoint read as another model: its layer files name the model they are of.
+  const auto other = (dir / "other.toml").string();
+  std::ofstream(other) << "[model]\nblocks = 1\nd_model = 32\n";
+  r = testing::run_process(apps_dir + "/oobleck-eval",
+                           {"--checkpoint", checkpoint, "--config", other, "--tokens", tokens, "--windows", "1"});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err.find("layer 0") != std::string::npos);
+  fs::remove(fs::path(checkpoint) / apps::checkpoint_model_file);
+  r = testing::run_process(apps_dir + "/oobleck-export", {"--checkpoint", checkpoint, "--out", (dir / "hf").string()});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err.find("give its job with --config") != std::string::npos);
+  // A Hugging Face folder that is not one.
+  fs::create_directories(dir / "empty");
+  r = testing::run_process(apps_dir + "/oobleck-eval", {"--model", (dir / "empty").string(), "--tokens", tokens, "--windows", "1"});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err.find("config.json") != std::string::npos);
+  CHECK(testing::run_process(apps_dir + "/oobleck-export", {"--help"}).exit_status == 0);
+  CHECK(testing::run_process(apps_dir + "/oobleck-eval", {"--help"}).out.find("--windows") != std::string::npos);
+  fs::remove_all(dir);
+}
