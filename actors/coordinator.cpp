@@ -231,7 +231,7 @@ job_status make_status(const coordinator_state& st) {
     s.nodes.push_back({id.value, n.name, state, rank});
   }
   for (const auto& p : st.current.pipelines) {
-    pipeline_status ps{{}, {}, p.microbatches};
+    pipeline_status ps{{}, p.stage_layers, p.microbatches};
     for (node_id n : p.nodes) ps.nodes.push_back(n.value);
     s.pipelines.push_back(std::move(ps));
   }

@@ -182,6 +182,7 @@ struct node_entry {
 /// A pipeline of the current epoch.
 struct running_pipeline {
   std::vector<node_id> nodes;  ///< in stage order
+  std::vector<std::int32_t> stage_layers;  ///< first layer of each stage, then the end (status)
   std::int32_t first_microbatch = 0;
   std::int32_t microbatches = 0;
   messages::pipeline_actor actor;

@@ -83,6 +83,10 @@ void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::
       const auto& stages = ep.stages(*r);
       for (std::size_t k = 0; k < stages.size(); ++k) {
         a.stages.push_back(to_message(stages[k], ep));
+        auto& bounds = st.current.pipelines.at(static_cast<std::size_t>(stages[k].pipeline)).stage_layers;
+        bounds.resize(static_cast<std::size_t>(stages[k].num_stages) + 1, 0);
+        bounds[static_cast<std::size_t>(stages[k].stage)] = stages[k].first_layer.value;
+        bounds[static_cast<std::size_t>(stages[k].stage) + 1] = stages[k].end_layer.value;
         auto& slots = st.current.stages.at(static_cast<std::size_t>(stages[k].pipeline));
         slots.resize(std::max<std::size_t>(slots.size(), static_cast<std::size_t>(stages[k].stage) + 1));
         slots[static_cast<std::size_t>(stages[k].stage)] = {id, static_cast<std::int32_t>(k)};

@@ -173,3 +173,18 @@ TEST_CASE("tied embedding: copies that disagree after a commit are reported, equ
     CHECK(f.told("copies of the tied embedding") == bad);
   }
 }
+
+TEST_CASE("status: each pipeline names its stages' layers (first layer of each stage, then the end)") {
+  fixture f(fixture::roomy(4, 2));
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair<std::uint64_t, std::uint64_t>{1, 1}; }}});
+  f.sched.run();  // training, step 1 held
+  const auto s = f.status();
+  REQUIRE(!s.pipelines.empty());
+  for (const auto& p : s.pipelines) {
+    CAPTURE(p.nodes.size());
+    REQUIRE(p.stage_layers.size() >= 2);
+    CHECK(p.stage_layers.front() == 0);
+    CHECK(p.stage_layers.back() == 6);
+    for (std::size_t i = 1; i < p.stage_layers.size(); ++i) CHECK(p.stage_layers[i - 1] < p.stage_layers[i]);
+  }
+}
