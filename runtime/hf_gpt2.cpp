@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/safetensors.hpp"
+
 namespace oobleck::runtime {
 
 namespace {
@@ -183,6 +185,34 @@ void check_hf_config(const gpt_config& job, const std::string& dir) {
   if (m.tie != tied(job))
     throw std::invalid_argument(std::string("config.json tie_word_embeddings ") + (m.tie ? "true" : "false") +
                                 " disagrees with [model] tie_embeddings " + (tied(job) ? "true" : "false"));
+}
+
+void check_hf_weights(const gpt_config& model, const std::string& dir) {
+  const std::string path = dir + "/model.safetensors";
+  safetensors_file file;
+  try {
+    file = safetensors_file::read(path);
+  } catch (const safetensors_error& e) {
+    throw std::invalid_argument(e.what());
+  }
+  auto text = [](const std::vector<std::int64_t>& shape) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+  };
+  for (int l = 0; l < model.num_layers(); ++l)
+    for (const auto& p : hf_parameters(model, l)) {
+      const auto* e = file.find(p.name);
+      if (!e) throw std::invalid_argument(path + ": no tensor " + p.name);
+      auto shape = p.shape;
+      if (p.transposed) std::swap(shape[0], shape[1]);
+      if (e->shape != shape)
+        throw std::invalid_argument(path + ": tensor " + p.name + " has shape " + text(e->shape) + ", the model needs " +
+                                    text(shape));
+      if (e->dtype != "F32" && e->dtype != "F16" && e->dtype != "BF16")
+        throw std::invalid_argument(path + ": tensor " + p.name + " has dtype " + e->dtype +
+                                    "; only F32, F16 and BF16 are read as weights");
+    }
 }
 
 }  // namespace oobleck::runtime

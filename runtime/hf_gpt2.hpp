@@ -39,4 +39,10 @@ gpt_config config_from_hf(const std::string& config_json_path);
 /// "config.json n_embd 768 disagrees with [model] d_model 64" for the first key that differs.
 void check_hf_config(const gpt_config& job_model, const std::string& dir);
 
+/// Checks DIR/model.safetensors (its header only: the file is mapped, not read) against the model:
+/// every tensor the layers need is there, of its Hugging Face shape, in a dtype read as weights
+/// (F32, F16, BF16). Throws std::invalid_argument naming the file and the first tensor that is
+/// missing or wrong, or what makes the file invalid.
+void check_hf_weights(const gpt_config& model, const std::string& dir);
+
 }  // namespace oobleck::runtime
