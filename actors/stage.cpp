@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -102,15 +103,20 @@ struct stage_runtime {
   stage_runtime(stage_job j, int slot_count)
       : job(std::move(j)),
         slots(slot_count),
-        data(runtime::default_corpus(static_cast<std::size_t>(job.corpus_bytes), job.corpus_seed), job.model.seq_len),
+        data(runtime::make_dataset(job.train, job.model.seq_len, job.model.vocab)),
         samples(job.sample_seed, data.size(), job.global_batch),
         store(job.model),
-        activity(static_cast<std::size_t>(slot_count)) {}
+        activity(static_cast<std::size_t>(slot_count)) {
+    validation.resize(static_cast<std::size_t>(slot_count));
+  }
 
   stage_job job;
   int slots = 1;  ///< M: the node's slot actors, and the widths its stages may add up to
   runtime::token_dataset data;
   runtime::sampler samples;
+  /// The validation data of evaluation rounds: read at the first round (a job without [eval] never
+  /// reads it). Each slot's thread builds its own (slots run a round together).
+  std::vector<std::optional<runtime::token_dataset>> validation;
   /// The layers, across epochs. Those outside the current stages stay until the epoch has formed
   /// everywhere, which its first commit proves (and no stage of the node runs then): a
   /// reconfiguration that fails part-way must still find every layer where the last formed epoch
@@ -371,8 +377,8 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
         throw std::logic_error("epoch " + std::to_string(a.epoch) + ": layer " + std::to_string(l) +
                                " is neither kept nor copied to " + to_string(a.rank));
     // The runtime below speaks plain integers (ranks of this epoch, layer numbers of the model).
-    runtime::stage_position pos{s.first_layer.value, s.end_layer.value, s.stage,
-                                s.num_stages,        s.prev_rank.value, s.next_rank.value};
+    runtime::stage_position pos{s.first_layer.value, s.end_layer.value, s.stage,          s.num_stages,
+                                s.prev_rank.value,   s.next_rank.value, s.first_rank.value, s.last_rank.value};
     const std::size_t slot = rt.executors.size();
     rt.watched.push_back(std::make_unique<watched_communicator>(*rt.local, rt.activity.at(slot)));
     rt.executors.push_back(std::make_unique<runtime::stage_executor>(rt.store, pos, *rt.watched.back(), options_of(rt.job)));
@@ -422,6 +428,25 @@ stage_done run(stage_runtime& rt, const stage_step& order, int slot) {
     }
   } idle{activity};
   try {
+    if (order.eval) {
+      // An evaluation round: forward passes over validation windows, nothing to commit.
+      auto& validation = rt.validation.at(static_cast<std::size_t>(slot));
+      if (!validation) {
+        if (rt.job.validation.empty()) throw std::runtime_error("the job has no validation data ([data] validation)");
+        validation.emplace(runtime::make_dataset(rt.job.validation, rt.job.model.seq_len, rt.job.model.vocab));
+      }
+      if (order.first_microbatch < 0 || order.microbatches < 0 ||
+          order.first_microbatch + order.microbatches > validation->size())
+        throw std::invalid_argument("validation windows [" + std::to_string(order.first_microbatch) + ", " +
+                                    std::to_string(order.first_microbatch + order.microbatches) +
+                                    ") are not inside the validation data's " + std::to_string(validation->size()));
+      std::vector<std::int64_t> ids(static_cast<std::size_t>(order.microbatches));
+      for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = order.first_microbatch + static_cast<std::int64_t>(i);
+      const auto [inputs, targets] = validation->batch(ids);
+      done.loss_sum = executor.run_eval(order.microbatches, inputs, targets);
+      done.timing.busy_ms = ms_since(started);
+      return done;
+    }
     const auto all = rt.samples.step_samples(static_cast<std::int64_t>(order.step));
     const auto b = static_cast<std::size_t>(rt.job.microbatch);
     const std::vector<std::int64_t> ids(all.begin() + static_cast<std::ptrdiff_t>(order.first_microbatch * b),
@@ -432,13 +457,14 @@ stage_done run(stage_runtime& rt, const stage_step& order, int slot) {
     rt.fire_faults(order.epoch, order.step);
     activity.set(slot_activity::waiting);  // for the all-reduces (they run on the reducer's thread too)
     executor.reduce_gradients(rt.layer_groups);
+    if (rt.job.optimizer.clip_norm > 0) done.grad_sq = executor.gradient_sq_norm();
   } catch (const std::exception& e) {
     done.error = what_of(e);
     // This stage's own failure (out of memory, a c10::Error): its peers must not wait for it. Told
     // before anything else: discarding the step cancels its all-reduces, its peers fail, and the
     // coordinator's abort of the epoch could otherwise arrive first and hide whose failure it was.
     if (!data_plane_failure(e) && rt.aborted_epoch.load() < order.epoch) rt.own_failure(order.epoch, done.error);
-    executor.discard();
+    if (!order.eval) executor.discard();
   }
   const auto& t = executor.last_step_timing();
   done.timing = {ms_since(started), t.compute_ms, t.p2p_wait_ms, t.allreduce_ms};
@@ -491,10 +517,16 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
         // Every stage of the node has reported (the coordinator commits only then) and none runs
         // until the next step: this thread applies the step to all of them.
         try {
+          const auto& model = rt.store.model();
           for (auto& e : rt.executors) {
-            e->commit();
+            e->commit(c.grad_scale.value);
             const auto& p = e->position();
-            for (int l = p.first_layer; l < p.end_layer; ++l) out.digests.push_back({l, e->parameter_digest(l)});
+            for (int l = p.first_layer; l < p.end_layer; ++l) {
+              out.digests.push_back({l, e->parameter_digest(l)});
+              if (runtime::tied(model) && (l == 0 || l == model.num_layers() - 1))
+                out.tied_digests.push_back(
+                    {l, runtime::tensor_digest({rt.store.flat_parameters(l).slice(0, 0, model.vocab * model.d_model)})});
+            }
             out.optimizer_ms += e->last_step_timing().optimizer_ms;
           }
         } catch (const std::exception& e) {
@@ -518,8 +550,7 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
 std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps,
                                          std::vector<std::vector<std::byte>>* final_layers) {
   runtime::use_one_compute_thread();
-  const runtime::token_dataset data(runtime::default_corpus(static_cast<std::size_t>(job.corpus_bytes), job.corpus_seed),
-                                    job.model.seq_len);
+  const runtime::token_dataset data = runtime::make_dataset(job.train, job.model.seq_len, job.model.vocab);
   const runtime::sampler samples(job.sample_seed, data.size(), job.global_batch);
   runtime::solo_communicator comm;
   const int layers = job.model.num_layers();
@@ -531,7 +562,9 @@ std::vector<double> train_single_process(const stage_job& job, std::uint64_t ste
   for (std::uint64_t k = 0; k < steps; ++k) {
     const auto [inputs, targets] = data.batch(samples.step_samples(static_cast<std::int64_t>(k)));
     losses.push_back(executor.run_step(static_cast<std::int64_t>(k), 0, microbatches, inputs, targets) / microbatches);
-    executor.commit();
+    executor.tie_gradients();
+    const double norm = job.optimizer.clip_norm > 0 ? std::sqrt(executor.gradient_sq_norm()) : 0;
+    executor.commit(runtime::clip_scale(job.optimizer.clip_norm, norm));
   }
   if (final_layers)
     for (int l = 0; l < layers; ++l) final_layers->push_back(store.serialize_layer(l));

@@ -55,6 +55,9 @@ std::string trajectory_hash(const job_file& job) {
   s << "optimizer " << exact(o.beta1) << " " << exact(o.beta2) << " " << exact(o.eps) << " " << exact(o.weight_decay)
     << " " << exact(o.lr.peak) << " " << o.lr.warmup_steps << " " << o.lr.total_steps << " " << exact(o.lr.min_lr) << " "
     << runtime::lr_decay_name(o.lr.decay) << "\n";
+  // Clipping changes the trajectory; written only when on, so checkpoints of jobs that never
+  // clipped (all those written before the key existed) keep their hash.
+  if (o.clip_norm > 0) s << "clip_norm " << exact(o.clip_norm) << "\n";
   const auto text = s.str();
   return runtime::sha256_hex({reinterpret_cast<const std::byte*>(text.data()), text.size()});
 }

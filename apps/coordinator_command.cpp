@@ -23,6 +23,7 @@
 #include "apps/flags.hpp"
 #include "apps/http_status.hpp"
 #include "apps/job_file.hpp"
+#include "apps/run_history.hpp"
 #include "apps/tls.hpp"
 #include "messages/event_json.hpp"
 #include "messages/input_error.hpp"
@@ -127,6 +128,20 @@ std::string step_json(const actors::step_record& r) {
   j["samples"] = r.samples;
   j["pipelines"] = pipelines;
   j["layer_digests"] = digests;
+  if (!r.tied_digests.empty()) {
+    // The tied embedding's matrix in every holder of layer 0 and of the last layer: all equal.
+    nlohmann::json tied = nlohmann::json::array();
+    for (auto d : r.tied_digests) {
+      char buf[17];
+      std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(d));
+      tied.push_back(buf);
+    }
+    j["tied_digests"] = tied;
+  }
+  if (r.grad_norm > 0) {
+    j["grad_norm"] = r.grad_norm;
+    j["grad_scale"] = r.grad_scale;
+  }
   j["wall_ms"] = r.wall_ms;
   const auto& b = r.breakdown;
   nlohmann::ordered_json breakdown;
@@ -175,8 +190,9 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   add_text(app, "--address-file", address_file,
            "once listening, write HOST:PORT (and a newline) to FILE (written whole, by a rename)");
   add_text(app, "--http", http,
-           "HOST:PORT to serve GET /status (JSON) and GET /metrics (Prometheus) on (PORT 0: any free "
-           "port; default: the job's http.port on the --listen host, off when it is 0)");
+           "HOST:PORT to serve the dashboard (GET /), GET /status and GET /history (JSON) and GET /metrics "
+           "(Prometheus) on (PORT 0: any free port; default: the job's http.port on the --listen host, off "
+           "when it is 0)");
   add_text(app, "--checkpoint-dir", checkpoint_dir,
            "where checkpoints are written, on a filesystem every node shares (default: the job's "
            "[checkpoint] dir; none: no checkpoints, and a stop by the policy loses the trained state). "
@@ -234,7 +250,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   }
   actors::coordinator_deps deps;
   deps.policy = {token, actors::sha256_hex(job_text), messages::protocol_version, job.cluster.slots_per_node};
-  deps.job_toml = job_text;
+  deps.job_toml = job_text_for_workers(job_text, config);  // relative data paths resolved for every worker
   deps.expected_nodes = nodes;
   deps.log = log;
   deps.profile = job_profile(job);
@@ -246,6 +262,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.faults.step_deadline_factor = job.faults.step_deadline_factor;
   deps.faults.first_step_deadline_ms = job.faults.first_step_deadline_ms;
   deps.faults.form_deadline_ms = job.faults.form_deadline_ms;
+  deps.clip_norm = job.optimizer.clip_norm;
   const std::string root = !checkpoint_dir.empty() ? checkpoint_dir : job.checkpoint.dir;
   const auto every = static_cast<std::uint64_t>(checkpoint_every.value_or(static_cast<std::int64_t>(job.checkpoint.every)));
   if (every > 0 && root.empty())
@@ -307,6 +324,33 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
     j["step"] = r.step;
     *metrics << j.dump() << std::endl;
   };
+  // The dashboard's history (GET /history), beside whatever --metrics-out does with the same records.
+  auto history = std::make_shared<run_history>();
+  deps.on_step = [history, next = std::move(deps.on_step)](const actors::step_record& r) {
+    history->add_step({r.step, r.epoch, r.loss, r.wall_ms > 0 ? 1000.0 * static_cast<double>(r.samples) / r.wall_ms : 0,
+                       r.wall_ms, messages::unix_ms_now()});
+    next(r);
+  };
+  deps.on_reconfigured = [history, next = std::move(deps.on_reconfigured)](const actors::reconfiguration_record& r) {
+    history->add_reconfiguration({r.resumed_step, r.epoch, r.action, planning::numbers(r.lost),
+                                  planning::numbers(r.joined), r.downtime_ms, messages::unix_ms_now()});
+    next(r);
+  };
+  // Evaluation rounds ([eval]): a metrics record each, and the dashboard's eval-loss curve.
+  deps.eval_every = job.eval.every;
+  deps.eval_windows = static_cast<std::int32_t>(job.eval.windows);
+  deps.on_eval = [history, metrics](const actors::eval_record& r) {
+    history->add_eval({r.step, r.loss, r.windows, messages::unix_ms_now()});
+    if (!metrics) return;
+    nlohmann::ordered_json j;
+    j["event"] = "eval";
+    j["step"] = r.step;
+    j["loss"] = r.loss;
+    j["windows"] = r.windows;
+    j["epoch"] = r.epoch;
+    j["wall_ms"] = r.wall_ms;
+    *metrics << j.dump() << std::endl;
+  };
   if (steps > 0) {
     // Refuse a job that cannot be planned on the expected nodes before anyone registers.
     planning::plan_job(deps.profile, deps.job);
@@ -328,11 +372,13 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
     if (ec) log("cannot write the address file " + address_file + ": " + ec.message());
   }
   if (http_server) {
-    http_server->start([&sys, coord, token](std::function<void(status_reply)> done) {
-      request_status(sys, coord, token, std::chrono::seconds(5), std::move(done));
-    });
+    http_server->start(
+        [&sys, coord, token](std::function<void(status_reply)> done) {
+          request_status(sys, coord, token, std::chrono::seconds(5), std::move(done));
+        },
+        [history](std::function<void(std::string)> done) { done(history->json().dump() + "\n"); });
     log("http on " + http_at.host + ":" + std::to_string(http_server->port()) +
-        " (GET /status, GET /metrics)");
+        " (GET / for the dashboard, GET /status, GET /history, GET /metrics)");
   }
   signals.start(sys, coord, token, log);
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "messages/input_error.hpp"
+#include "runtime/hf_gpt2.hpp"
 
 namespace oobleck::apps {
 
@@ -86,6 +87,8 @@ class decoder {
     return x;
   }
 
+  const toml::table& root() const { return root_; }
+
   std::string text(const toml::node& v, const std::string& key) const {
     const auto* s = v.as_string();
     if (!s) fail(v, key + ": expected a string, got " + type_of(v));
@@ -134,7 +137,7 @@ std::map<std::string, setter> schema(job_file& job) {
   return {
       {"model.vocab",
        [&](const decoder& d, const toml::node& v, const std::string& key) {
-         job.model.vocab = d.integer(v, key, kByteVocab, kMax64, " (the byte-level corpus has token ids 0..255)");
+         job.model.vocab = d.integer(v, key, 1, kMax64);  // >= 256 with byte-level data: check_rules
        }},
       {"model.d_model", int64_in(job.model.d_model, 1)},
       {"model.heads", int64_in(job.model.heads, 1)},
@@ -142,9 +145,42 @@ std::map<std::string, setter> schema(job_file& job) {
       {"model.seq_len", int64_in(job.model.seq_len, 1)},
       {"model.dropout", number_in(job.model.dropout, {})},  // its range is runtime::validate's
       {"model.seed", uint64_in(job.model.seed, 0)},
+      {"model.architecture",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         const std::string name = d.text(v, key);
+         if (name == runtime::architecture_name(runtime::model_architecture::oobleck_gpt))
+           job.model.architecture = runtime::model_architecture::oobleck_gpt;
+         else if (name == runtime::architecture_name(runtime::model_architecture::gpt2))
+           job.model.architecture = runtime::model_architecture::gpt2;
+         else
+           d.fail(v, key + " must be \"oobleck-gpt\" or \"gpt2\", got \"" + name + "\"");
+       }},
+      // Applied before every other key (apply_model_preset), so that the table's keys override it.
+      {"model.preset", [](const decoder& d, const toml::node& v, const std::string& key) { d.text(v, key); }},
+      {"model.tie_embeddings",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         if (!v.is_boolean()) d.fail(v, key + " must be true or false");
+         job.model.tie_embeddings = v.as_boolean()->get();
+       }},
 
       {"data.corpus_bytes", int64_in(job.data.corpus_bytes, 2, 1LL << 30)},
       {"data.corpus_seed", uint64_in(job.data.corpus_seed, 0)},
+      {"data.train", text_of(job.data.train)},
+      {"data.text", text_of(job.data.text)},
+      {"data.validation", text_of(job.data.validation)},
+      {"data.dtype",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         const std::string name = d.text(v, key);
+         try {
+           job.data.dtype = runtime::parse_dtype(name);
+         } catch (const std::invalid_argument&) {
+           d.fail(v, key + " must be \"uint16\" or \"uint32\", got \"" + name + "\"");
+         }
+       }},
+      {"model.init", text_of(job.model.init)},
+
+      {"eval.every", uint64_in(job.eval.every, 0)},
+      {"eval.windows", int64_in(job.eval.windows, 1)},
 
       {"training.steps", uint64_in(job.training.steps, 1)},
       {"training.global_batch", int_in(job.training.global_batch, 1)},
@@ -170,6 +206,7 @@ std::map<std::string, setter> schema(job_file& job) {
        }},
       {"optimizer.warmup_steps", uint64_in(lr.warmup_steps, 0)},
       {"optimizer.min_lr", number_in(lr.min_lr, {.lo = 0})},
+      {"optimizer.clip_norm", number_in(job.optimizer.clip_norm, {.lo = 0})},
 
       {"cluster.nodes", int_in(job.cluster.nodes, 1, 4096)},
       {"cluster.slots_per_node",
@@ -206,6 +243,62 @@ std::map<std::string, setter> schema(job_file& job) {
   };
 }
 
+/// [model] preset fills the model's keys before any is read: toml++ walks a table in key order,
+/// not in the file's, and the keys written beside the preset must win whatever their names.
+void apply_model_preset(const decoder& d, const toml::table& root, job_file& job) {
+  const toml::node* at = root.at_path("model.preset").node();
+  if (at == nullptr) return;
+  const std::string name = d.text(*at, "model.preset");
+  if (name.empty()) return;  // the default: no preset
+  try {
+    job.model = runtime::preset(name);
+  } catch (const std::invalid_argument& e) {
+    d.fail(*at, std::string("model.preset: ") + e.what());
+  }
+}
+
+/// The [model] rules that depend on which keys the file sets: a preset is a gpt2 model, and gpt2
+/// ties its embeddings unless the file says otherwise.
+void finish_model(const decoder& d, const toml::table& root, job_file& job) {
+  using runtime::model_architecture;
+  const toml::node* preset = root.at_path("model.preset").node();
+  const toml::node* architecture = root.at_path("model.architecture").node();
+  const toml::node* tie = root.at_path("model.tie_embeddings").node();
+  if (preset != nullptr && !preset->value_or(std::string()).empty() &&
+      job.model.architecture != model_architecture::gpt2)
+    d.fail(architecture != nullptr ? *architecture : *preset,
+           "model.architecture \"" + runtime::architecture_name(job.model.architecture) + "\" contradicts model.preset \"" +
+               preset->value_or(std::string()) + "\", a gpt2 model");
+  if (job.model.architecture == model_architecture::gpt2 && tie == nullptr) job.model.tie_embeddings = true;
+  if (job.model.tie_embeddings && job.model.architecture != model_architecture::gpt2)
+    d.fail(*tie, "model.tie_embeddings = true needs model.architecture = \"gpt2\" (oobleck-gpt's LM head is a "
+                 "matrix of its own)");
+}
+
+/// [data] and [eval]: one training source, keys that belong to it, a vocabulary that holds
+/// byte-level ids, and a validation file for evaluation. (What needs the files is read_job_file's.)
+void check_data_rules(const decoder& d, const job_file& job) {
+  const auto& data = job.data;
+  if (!data.train.empty() && !data.text.empty())
+    d.fail_rule({"data.text", "data.train"}, "data.text and data.train are exclusive: train on a text file (byte-level) "
+                                             "or on a token file, not both");
+  for (const char* key : {"data.corpus_bytes", "data.corpus_seed"})
+    if (!data.train.empty() || !data.text.empty())
+      if (const toml::node* at = d.root().at_path(key).node())
+        d.fail(*at, std::string(key) + " applies to the generated corpus only, not to data." +
+                        (data.train.empty() ? "text" : "train"));
+  if (!data.text.empty())
+    if (const toml::node* at = d.root().at_path("data.dtype").node())
+      d.fail(*at, "data.dtype applies to token files (data.train); data.text is read byte-level");
+  if (data.train.empty() && job.model.vocab < kByteVocab)
+    d.fail_rule({"model.vocab", "model.preset"},
+                "model.vocab must be >= 256 with byte-level data (" +
+                    (data.text.empty() ? std::string("the generated corpus") : "data.text") +
+                    " has token ids 0..255), got " + std::to_string(job.model.vocab));
+  if (job.eval.every > 0 && data.validation.empty())
+    d.fail_rule({"eval.every"}, "eval.every needs data.validation (the held-out token file it evaluates on)");
+}
+
 /// The rules that tie keys together, checked once every key is read.
 void check_rules(const decoder& d, const job_file& job) {
   try {
@@ -218,7 +311,8 @@ void check_rules(const decoder& d, const job_file& job) {
     d.fail_rule({"training.global_batch", "training.microbatch"},
                 "training.global_batch " + std::to_string(t.global_batch) +
                     " is not a multiple of training.microbatch " + std::to_string(t.microbatch));
-  if (job.data.corpus_bytes < job.model.seq_len + 1)
+  check_data_rules(d, job);
+  if (job.data.train.empty() && job.data.text.empty() && job.data.corpus_bytes < job.model.seq_len + 1)
     d.fail_rule({"data.corpus_bytes", "model.seq_len"},
                 "data.corpus_bytes " + std::to_string(job.data.corpus_bytes) +
                     " holds no sample: it must be >= model.seq_len + 1 = " + std::to_string(job.model.seq_len + 1));
@@ -255,7 +349,64 @@ void check_rules(const decoder& d, const job_file& job) {
   }
 }
 
+/// What needs the files (read_job_file, once paths are resolved): the data files hold whole token
+/// ids and at least one sample (the validation file eval.windows windows), and model.init agrees
+/// with [model].
+void check_files(const job_file& job, const std::string& origin) {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    throw input_error(origin + ": " + key + ": " + what);
+  };
+  const auto seq_len = job.model.seq_len;
+  const std::pair<const char*, runtime::data_source> sources[] = {
+      {job.data.train.empty() ? "data.text" : "data.train", job.data.train_source()},
+      {"data.validation", job.data.validation_source()}};
+  for (const auto& [key, source] : sources) {
+    if (source.kind != runtime::data_source::kind_t::text && source.kind != runtime::data_source::kind_t::tokens)
+      continue;
+    std::int64_t tokens = 0;
+    try {
+      tokens = runtime::token_count(source);
+    } catch (const std::exception& e) {
+      fail(key, e.what());
+    }
+    const auto windows = runtime::windows_in(tokens, seq_len);
+    if (windows < 1)
+      fail(key, source.path + " holds " + std::to_string(tokens) + " token(s), fewer than one sample of model.seq_len + 1 = " +
+                    std::to_string(seq_len + 1));
+    if (std::string(key) == "data.validation" && job.eval.every > 0 && windows < job.eval.windows)
+      fail("eval.windows", std::to_string(job.eval.windows) + " windows of " + std::to_string(seq_len) +
+                               " tokens do not fit data.validation " + source.path + ": it holds " +
+                               std::to_string(windows));
+  }
+  if (!job.model.init.empty()) {
+    try {
+      runtime::check_hf_config(job.model, job.model.init);
+    } catch (const std::invalid_argument& e) {
+      fail("model.init", e.what());
+    }
+    try {
+      runtime::check_hf_weights(job.model, job.model.init);
+    } catch (const std::invalid_argument& e) {
+      fail("model.init", e.what());
+    }
+  }
+}
+
 }  // namespace
+
+runtime::data_source data_section::train_source() const {
+  if (!train.empty()) return runtime::data_source::token_file(train, dtype);
+  if (!text.empty()) return runtime::data_source::text_file(text);
+  return runtime::data_source::generated(corpus_bytes, corpus_seed);
+}
+
+runtime::data_source data_section::validation_source() const {
+  runtime::data_source s;
+  if (validation.empty()) s.kind = runtime::data_source::kind_t::none;
+  else if (!text.empty()) s = runtime::data_source::text_file(validation);
+  else s = runtime::data_source::token_file(validation, dtype);
+  return s;
+}
 
 job_file parse_job(std::string_view text, std::string_view origin) {
   toml::table root;
@@ -268,6 +419,7 @@ job_file parse_job(std::string_view text, std::string_view origin) {
   const decoder d(origin, root);
   job_file job;
   const auto keys = schema(job);
+  apply_model_preset(d, root, job);
   for (const auto& [section_key, section] : root) {
     const std::string name(section_key.str());
     const auto* table = section.as_table();
@@ -284,6 +436,7 @@ job_file parse_job(std::string_view text, std::string_view origin) {
     }
   }
   job.optimizer.lr.total_steps = job.training.steps;
+  finish_model(d, root, job);
   check_rules(d, job);
   return job;
 }
@@ -299,9 +452,32 @@ job_file read_job_file(const std::string& path) {
   if (std::ferror(f.get())) throw input_error("cannot read job file " + path + ": " + std::strerror(errno));
   job_file job = parse_job(text, path);
   const auto folder = std::filesystem::path(path).parent_path();
-  for (std::string* p : {&job.profile.file, &job.checkpoint.dir, &job.tls.certificate, &job.tls.key, &job.tls.ca_file})
+  for (std::string* p : {&job.profile.file, &job.checkpoint.dir, &job.tls.certificate, &job.tls.key, &job.tls.ca_file,
+                         &job.data.train, &job.data.text, &job.data.validation, &job.model.init})
     if (!p->empty() && std::filesystem::path(*p).is_relative()) *p = (folder / *p).string();
+  check_files(job, path);
   return job;
+}
+
+std::string job_text_for_workers(std::string_view text, const std::string& path) {
+  toml::table root;
+  try {
+    root = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    throw input_error(path + ":" + std::to_string(e.source().begin.line) + ": " + std::string(e.description()));
+  }
+  const auto folder = std::filesystem::absolute(std::filesystem::path(path)).parent_path();
+  bool changed = false;
+  for (const char* key : {"data.train", "data.text", "data.validation", "model.init"}) {
+    auto* value = root.at_path(key).as_string();
+    if (value == nullptr || value->get().empty() || std::filesystem::path(value->get()).is_absolute()) continue;
+    *value = (folder / value->get()).lexically_normal().string();
+    changed = true;
+  }
+  if (!changed) return std::string(text);
+  std::ostringstream out;
+  out << toml::toml_formatter(root) << "\n";
+  return out.str();
 }
 
 planning::synthetic_gpt synthetic_model(const job_file& job) {

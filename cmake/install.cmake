@@ -25,10 +25,11 @@ install(FILES
     messages/epoch_messages.hpp messages/input_error.hpp messages/protocol.hpp messages/step_messages.hpp
     messages/wire_double.hpp
   DESTINATION ${OOBLECK_INSTALL_INCLUDEDIR}/messages)
-install(FILES runtime/gpt_config.hpp runtime/optimizer_options.hpp runtime/sampler.hpp
+install(FILES runtime/gpt_config.hpp runtime/optimizer_options.hpp runtime/sampler.hpp runtime/data_source.hpp
   DESTINATION ${OOBLECK_INSTALL_INCLUDEDIR}/runtime)
 
-set(OOBLECK_PROGRAMS oobleck-coordinator oobleck-worker oobleck-ctl oobleck-local oobleck-plan oobleck-profile)
+set(OOBLECK_PROGRAMS oobleck-coordinator oobleck-worker oobleck-ctl oobleck-local oobleck-plan oobleck-profile oobleck-report
+  oobleck-export oobleck-eval)
 # A LibTorch outside the system's library folders (pip's) stays found from the installed programs.
 set_target_properties(${OOBLECK_PROGRAMS} PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
 install(TARGETS ${OOBLECK_PROGRAMS} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -76,7 +76,7 @@ TEST_CASE("evaluation: every K committed steps a round over the first W windows,
   }
 }
 
-TEST_CASE("evaluation: the round that ends the job runs before it stops; none without [eval]") {
+TEST_CASE("evaluation: the round that ends the job runs before it stops, none without [eval]") {
   auto o = fixture::roomy(2, 4);
   o.eval_every = 2;
   o.eval_windows = 3;
@@ -128,7 +128,7 @@ TEST_CASE("evaluation: a failure during a round is handled like one during a ste
   }
 }
 
-TEST_CASE("clipping: the commit carries pipeline 0's factor to every node; without clip_norm it is 1") {
+TEST_CASE("clipping: the commit carries pipeline 0's factor to every node, without clip_norm it is 1") {
   for (const double clip : {0.0, 1.0, 100.0}) {
     CAPTURE(clip);
     auto o = fixture::roomy(4, 2);

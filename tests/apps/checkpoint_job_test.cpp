@@ -39,7 +39,11 @@ TEST_CASE("checkpoint job: the trajectory hash covers what decides the trajector
   lr.optimizer.lr.peak *= 1.0000001;
   auto steps = base;
   steps.training.steps += 1;  // the LR schedule ends there
-  for (const auto* j : {&model, &data, &samples, &batch, &lr, &steps}) CHECK(trajectory_hash(*j) != hash);
+  auto clip = base;
+  clip.optimizer.clip_norm = 1.0;
+  auto tied = base;
+  tied.model.architecture = oobleck::runtime::model_architecture::gpt2;
+  for (const auto* j : {&model, &data, &samples, &batch, &lr, &steps, &clip, &tied}) CHECK(trajectory_hash(*j) != hash);
 }
 
 TEST_CASE("checkpoint job: the printed resume commands") {

@@ -44,7 +44,7 @@ std::string validation_error(const gpt_config& c) {
 
 }  // namespace
 
-TEST_CASE("gpt2 hashes apart from oobleck-gpt and with its tie; init is not hashed") {
+TEST_CASE("gpt2 hashes apart from oobleck-gpt and with its tie, init is not hashed") {
   auto g = gpt2_config();
   CHECK(g.hash() != gpt_config{}.hash());
   CHECK(gpt_config{}.hash() == "1f2bd21132299bdb");  // oobleck-gpt keeps the hash it always had
@@ -60,7 +60,7 @@ TEST_CASE("gpt2 hashes apart from oobleck-gpt and with its tie; init is not hash
   CHECK(wider.hash() != tied.hash());
 }
 
-TEST_CASE("tied() is gpt2 with tie_embeddings; architectures have their job-file names") {
+TEST_CASE("tied() is gpt2 with tie_embeddings, architectures have their job-file names") {
   CHECK_FALSE(oobleck::runtime::tied(gpt_config{}));
   auto g = gpt2_config();
   CHECK_FALSE(oobleck::runtime::tied(g));

@@ -37,7 +37,7 @@ fs::path scratch(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("hf_gpt2: every parameter has one Hugging Face name; Conv1D weights are transposed; lm_head only untied") {
+TEST_CASE("hf_gpt2: every parameter has one Hugging Face name, Conv1D weights are transposed, lm_head only untied") {
   for (const bool tie : {true, false}) {
     CAPTURE(tie);
     const auto c = tiny_gpt2(tie);
@@ -109,7 +109,7 @@ TEST_CASE("hf_gpt2: config.json round-trips and a job that disagrees with it is 
   fs::remove_all(dir);
 }
 
-TEST_CASE("data_source: token counts from file sizes; odd sizes and missing files are refused naming the path") {
+TEST_CASE("data_source: token counts from file sizes, odd sizes and missing files are refused naming the path") {
   const auto dir = scratch("data");
   std::ofstream(dir / "ten.bin", std::ios::binary) << std::string(10, 'x');
   std::ofstream(dir / "odd.bin", std::ios::binary) << std::string(7, 'x');
