@@ -59,19 +59,26 @@ void record_committed_step(coordinator_pointer self, step_progress& progress, co
   if (st.deps.eval_every > 0 && st.step % st.deps.eval_every == 0) st.eval_due = true;
 }
 
-/// training(eval) -> training: the first eval_windows validation windows, split across the pipelines
-/// in proportion to their microbatches (every pipeline holds every layer, so any split gives the
-/// same mean up to rounding), each pipeline's share in chunks of its microbatch size.
-void run_eval(coordinator_pointer self) {
+/// -> training: a round of st.step starts now (a step, or with `eval` an evaluation round), every
+/// pipeline of the epoch to report; the caller sends the orders and arms the deadline.
+void enter_round(coordinator_pointer self, bool eval) {
   auto& st = self->state;
   phase::training next;
-  next.eval = true;
+  next.eval = eval;
   next.pipelines_pending = st.current.pipelines.size();
   next.step.record.step = st.step;
   next.step.record.epoch = st.epoch;
   st.step_started = st.deps.now();
   next.step.timing.start(st.step_started);
   enter(self, std::move(next));
+}
+
+/// training(eval) -> training: the first eval_windows validation windows, split across the pipelines
+/// in proportion to their microbatches (every pipeline holds every layer, so any split gives the
+/// same mean up to rounding), each pipeline's share in chunks of its microbatch size.
+void run_eval(coordinator_pointer self) {
+  auto& st = self->state;
+  enter_round(self, true);
   const std::int64_t total = st.deps.job.global_batch / st.deps.job.microbatch;
   const std::int64_t windows = st.deps.eval_windows;
   std::int64_t first = 0, microbatches_before = 0;
@@ -86,7 +93,6 @@ void run_eval(coordinator_pointer self) {
   arm_step_deadline(self);
 }
 
-
 }  // namespace
 
 /// -> training: sends step st.step to every pipeline actor of the epoch (an evaluation round first
@@ -94,13 +100,7 @@ void run_eval(coordinator_pointer self) {
 void run_step(coordinator_pointer self) {
   auto& st = self->state;
   if (st.eval_due) return run_eval(self);
-  phase::training next;
-  next.pipelines_pending = st.current.pipelines.size();
-  next.step.record.step = st.step;
-  next.step.record.epoch = st.epoch;
-  st.step_started = st.deps.now();
-  next.step.timing.start(st.step_started);
-  enter(self, std::move(next));
+  enter_round(self, false);
   for (auto& p : st.current.pipelines) self->send(p.actor, messages::run_step{st.epoch, st.step});
   arm_step_deadline(self);
 }

@@ -28,6 +28,21 @@ torch::Tensor dropout(const torch::Tensor& x, double p, bool training, at::Gener
   return x * keep.to(x.device(), x.scalar_type());
 }
 
+/// Causal multi-head self-attention of both architectures: `qkv` [b, s, 3d] (queries, keys, values
+/// side by side) in, the heads' outputs [b, s, d] out, before the output projection; scores scaled
+/// by 1/sqrt(d_head), dropout on the attention probabilities.
+torch::Tensor causal_attention(const torch::Tensor& qkv_flat, std::int64_t heads, double p, bool training,
+                               at::Generator* gen) {
+  const auto b = qkv_flat.size(0), s = qkv_flat.size(1), d = qkv_flat.size(2) / 3, dh = d / heads;
+  auto qkv = qkv_flat.view({b, s, 3, heads, dh}).permute({2, 0, 3, 1, 4});
+  auto q = qkv[0], k = qkv[1], v = qkv[2];  // [b, heads, s, dh]
+  auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dh));
+  auto causal = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(qkv_flat.device())).triu(1);
+  att = torch::softmax(att.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
+  att = dropout(att, p, training, gen);
+  return torch::matmul(att, v).transpose(1, 2).reshape({b, s, d});
+}
+
 std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -93,15 +108,9 @@ class block_layer : public model_layer {
   }
 
   torch::Tensor forward(const torch::Tensor& x, at::Generator* gen) override {
-    const auto b = x.size(0), s = x.size(1), d = x.size(2), dh = d / heads_;
+    const auto d = x.size(2);
     auto h = torch::layer_norm(x, {d}, ln1_w_, ln1_b_);
-    auto qkv = torch::linear(h, qkv_w_).view({b, s, 3, heads_, dh}).permute({2, 0, 3, 1, 4});
-    auto q = qkv[0], k = qkv[1], v = qkv[2];  // [b, heads, s, dh]
-    auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dh));
-    auto causal = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-    att = torch::softmax(att.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
-    att = dropout(att, dropout_, is_training(), gen);
-    auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, s, d});
+    auto y = causal_attention(torch::linear(h, qkv_w_), heads_, dropout_, is_training(), gen);
     auto x1 = x + dropout(torch::linear(y, proj_w_, proj_b_), dropout_, is_training(), gen);
     auto h2 = torch::layer_norm(x1, {d}, ln2_w_, ln2_b_);
     auto m = torch::linear(torch::gelu(torch::linear(h2, fc_w_, fc_b_)), out_w_, out_b_);
@@ -176,15 +185,9 @@ class gpt2_block_layer : public model_layer {
   }
 
   torch::Tensor forward(const torch::Tensor& x, at::Generator* gen) override {
-    const auto b = x.size(0), s = x.size(1), d = x.size(2), dh = d / heads_;
+    const auto d = x.size(2);
     auto h = torch::layer_norm(x, {d}, ln1_w_, ln1_b_, kGpt2LayerNormEps);
-    auto qkv = torch::linear(h, attn_w_, attn_b_).view({b, s, 3, heads_, dh}).permute({2, 0, 3, 1, 4});
-    auto q = qkv[0], k = qkv[1], v = qkv[2];  // [b, heads, s, dh]
-    auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dh));
-    auto causal = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-    att = torch::softmax(att.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
-    att = dropout(att, dropout_, is_training(), gen);
-    auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, s, d});
+    auto y = causal_attention(torch::linear(h, attn_w_, attn_b_), heads_, dropout_, is_training(), gen);
     auto x1 = x + dropout(torch::linear(y, attn_proj_w_, attn_proj_b_), dropout_, is_training(), gen);
     auto h2 = torch::layer_norm(x1, {d}, ln2_w_, ln2_b_, kGpt2LayerNormEps);
     auto m = torch::linear(torch::gelu(torch::linear(h2, fc_w_, fc_b_), "tanh"), mlp_proj_w_, mlp_proj_b_);
