@@ -1,5 +1,7 @@
 #include "planning/makespan.hpp"
 
+#include "planning/schedule.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -157,6 +159,57 @@ int pipeline_time::most_below(double limit, int most) const {
     else hi = mid - 1;
   }
   return lo;
+}
+
+double one_f_one_b_makespan(const std::vector<std::vector<double>>& forward_ms,
+                            const std::vector<std::vector<double>>& backward_ms) {
+  const auto S = forward_ms.size();
+  if (S == 0 || backward_ms.size() != S) throw std::invalid_argument("a makespan needs the same stages forward and backward");
+  const auto m = forward_ms.front().size();
+  if (m == 0) throw std::invalid_argument("a makespan needs at least one microbatch");
+  for (std::size_t s = 0; s < S; ++s) {
+    if (forward_ms[s].size() != m || backward_ms[s].size() != m)
+      throw std::invalid_argument("every stage of a makespan needs the same microbatches forward and backward");
+    for (std::size_t i = 0; i < m; ++i)
+      if (!(forward_ms[s][i] >= 0) || !(backward_ms[s][i] >= 0))
+        throw std::invalid_argument("a makespan's op times must be non-negative");
+  }
+  // Each stage's compute ops in 1F1B order; an op can run once its stage is free and its input is
+  // there: F(s, i) after F(s-1, i), B(s, i) after B(s+1, i) (the last stage: after its F(s, i)).
+  constexpr double not_yet = -1;
+  std::vector<std::vector<double>> f_end(S, std::vector<double>(m, not_yet)), b_end = f_end;
+  std::vector<std::vector<schedule_op>> ops(S);
+  std::vector<std::size_t> next(S, 0);
+  std::vector<double> clock(S, 0);
+  for (std::size_t s = 0; s < S; ++s)
+    for (const auto& op : one_f_one_b(static_cast<int>(s), static_cast<int>(S), static_cast<int>(m)))
+      if (op.kind == op_kind::forward || op.kind == op_kind::backward) ops[s].push_back(op);
+  std::size_t remaining = 0;
+  for (const auto& o : ops) remaining += o.size();
+  while (remaining > 0) {
+    bool progressed = false;
+    for (std::size_t s = 0; s < S; ++s) {
+      while (next[s] < ops[s].size()) {
+        const auto& op = ops[s][next[s]];
+        const auto i = static_cast<std::size_t>(op.microbatch);
+        double ready = 0;
+        if (op.kind == op_kind::forward) {
+          if (s > 0) ready = f_end[s - 1][i];
+        } else {
+          ready = s + 1 < S ? b_end[s + 1][i] : f_end[s][i];
+        }
+        if (ready == not_yet) break;
+        const double start = std::max(clock[s], ready);
+        clock[s] = start + (op.kind == op_kind::forward ? forward_ms[s][i] : backward_ms[s][i]);
+        (op.kind == op_kind::forward ? f_end : b_end)[s][i] = clock[s];
+        ++next[s];
+        --remaining;
+        progressed = true;
+      }
+    }
+    if (!progressed) throw std::logic_error("the 1F1B schedule deadlocked in the makespan simulation");
+  }
+  return *std::max_element(clock.begin(), clock.end());
 }
 
 }  // namespace oobleck::planning

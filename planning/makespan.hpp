@@ -55,4 +55,12 @@ class pipeline_time {
   std::shared_ptr<const curve> curve_;  // immutable and shared: copies are cheap
 };
 
+/// The 1F1B makespan of one step as it ran: forward_ms[s][i] and backward_ms[s][i] are stage s's
+/// measured times of microbatch i (every stage the same count of microbatches, >= 1), under the
+/// event model above (p2p costs nothing), simulated op by op: what the step would have taken with
+/// its own compute and nothing else (no control, no waiting beyond the schedule, no copies).
+/// Throws std::invalid_argument on ragged, empty or negative input.
+double one_f_one_b_makespan(const std::vector<std::vector<double>>& forward_ms,
+                            const std::vector<std::vector<double>>& backward_ms);
+
 }  // namespace oobleck::planning

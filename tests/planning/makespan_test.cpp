@@ -152,3 +152,29 @@ TEST_CASE("a job with fewer microbatches per pipeline than stages predicts at le
   // Every layer costs 3 ms, so any pipeline's trip is 24 ms.
   CHECK(plan.step_ms >= 24);
 }
+
+TEST_CASE("the makespan of one measured step: per-op times, simulated op by op") {
+  using oobleck::planning::one_f_one_b_makespan;
+  using oobleck::planning::pipeline_time;
+  // Uniform times per stage: the same as the planner's closed form, for every S and m.
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> ms(0.1, 3.0);
+  for (int S = 1; S <= 5; ++S)
+    for (int m = 1; m <= 9; ++m) {
+      std::vector<double> f(S), b(S);
+      for (int s = 0; s < S; ++s) f[s] = ms(rng), b[s] = ms(rng);
+      std::vector<std::vector<double>> F(S), B(S);
+      for (int s = 0; s < S; ++s) F[s].assign(m, f[s]), B[s].assign(m, b[s]);
+      CAPTURE(S);
+      CAPTURE(m);
+      CHECK(one_f_one_b_makespan(F, B) == doctest::Approx(pipeline_time::one_f_one_b(f, b).at(m)));
+    }
+  // One stage: every op in turn.
+  CHECK(one_f_one_b_makespan({{1, 2, 3}}, {{4, 5, 6}}) == doctest::Approx(21));
+  // Two stages, two microbatches, by hand. Stage 0: F0 F1 B0 B1; stage 1: F0 B0 F1 B1.
+  // s0: F0 [0,1] F1 [1,3]; s1: F0 [1,2] B0 [2,6]; s0: B0 [6,7]; s1: F1 [6,8] B1 [8,9]; s0: B1 [9,10].
+  CHECK(one_f_one_b_makespan({{1, 2}, {1, 2}}, {{1, 1}, {4, 1}}) == doctest::Approx(10));
+  CHECK_THROWS_AS(one_f_one_b_makespan({{1}, {1, 2}}, {{1}, {1, 2}}), std::invalid_argument);
+  CHECK_THROWS_AS(one_f_one_b_makespan({{-1}}, {{1}}), std::invalid_argument);
+  CHECK_THROWS_AS(one_f_one_b_makespan({}, {}), std::invalid_argument);
+}
