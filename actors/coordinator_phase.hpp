@@ -76,6 +76,11 @@ struct step_record {
   std::vector<std::uint64_t> tied_digests;
   double grad_norm = 0;    ///< the global gradient norm, when the job clips (0 otherwise)
   double grad_scale = 1;   ///< the clipping factor the commit applied
+  /// The step with nothing but its compute, gradient sum and optimizer: the slowest pipeline's
+  /// 1F1B makespan from its stages' own op times plus its all-reduce wait, plus the slowest node's
+  /// AdamW (0 when a stage did not report its op times). wall_ms / ideal_ms - 1 is the framework's
+  /// overhead: control, waiting beyond the schedule, copies, digests.
+  double ideal_ms = 0;
   double wall_ms = 0;
   step_breakdown breakdown;  ///< where wall_ms went (step_breakdown.hpp)
 };
@@ -85,6 +90,9 @@ struct step_progress {
   step_record record;
   double loss_sum = 0;
   double grad_sq = 0;  ///< pipeline 0's squared gradient norm (every replica is scaled by its factor)
+  double ideal_pipeline_ms = 0;  ///< the largest pipeline_done::ideal_ms
+  bool ideal_known = true;       ///< every pipeline reported one
+  double slowest_optimizer_ms = 0;  ///< the largest step_committed::optimizer_ms
   step_clock timing;  ///< T0, T1 and the slowest reports
 };
 

@@ -27,6 +27,9 @@ void record_committed_step(coordinator_pointer self, step_progress& progress, co
   const auto now = st.deps.now();
   rec.wall_ms = ms_between(st.step_started, now);
   rec.breakdown = progress.timing.finish(now);
+  rec.ideal_ms = progress.ideal_known && progress.ideal_pipeline_ms > 0
+                     ? progress.ideal_pipeline_ms + progress.slowest_optimizer_ms
+                     : 0;
   rec.pipelines.clear();
   for (const auto& p : st.current.pipelines) rec.pipelines.push_back({p.nodes, p.microbatches});
   std::string mismatch;
@@ -180,6 +183,8 @@ bool handle(coordinator_pointer self, phase::training& ph, pipeline_done& d) {
   }
   ph.step.loss_sum += d.loss_sum;
   if (d.pipeline == 0) ph.step.grad_sq = d.grad_sq;
+  if (d.ideal_ms.value > 0) ph.step.ideal_pipeline_ms = std::max(ph.step.ideal_pipeline_ms, d.ideal_ms.value);
+  else ph.step.ideal_known = false;
   ph.step.timing.on_pipeline_done(d, st.deps.now());
   if (--ph.pipelines_pending > 0) return true;
   if (ph.eval) {
@@ -223,6 +228,7 @@ bool handle(coordinator_pointer self, phase::committing& ph, step_committed& c) 
   ph.step.timing.on_step_committed(c);
   for (const auto& d : c.digests) ph.step.record.layer_digests[d.layer].push_back(d.digest);
   for (const auto& d : c.tied_digests) ph.step.record.tied_digests.push_back(d.digest);
+  ph.step.slowest_optimizer_ms = std::max(ph.step.slowest_optimizer_ms, c.optimizer_ms.value);
   if (!ph.pending.empty()) return true;
 
   const std::uint64_t committed_step = st.step;

@@ -5,6 +5,10 @@
 #include <caf/behavior.hpp>
 #include <caf/event_based_actor.hpp>
 
+#include <algorithm>
+
+#include "planning/makespan.hpp"
+
 namespace oobleck::actors {
 
 using namespace oobleck::messages;
@@ -22,14 +26,30 @@ void finish_stage(pipeline_pointer self, std::uint64_t step, std::size_t s, cons
     st.loss_sum += done->loss_sum;
     if (done->timing.busy_ms.value >= st.slowest.busy_ms.value) st.slowest = done->timing;
     st.grad_sq.at(s) = done->grad_sq.value;
+    // Op times of this pipeline's microbatches only (a stage that sends other counts leaves the
+    // step's ideal unknown).
+    const auto m = static_cast<std::size_t>(st.deps.microbatches);
+    if (done->forward_ms.size() == m && done->backward_ms.size() == m) {
+      for (std::size_t i = 0; i < m; ++i) {
+        st.forward_ms.at(s).push_back(std::max(0.0, done->forward_ms[i].value));
+        st.backward_ms.at(s).push_back(std::max(0.0, done->backward_ms[i].value));
+      }
+    }
+    st.allreduce_ms = std::max(st.allreduce_ms, done->timing.allreduce_ms.value);
   }
   if (!error.empty() && st.error.empty()) st.error = error;
   if (--st.pending > 0) return;
   st.running = false;
   double grad_sq = 0;
   for (double g : st.grad_sq) grad_sq += g;  // in stage order, whatever order the answers came in
+  double ideal_ms = 0;
+  const auto m = static_cast<std::size_t>(st.deps.microbatches);
+  const auto complete = [m](const std::vector<double>& times) { return m > 0 && times.size() == m; };
+  if (!st.eval && st.error.empty() && std::all_of(st.forward_ms.begin(), st.forward_ms.end(), complete) &&
+      std::all_of(st.backward_ms.begin(), st.backward_ms.end(), complete))
+    ideal_ms = planning::one_f_one_b_makespan(st.forward_ms, st.backward_ms) + st.allreduce_ms;
   self->send(st.deps.coordinator, pipeline_done{st.deps.epoch, st.step, st.deps.index, st.loss_sum, st.error,
-                                                st.slowest, grad_sq, st.eval});
+                                                st.slowest, grad_sq, st.eval, ideal_ms});
 }
 
 bool sent_by(pipeline_pointer self, const caf::actor_addr& who) {
@@ -90,6 +110,9 @@ pipeline_actor::behavior_type pipeline(pipeline_pointer self, pipeline_deps deps
         st.slowest = {};
         st.eval = r.eval;
         st.grad_sq.assign(st.deps.stages.size(), 0.0);
+        st.forward_ms.assign(st.deps.stages.size(), {});
+        st.backward_ms.assign(st.deps.stages.size(), {});
+        st.allreduce_ms = 0;
         const stage_step order = r.eval ? stage_step{r.epoch, r.step, r.first_window, r.windows, true}
                                         : stage_step{r.epoch, r.step, st.deps.first_microbatch, st.deps.microbatches};
         for (std::size_t s = 0; s < st.deps.stages.size(); ++s) {

@@ -38,6 +38,9 @@ struct pipeline_state {
   messages::stage_timing slowest;  ///< of the step's stages, the one busy longest
   bool eval = false;               ///< the round running is an evaluation
   std::vector<double> grad_sq;     ///< per stage, added in stage order when all answered
+  /// Per stage: its forward and backward op times of every microbatch (the step's ideal makespan).
+  std::vector<std::vector<double>> forward_ms, backward_ms;
+  double allreduce_ms = 0;  ///< the longest all-reduce wait of the step's stages
   std::uint64_t dropped = 0;
   std::uint64_t refused = 0;  ///< run_step not from the coordinator, answers not from the stage asked
   static inline const char* name = "oobleck.pipeline";

@@ -468,6 +468,10 @@ stage_done run(stage_runtime& rt, const stage_step& order, int slot) {
   }
   const auto& t = executor.last_step_timing();
   done.timing = {ms_since(started), t.compute_ms, t.p2p_wait_ms, t.allreduce_ms};
+  if (done.error.empty()) {
+    done.forward_ms.assign(t.forward_op_ms.begin(), t.forward_op_ms.end());
+    done.backward_ms.assign(t.backward_op_ms.begin(), t.backward_op_ms.end());
+  }
   return done;
 }
 

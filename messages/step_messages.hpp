@@ -86,6 +86,10 @@ struct stage_done {
   /// The squared norm of the stage's part of the step's global gradient (stage_executor::
   /// gradient_sq_norm), when the job clips gradients; 0 otherwise.
   wire_double grad_sq = 0;
+  /// Per microbatch of the pipeline: the stage's forward and backward op times (ms), from which
+  /// the pipeline computes the step's ideal 1F1B makespan.
+  std::vector<wire_double> forward_ms;
+  std::vector<wire_double> backward_ms;
 
   bool operator==(const stage_done&) const = default;
 };
@@ -93,7 +97,7 @@ struct stage_done {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_done& x) {
   return f(caf::meta::type_name("stage_done"), x.epoch, x.step, x.pipeline, x.stage, x.loss_sum, x.error, x.timing,
-           x.grad_sq);
+           x.grad_sq, x.forward_ms, x.backward_ms);
 }
 
 /// Pipeline actor -> coordinator.
@@ -108,6 +112,10 @@ struct pipeline_done {
   /// sees it (pipelines split the sum differently, so their last bits may differ).
   wire_double grad_sq = 0;
   bool eval = false;  ///< the answer to an evaluation round
+  /// The step's 1F1B makespan from its stages' own op times (planning::one_f_one_b_makespan) plus
+  /// the longest all-reduce wait of its stages: the pipeline's step with nothing but its compute
+  /// and its gradient sum. 0 when a stage did not report its op times.
+  wire_double ideal_ms = 0;
 
   bool operator==(const pipeline_done&) const = default;
 };
@@ -115,7 +123,7 @@ struct pipeline_done {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, pipeline_done& x) {
   return f(caf::meta::type_name("pipeline_done"), x.epoch, x.step, x.pipeline, x.loss_sum, x.error, x.slowest,
-           x.grad_sq, x.eval);
+           x.grad_sq, x.eval, x.ideal_ms);
 }
 
 /// Coordinator -> every node in use: the step is committed; apply the optimizer step, after

@@ -123,6 +123,8 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
     return t.slice(0, microbatch * b, (microbatch + 1) * b).to(device);
   };
   timing_ = {};
+  timing_.forward_op_ms.assign(static_cast<std::size_t>(std::max(num_microbatches, 0)), 0.0);
+  timing_.backward_op_ms.assign(static_cast<std::size_t>(std::max(num_microbatches, 0)), 0.0);
   reduce_started_.assign(static_cast<std::size_t>(num_layers), false);
   // Backward accumulates straight into each layer's flat gradient buffer.
   for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.gradients(l);
@@ -184,7 +186,7 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
           break;
         }
         case op_kind::forward: {
-          timed t(timing_.compute_ms);
+          timed t(timing_.compute_ms), op_time(timing_.forward_op_ms[static_cast<std::size_t>(op.microbatch)]);
           if (first) mb.input = rows(inputs, op.microbatch);
           mb.output = forward(mb, op.microbatch, !recompute);
           if (last) {
@@ -209,7 +211,7 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
           break;
         }
         case op_kind::backward: {
-          timed t(timing_.compute_ms);
+          timed t(timing_.compute_ms), op_time(timing_.backward_op_ms[static_cast<std::size_t>(op.microbatch)]);
           auto out = recompute ? forward(mb, op.microbatch, true) : mb.output;
           backward(mb, last && recompute ? out / options_.global_microbatches : out, i == last_backward);
           mb.output = mb.gradient = torch::Tensor();

@@ -54,6 +54,10 @@ struct step_timing {
   double p2p_wait_ms = 0;
   double allreduce_ms = 0;
   double optimizer_ms = 0;
+  /// Per microbatch of the pipeline (its local index): the forward op's and the backward op's time
+  /// (a backward under activation checkpointing includes its recompute): what the step's ideal
+  /// makespan is computed from (planning::one_f_one_b_makespan).
+  std::vector<double> forward_op_ms, backward_op_ms;
 };
 
 /// A stage of one epoch: a view over layers [first_layer, end_layer) of the node's store, bound to

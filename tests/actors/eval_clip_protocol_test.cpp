@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "actors/protocol_fixture.hpp"
+#include "planning/makespan.hpp"
 #include "runtime/optimizer_options.hpp"
 
 using namespace oobleck::messages;
@@ -186,5 +187,23 @@ TEST_CASE("status: each pipeline names its stages' layers (first layer of each s
     CHECK(p.stage_layers.front() == 0);
     CHECK(p.stage_layers.back() == 6);
     for (std::size_t i = 1; i < p.stage_layers.size(); ++i) CHECK(p.stage_layers[i - 1] < p.stage_layers[i]);
+  }
+}
+
+TEST_CASE("ideal_ms: the slowest pipeline's 1F1B makespan from its stages' own op times") {
+  fixture f(fixture::roomy(4, 2));
+  f.start();
+  f.sched.run();
+  CHECK(f.happened(finished(2)));
+  REQUIRE(f.records.size() == 2);
+  for (const auto& r : f.records) {
+    // Forward 1 ms, backward 2 ms on every stage (the fakes'); no all-reduce wait, no AdamW time.
+    double expected = 0;
+    for (const auto& [nodes, microbatches] : r.pipelines) {
+      const std::vector<double> fw(nodes.size(), 1.0), bw(nodes.size(), 2.0);
+      expected = std::max(expected, oobleck::planning::pipeline_time::one_f_one_b(fw, bw).at(microbatches));
+    }
+    CHECK(expected > 0);
+    CHECK(r.ideal_ms == doctest::Approx(expected));
   }
 }

@@ -47,6 +47,9 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         if (st.stage + 1 == st.num_stages) d.loss_sum = 2.0 * s.microbatches;
         // Squared gradient norms that differ by stage: a pipeline's total depends on its depth.
         d.grad_sq = 1.0 + st.stage;
+        // Every forward takes 1 ms and every backward 2: the pipeline's ideal is its 1F1B makespan.
+        d.forward_ms.assign(static_cast<std::size_t>(s.microbatches), 1.0);
+        d.backward_ms.assign(static_cast<std::size_t>(s.microbatches), 2.0);
         if (rec->fail_step == s.step) d.error = "injected stage failure";
         return d;
       },
