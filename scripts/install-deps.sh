@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the project builds against, when any is missing (ARCHITECTURE.md §2, §8).
 # libopenblas0 matters: without it LibTorch falls back to the reference BLAS (~15x slower).
+# --main: only what building the programs and running the main job need (not the tools that only
+# the tests and benchmarks run: PyTorch, chromium, gnuplot, the openssl and ip commands).
 set -euo pipefail
+main_only=false
+[[ ${1:-} == --main ]] && main_only=true
 
 packages=(
   g++ cmake ninja-build
@@ -15,13 +19,17 @@ packages=(
   libtomlplusplus-dev   # job files
   libcli11-dev          # command-line flags
   libssl-dev            # HMAC-SHA256 and SHA-256 of the admission protocol; TLS files checked at start
-  openssl               # the tests make a CA and certificates with it (README, "TLS")
   libopenblas0
+)
+# Run by the tests and benchmarks, and by a few programs' options, not by a build or the main job.
+tools=(
+  openssl               # the tests make a CA and certificates with it (README, "TLS")
   gnuplot-nox           # oobleck-sim --plot, oobleck-report --plot
-  python3-torch         # PyTorch 1.13 under /usr/bin/python3: the GPT-2 reference checks (tests/python)
+  python3-torch         # PyTorch 1.13 under /usr/bin/python3: the GPT-2 reference checks (tests/python), bench/vs_pytorch
   chromium              # headless: the dashboard test (label browser)
   iproute2              # ip netns, veth pairs, a bridge: the partition test (partition_netns_e2e_tests; skipped without)
 )
+$main_only || packages+=("${tools[@]}")
 
 missing=()
 for p in "${packages[@]}"; do

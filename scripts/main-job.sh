@@ -6,5 +6,5 @@
 # train on. Extra arguments go to oobleck-local (see oobleck-local --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh
+bash scripts/build.sh --main   # the three programs it runs, not the tests and benchmarks
 exec "${OOBLECK_BUILD_DIR:-build}"/apps/oobleck-local --fail-at 8:2 "$@"
