@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <optional>
 #include <stdexcept>
 
@@ -37,11 +40,29 @@ torch::Tensor causal_attention(const torch::Tensor& qkv_flat, std::int64_t heads
   auto qkv = qkv_flat.view({b, s, 3, heads, dh}).permute({2, 0, 3, 1, 4});
   auto q = qkv[0], k = qkv[1], v = qkv[2];  // [b, heads, s, dh]
   auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dh));
-  auto causal = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(qkv_flat.device())).triu(1);
-  att = torch::softmax(att.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
+  att = torch::softmax(att.masked_fill(causal_mask(s, qkv_flat.device()), -std::numeric_limits<float>::infinity()), -1);
   att = dropout(att, p, training, gen);
   return torch::matmul(att, v).transpose(1, 2).reshape({b, s, d});
 }
+
+}  // namespace
+
+torch::Tensor causal_mask(std::int64_t s, torch::Device device) {
+  // Every forward of every layer asked for a fresh one (two kernels and an allocation each).
+  // Never freed: a static of tensors could outlive the device's runtime at exit.
+  static auto* const mutex = new std::mutex;
+  static auto* const masks = new std::map<std::tuple<std::int64_t, int, int>, torch::Tensor>;
+  const auto key = std::make_tuple(s, static_cast<int>(device.type()), static_cast<int>(device.index()));
+  std::lock_guard lock(*mutex);
+  auto& mask = (*masks)[key];
+  if (!mask.defined()) {
+    torch::NoGradGuard no_grad;
+    mask = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(device)).triu(1);
+  }
+  return mask;
+}
+
+namespace {
 
 std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;

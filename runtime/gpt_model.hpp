@@ -37,6 +37,11 @@ std::vector<std::shared_ptr<model_layer>> build_layers(const gpt_config& c, int 
 /// a pure function of (c.seed, step, microbatch, layer), whichever pipeline or stage runs it.
 at::Generator dropout_generator(const gpt_config& c, std::int64_t step, std::int64_t microbatch, int layer);
 
+/// The causal attention mask of sequence length s on `device` (true above the diagonal: the
+/// positions a query may not see), built once per (s, device) and shared by every forward on any
+/// thread; read-only.
+torch::Tensor causal_mask(std::int64_t s, torch::Device device);
+
 /// Mean cross-entropy of logits [b, s, V] against targets [b, s].
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
 

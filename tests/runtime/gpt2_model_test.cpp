@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <thread>
 #include <vector>
 
 #include "planning/synthetic_profile.hpp"
@@ -385,4 +386,32 @@ TEST_CASE("largest_frame_bytes bounds a gpt2 block's copy, biases included, with
     for (const auto& b : store.copy_of(l).buffers) largest = std::max<std::uint64_t>(largest, b.nbytes());
   CHECK(largest > (std::uint64_t{1} << 20));
   CHECK(largest <= bound / 2);
+}
+
+TEST_CASE("the causal mask is built once per sequence length and device, and shared by every thread") {
+  // Every attention forward used to build its own mask; the stages of a node run on threads of
+  // their own, so the one mask per length must be handed out safely from any of them.
+  std::vector<const void*> seen(4);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < seen.size(); ++i)
+    threads.emplace_back([&seen, i] { seen[i] = runtime::causal_mask(13, torch::kCPU).data_ptr(); });
+  for (auto& t : threads) t.join();
+  for (const auto* p : seen) CHECK(p == seen[0]);
+  const auto mask = runtime::causal_mask(13, torch::kCPU);
+  CHECK(mask.data_ptr() == seen[0]);
+  CHECK(torch::equal(mask, torch::ones({13, 13}, torch::kBool).triu(1)));
+  const auto other = runtime::causal_mask(7, torch::kCPU);
+  CHECK(other.sizes() == torch::IntArrayRef{7, 7});
+  CHECK(other.data_ptr() != mask.data_ptr());
+  // A forward of a layer uses the cached mask: its output is the same with the mask built afresh.
+  gpt_config c;
+  c.vocab = 32;
+  c.d_model = 16;
+  c.heads = 2;
+  c.blocks = 1;
+  c.seq_len = 13;
+  auto block = runtime::build_layers(c, 1, 2).front();
+  torch::manual_seed(3);
+  const auto x = torch::randn({2, 13, 16});
+  CHECK(torch::equal(block->forward(x), block->forward(x)));
 }
