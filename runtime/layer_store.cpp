@@ -162,6 +162,7 @@ std::unique_ptr<layer_store::slot> layer_store::build(int layer, layer_init how)
     s->optimizer.exp_avg_sq.push_back(view(s->flat_exp_avg_sq));
     offset += p.numel();
   }
+  s->matrices = matrix_ranges(params);
   s->parameters = std::move(params);
   // [model] init: the seed's values give way to the user's weights (Hugging Face GPT-2 form);
   // the optimizer state stays fresh.
@@ -330,7 +331,7 @@ void layer_store::install_layer(int layer, std::span<const std::byte> bytes) {
   }
   s.optimizer.step = h.step;
   if (fresh) slots_.emplace(layer, std::move(fresh));
-  else drop_gradients(layer);
+  else clear_gradients(layer);
 }
 
 model_layer& layer_store::module(int layer) { return *at(layer).module; }
@@ -348,7 +349,10 @@ torch::Tensor& layer_store::gradients(int layer) {
       p.mutable_grad() = s.flat_gradients.slice(0, offset, offset + p.numel()).view(p.sizes());
       offset += p.numel();
     }
+  } else if (s.gradients_stale) {
+    s.flat_gradients.zero_();
   }
+  s.gradients_stale = false;
   // Autograd accumulates into a defined .grad() in place; anything that replaced one would leave
   // the flat buffer (and so the all-reduce) without that parameter's gradient.
   std::int64_t offset = 0;
@@ -361,10 +365,12 @@ torch::Tensor& layer_store::gradients(int layer) {
   return s.flat_gradients;
 }
 
-void layer_store::drop_gradients(int layer) {
+void layer_store::clear_gradients(int layer) { at(layer).gradients_stale = true; }
+
+void layer_store::optimizer_step(int layer, const adamw_options& o) {
+  auto& grads = gradients(layer);
   auto& s = at(layer);
-  for (auto& p : s.parameters) p.mutable_grad() = torch::Tensor();
-  s.flat_gradients = torch::Tensor();
+  flat_adamw_step({s.flat_parameters, grads, s.flat_exp_avg, s.flat_exp_avg_sq}, s.matrices, s.optimizer.step, o);
 }
 
 layer_optimizer_state& layer_store::optimizer_state(int layer) { return at(layer).optimizer; }

@@ -36,6 +36,8 @@ class layer_store {
     std::vector<torch::Tensor> parameters;
     torch::Tensor flat_parameters, flat_gradients, flat_exp_avg, flat_exp_avg_sq;
     layer_optimizer_state optimizer;
+    element_ranges matrices;        ///< where weight decay applies in the flat buffers
+    bool gradients_stale = false;   ///< flat_gradients holds a finished step's: zero before use
   };
 
  public:
@@ -108,11 +110,18 @@ class layer_store {
   std::vector<torch::Tensor> parameters(int layer) const;
   /// Every parameter of layer l, concatenated.
   const torch::Tensor& flat_parameters(int layer) const;
-  /// Layer l's gradient buffer (zeros when the layer has none yet), and the parameters' .grad()
-  /// are its views from now on: backward accumulates into it, and one all-reduce sums it.
+  /// Layer l's gradient buffer, and the parameters' .grad() are its views: backward accumulates
+  /// into it, and one all-reduce sums it. Zeros on the first call after clear_gradients() (or
+  /// when the layer has no buffer yet); later calls return it as it is.
   torch::Tensor& gradients(int layer);
-  /// Frees layer l's gradients; the parameters' .grad() are undefined again.
-  void drop_gradients(int layer);
+  /// Ends layer l's gradients (a step committed or discarded): the buffer stays allocated, with
+  /// the parameters' .grad() its views, and is zeroed in place when gradients(l) is next called,
+  /// so a step neither frees nor re-allocates it. drop(l) frees it with the layer; an install
+  /// clears it.
+  void clear_gradients(int layer);
+  /// One AdamW update of layer l from its gradient buffer, over its flat buffers (weight decay
+  /// on its matrices only); increments its step count.
+  void optimizer_step(int layer, const adamw_options& o);
   /// Moments are views of one flat buffer each.
   layer_optimizer_state& optimizer_state(int layer);
   /// FNV-1a over the 8-byte words of layer l's parameters: equal digests = bitwise equal replicas.

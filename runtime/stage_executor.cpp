@@ -171,7 +171,9 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
     mb.boundaries.clear();
   };
   std::vector<in_flight> mbs(num_microbatches);
-  double loss_sum = 0;
+  // The unscaled losses summed on the stage, in double as item() sums did, and read once per step:
+  // an item() per microbatch would wait for the device at every forward.
+  torch::Tensor loss_sum;
   try {
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const auto& op = ops[i];
@@ -190,7 +192,8 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
           if (first) mb.input = rows(inputs, op.microbatch);
           mb.output = forward(mb, op.microbatch, !recompute);
           if (last) {
-            loss_sum += mb.output.item<double>();
+            const auto loss = mb.output.detach().to(torch::kFloat64);
+            loss_sum = loss_sum.defined() ? loss_sum.add_(loss) : loss;
             mb.output = mb.output / options_.global_microbatches;
           }
           break;
@@ -230,7 +233,7 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
     reducer_.cancel();
     throw;
   }
-  return loss_sum;
+  return loss_sum.defined() ? loss_sum.item<double>() : 0.0;
 }
 
 void stage_executor::reduce_gradients(const std::vector<std::vector<int>>& layer_groups) {
@@ -310,10 +313,10 @@ void stage_executor::commit(double gradient_scale) {
     torch::NoGradGuard no_grad;
     for (int l = position_.first_layer; l < position_.end_layer; ++l) {
       if (gradient_scale != 1.0) store_.gradients(l).mul_(gradient_scale);
-      adamw_step(store_.parameters(l), store_.optimizer_state(l), options_.optimizer);
+      store_.optimizer_step(l, options_.optimizer);
     }
   }
-  for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.drop_gradients(l);
+  for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.clear_gradients(l);
 }
 
 double stage_executor::run_eval(int windows, const torch::Tensor& inputs, const torch::Tensor& targets) {
@@ -366,7 +369,7 @@ double stage_executor::run_eval(int windows, const torch::Tensor& inputs, const 
 
 void stage_executor::discard() {
   reducer_.cancel();
-  for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.drop_gradients(l);
+  for (int l = position_.first_layer; l < position_.end_layer; ++l) store_.clear_gradients(l);
 }
 
 std::vector<torch::Tensor> stage_executor::parameters(int layer) const { return store_.parameters(checked(layer)); }

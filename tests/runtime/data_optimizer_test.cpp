@@ -113,6 +113,79 @@ TEST_CASE("AdamW follows torch::optim::AdamW for 50 steps: parameters, moments a
   CHECK(relative(ours[0].detach(), w0) > 0.1);
 }
 
+TEST_CASE("matrix ranges: where the matrices lie in a flat buffer, adjacent ones merged") {
+  const auto m = [](std::int64_t r, std::int64_t c) { return torch::zeros({r, c}); };
+  const auto v = [](std::int64_t n) { return torch::zeros({n}); };
+  CHECK(matrix_ranges({m(2, 3), v(3), m(4, 2), m(1, 5), v(2)}) == element_ranges{{0, 6}, {9, 22}});
+  CHECK(matrix_ranges({v(4), v(2)}).empty());
+}
+
+TEST_CASE("flat AdamW over a layer's buffers follows torch::optim::AdamW for 50 steps, decaying matrices only") {
+  // The layer store's layout: every tensor a view of one flat buffer per quantity, matrices and
+  // vectors interleaved (a bias between two matrices), so decay must skip the bias.
+  const adamw_options o{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                        .lr = {.peak = 1e-2, .warmup_steps = 5, .total_steps = 50, .min_lr = 1e-3}};
+  torch::manual_seed(5);
+  const auto x = torch::randn({32, 16});
+  const auto y = torch::randn({32, 8}).tanh();
+  const std::vector<torch::Tensor> initial{torch::randn({16, 8}) * 0.3, torch::randn({8}) * 0.1,
+                                           torch::randn({8, 8}) * 0.3};
+  std::int64_t n = 0;
+  for (const auto& t : initial) n += t.numel();
+  flat_adamw_buffers flat{torch::empty({n}), torch::zeros({n}), torch::zeros({n}), torch::zeros({n})};
+  std::vector<torch::Tensor> ours, theirs, exp_avg, exp_avg_sq;
+  std::int64_t offset = 0;
+  for (const auto& t : initial) {
+    auto view = [&](const torch::Tensor& f) { return f.slice(0, offset, offset + t.numel()).view(t.sizes()); };
+    ours.push_back(view(flat.parameters));
+    ours.back().copy_(t);
+    ours.back().requires_grad_(true);
+    ours.back().mutable_grad() = view(flat.gradients);
+    exp_avg.push_back(view(flat.exp_avg));
+    exp_avg_sq.push_back(view(flat.exp_avg_sq));
+    theirs.push_back(t.clone().requires_grad_(true));
+    offset += t.numel();
+  }
+  const auto decayed = matrix_ranges(ours);
+  REQUIRE(decayed == element_ranges{{0, 128}, {136, 200}});
+  auto loss = [&](const std::vector<torch::Tensor>& p) {
+    return (torch::tanh(torch::matmul(torch::tanh(torch::matmul(x, p[0]) + p[1]), p[2])) - y).pow(2).mean();
+  };
+  auto reference = oobleck::testing::torch_adamw(theirs, o);
+  auto relative = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return (a - b).norm().item<double>() / b.norm().item<double>();
+  };
+  std::int64_t step = 0;
+  double worst = 0;
+  for (int k = 1; k <= 50; ++k) {
+    CAPTURE(k);
+    flat.gradients.zero_();
+    loss(ours).backward();  // into the flat gradient buffer, through the .grad() views
+    for (std::size_t i = 0; i < ours.size(); ++i) theirs[i].mutable_grad() = ours[i].grad().clone();
+    flat_adamw_step(flat, decayed, step, o);
+    oobleck::testing::set_learning_rate(*reference, o.lr, k);
+    reference->step();
+    for (auto& p : theirs) p.mutable_grad() = torch::Tensor();
+    REQUIRE(step == k);
+    for (std::size_t i = 0; i < ours.size(); ++i) {
+      CAPTURE(i);
+      const auto& s = oobleck::testing::torch_adamw_state(*reference, theirs[i]);
+      const double p = relative(ours[i].detach(), theirs[i].detach());
+      const double m = relative(exp_avg[i], s.exp_avg());
+      const double v = relative(exp_avg_sq[i], s.exp_avg_sq());
+      worst = std::max({worst, p, m, v});
+      CHECK(p < 1e-6);
+      CHECK(m < 1e-6);
+      CHECK(v < 1e-6);
+    }
+  }
+  MESSAGE("50 flat AdamW steps: largest relative difference from torch::optim::AdamW " << worst);
+  CHECK(relative(ours[0].detach(), initial[0]) > 0.1);
+  CHECK_THROWS_AS(flat_adamw_step({flat.parameters, flat.gradients.slice(0, 1), flat.exp_avg, flat.exp_avg_sq},
+                                  decayed, step, o),
+                  std::invalid_argument);
+}
+
 TEST_CASE("the device seam gives the CPU, and says why CUDA is unavailable") {
   CHECK(make_device(device_kind::cpu).is_cpu());
   CHECK(describe(make_device(device_kind::cpu)) == "cpu");

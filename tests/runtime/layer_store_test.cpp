@@ -462,3 +462,44 @@ TEST_CASE("with dropout, different pipeline splits train like the plain loop") {
       CHECK(got.losses[k] == doctest::Approx(reference.losses[k]).epsilon(1e-5));
   }
 }
+
+TEST_CASE("gradient buffers stay allocated across steps and start every step at zero") {
+  // A step neither frees nor re-allocates a layer's gradients: the buffer (and the parameters'
+  // .grad(), its views) outlives commit and discard, and is zeroed in place when the next step
+  // starts, so the next step's gradients are its own alone.
+  staged_pipeline p(testing::small_setup(), {{0, 3}, {3, 6}});
+  auto& store = *p.stores[1];
+  p.run(0);
+  const void* buffer = store.gradients(4).data_ptr();
+  const auto first = p.gradients();
+  p.discard();
+  CHECK(store.parameters(4)[0].grad().defined());
+  CHECK(store.parameters(4)[0].grad().data_ptr() == buffer);
+  p.run(0);  // the same step again: the discarded gradients did not add to it
+  CHECK(bitwise_equal(p.gradients(), first));
+  CHECK(store.gradients(4).data_ptr() == buffer);
+  for (auto& v : p.views) v->commit();
+  CHECK(store.parameters(4)[0].grad().data_ptr() == buffer);
+  CHECK(store.gradients(4).abs().sum().item<double>() == 0);  // cleared: zero at the next use
+  CHECK(store.gradients(4).data_ptr() == buffer);
+
+  // Training with buffers kept equals training where every step starts from fresh stores' state.
+  staged_pipeline kept(testing::small_setup(), {{0, 3}, {3, 6}});
+  kept.train(0, 3);
+  staged_pipeline moved(testing::small_setup(), {{0, 3}, {3, 6}});
+  for (int k = 0; k < 3; ++k) {
+    moved.train(k, k + 1);
+    // A new epoch every step: new views over layers that arrive by install (stale gradients cleared).
+    for (auto& s : moved.stores)
+      for (int l : s->layers_held()) s->install_layer(l, s->serialize_layer(l));
+    moved.view({{0, 3}, {3, 6}});
+  }
+  for (int l = 0; l < 6; ++l) {
+    CAPTURE(l);
+    CHECK(kept.stores[l < 3 ? 0 : 1]->parameter_digest(l) == moved.stores[l < 3 ? 0 : 1]->parameter_digest(l));
+  }
+  // A layer the node drops takes its buffers with it.
+  store.drop(4);
+  CHECK(!store.holds(4));
+  CHECK_THROWS_AS(store.gradients(4), std::out_of_range);
+}
