@@ -158,15 +158,19 @@ struct stage_runtime {
   /// that every peer waiting for this stage fails within milliseconds instead of waiting forever,
   /// and the monitor reports it to the coordinator (a strike towards eviction).
   void own_failure(std::uint64_t epoch, const std::string& what) {
-    abort(epoch, "a stage of " + to_string(assignment.rank) + " failed: " + what);
+    // The report goes out before the abort that lets the peers see the failure, so that the
+    // coordinator usually hears whose failure it was before a peer's "connection closed" (two
+    // senders: nothing orders them for certain, and the coordinator counts the strike either way).
     // One report per epoch: two slots of the node failing together are one strike of the node.
-    if (reported_epoch.exchange(epoch) == epoch) return;
-    std::function<void(std::uint64_t, const std::string&)> sink;
-    {
-      std::lock_guard lock(sink_mu);
-      sink = failure_sink;
+    if (reported_epoch.exchange(epoch) != epoch) {
+      std::function<void(std::uint64_t, const std::string&)> sink;
+      {
+        std::lock_guard lock(sink_mu);
+        sink = failure_sink;
+      }
+      if (sink) sink(epoch, what);
     }
-    if (sink) sink(epoch, what);
+    abort(epoch, "a stage of " + to_string(assignment.rank) + " failed: " + what);
   }
 
   bool runs_layer(planning::layer_index l) const {
