@@ -440,7 +440,7 @@ int main(int argc, char** argv) {
     }
     ratios["single_vs_single"] = ratio_line("one process vs PyTorch's single loop:", ours_single, torch_single);
     const auto& bd = ours_dp.runs;
-    std::printf("\noobleck data-parallel, breakdown means over the runs (ms per step):");
+    std::printf("\noobleck data-parallel, breakdown (ms per step, median over the runs of each run's mean):");
     for (const char* key : breakdown_keys) {
       std::vector<double> v;
       for (const auto& r : bd) v.push_back(r.breakdown.at(key));
