@@ -91,26 +91,29 @@ std::vector<double> time_optimizer(const std::vector<std::shared_ptr<model_layer
   const auto now = [] { return std::chrono::steady_clock::now(); };
   torch::NoGradGuard no_grad;
   torch::set_num_threads(1);
+  // The update a commit makes (layer_store::optimizer_step): over the layer's flat buffers at once.
   struct layer_state {
-    std::vector<torch::Tensor> params;
-    layer_optimizer_state state;
+    flat_adamw_buffers buffers;
+    element_ranges decayed;
+    std::int64_t step = 0;
   };
   std::vector<layer_state> states;
   for (const auto& layer : layers) {
     layer_state s;
-    for (const auto& p : layer->parameters()) {
-      auto c = p.detach().clone();
-      c.mutable_grad() = torch::full_like(c, 1e-3);
-      s.params.push_back(std::move(c));
-    }
-    s.state = initial_state(s.params);
+    std::vector<torch::Tensor> flat;
+    for (const auto& p : layer->parameters()) flat.push_back(p.detach().reshape({-1}));
+    s.buffers.parameters = torch::cat(flat);
+    s.buffers.gradients = torch::full_like(s.buffers.parameters, 1e-3);
+    s.buffers.exp_avg = torch::zeros_like(s.buffers.parameters);
+    s.buffers.exp_avg_sq = torch::zeros_like(s.buffers.parameters);
+    s.decayed = matrix_ranges(layer->parameters());
     states.push_back(std::move(s));
   }
   std::vector<std::vector<double>> samples(layers.size());
   for (int it = 0; it < options.warmup + options.repeats; ++it)
     for (std::size_t l = 0; l < states.size(); ++l) {
       const auto start = now();
-      adamw_step(states[l].params, states[l].state, adamw_options{});
+      flat_adamw_step(states[l].buffers, states[l].decayed, states[l].step, adamw_options{});
       if (it >= options.warmup) samples[l].push_back(ms_between(start, now()));
     }
   std::vector<double> medians;
