@@ -1,6 +1,7 @@
 #pragma once
 // Small text helpers the benchmarks share for their tables.
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -21,5 +22,17 @@ inline std::string load_average() {
   in >> a >> b >> c;
   return a + " " + b + " " + c;
 }
+
+/// The 1-minute load average as a number (NaN where /proc/loadavg cannot be read).
+inline double load_average_1min() {
+  std::ifstream in("/proc/loadavg");
+  double l = NAN;
+  in >> l;
+  return l;
+}
+
+/// The keys of a metrics step record's "breakdown" (README, "--metrics-out"), in table order.
+inline constexpr const char* breakdown_keys[] = {"compute_ms",   "p2p_wait_ms", "allreduce_ms",
+                                                 "optimizer_ms", "control_ms",  "other_ms"};
 
 }  // namespace oobleck::bench

@@ -38,6 +38,7 @@
 #include "apps/job_file.hpp"
 #include "apps/stage_job.hpp"
 #include "bench/bench_flags.hpp"
+#include "bench/bench_text.hpp"
 #include "bench/job_toml.hpp"
 #include "messages/profile_file.hpp"
 #include "planning/planner.hpp"
@@ -49,7 +50,6 @@ using namespace oobleck;
 namespace {
 
 const std::string apps_dir = OOBLECK_APPS_DIR;
-const char* const breakdown_keys[] = {"compute_ms", "p2p_wait_ms", "allreduce_ms", "optimizer_ms", "control_ms", "other_ms"};
 
 struct options {
   bool quick = false;
@@ -178,7 +178,7 @@ run_result run_cluster(const options& o, const fs::path& dir, const std::string&
     if (k++ < o.warmup) continue;
     wall += j["wall_ms"].get<double>();
     ideal += j.contains("ideal_ms") ? j["ideal_ms"].get<double>() : NAN;
-    for (const char* key : breakdown_keys) sums[key] += j["breakdown"][key].get<double>();
+    for (const char* key : bench::breakdown_keys) sums[key] += j["breakdown"][key].get<double>();
   }
   const int measured = k - o.warmup;
   if (measured <= 0) throw std::runtime_error("no measured steps in " + metrics.string());
@@ -240,13 +240,6 @@ double single_process_step_ms(const actors::stage_job& job, int warmup, int step
   return (with - without) / steps;
 }
 
-double load_average() {
-  std::ifstream in("/proc/loadavg");
-  double l = NAN;
-  in >> l;
-  return l;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -295,7 +288,7 @@ int main(int argc, char** argv) {
 
     const double single_ms = single_process_step_ms(apps::stage_job_for(job), o.warmup, o.steps - o.warmup);
     const double single_sps = 1000.0 * job.training.global_batch / single_ms;
-    const double load_before = load_average();
+    const double load_before = bench::load_average_1min();
 
     std::vector<run_result> results;
     for (int n : o.nodes)
@@ -318,7 +311,7 @@ int main(int argc, char** argv) {
                                  "; the bench's plan:" + text(p.pipelines));
         }
       }
-    const double load_after = load_average();
+    const double load_after = bench::load_average_1min();
 
     std::printf("throughput of oobleck-local: B = %d, b = %d, %d layers; %d steps per run, first %d left out\n",
                 job.training.global_batch, job.training.microbatch, job.model.num_layers(), o.steps, o.warmup);

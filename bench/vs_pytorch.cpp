@@ -47,6 +47,7 @@
 #include "apps/stage_job.hpp"
 #include "bench/bench_flags.hpp"
 #include "bench/bench_text.hpp"
+#include "bench/recovery_stats.hpp"
 #include "bench/cluster_programs.hpp"
 #include "bench/job_toml.hpp"
 #include "planning/planner.hpp"
@@ -60,7 +61,6 @@ namespace {
 const std::string apps_dir = OOBLECK_APPS_DIR;
 const std::string script = std::string(OOBLECK_SOURCE_DIR) + "/bench/vs_pytorch.py";
 const std::string python = "/usr/bin/python3";  // Debian's python3-torch imports there
-const char* const breakdown_keys[] = {"compute_ms", "p2p_wait_ms", "allreduce_ms", "optimizer_ms", "control_ms", "other_ms"};
 
 struct options {
   bool quick = false;
@@ -124,20 +124,6 @@ std::string read_text(const fs::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-double load_1min() {
-  std::ifstream in("/proc/loadavg");
-  double l = NAN;
-  in >> l;
-  return l;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /// One timed run: samples/s, the mean step, the load average before and after, and for
 /// oobleck-local its plan and breakdown means.
 struct run_result {
@@ -190,9 +176,9 @@ run_result run_torch(const options& o, const apps::job_file& job, const std::str
                                 "--clip-norm", bench::fmt("%.17g", opt.clip_norm)};
   if (runtime::tied(m)) args.push_back("--tied");
   run_result r;
-  r.load_before = load_1min();
+  r.load_before = bench::load_average_1min();
   const auto p = bench::run_program(python, args, 900);
-  r.load_after = load_1min();
+  r.load_after = bench::load_average_1min();
   if (p.status != 0 || p.lines.empty())
     throw std::runtime_error("vs_pytorch.py --mode " + mode + " failed (" + std::to_string(p.status) + "):\n" +
                              p.transcript());
@@ -208,13 +194,13 @@ run_result run_ours(const options& o, const fs::path& dir, const std::string& jo
   const auto metrics = dir / ("metrics-" + tag + ".jsonl");
   fs::remove(metrics);
   run_result r;
-  r.load_before = load_1min();
+  r.load_before = bench::load_average_1min();
   const auto p = bench::run_program(apps_dir + "/oobleck-local",
                                     {"--nodes", std::to_string(o.nodes), "--config", job_path, "--steps",
                                      std::to_string(o.steps), "--fault-tolerance", std::to_string(fault_tolerance),
                                      "--metrics-out", metrics.string(), "--timeout", "500"},
                                     900);
-  r.load_after = load_1min();
+  r.load_after = bench::load_average_1min();
   if (p.status != 0)
     throw std::runtime_error("oobleck-local (" + tag + ") failed (" + std::to_string(p.status) + "):\n" + p.transcript());
   const auto records = bench::read_metrics(metrics).steps;
@@ -240,7 +226,7 @@ run_result run_ours(const options& o, const fs::path& dir, const std::string& jo
   for (int k = o.warmup; k < o.steps; ++k) {
     const auto& rec = records[static_cast<std::size_t>(k)];
     wall += rec["wall_ms"].get<double>();
-    for (const char* key : breakdown_keys) r.breakdown[key] += rec["breakdown"][key].get<double>() / measured;
+    for (const char* key : bench::breakdown_keys) r.breakdown[key] += rec["breakdown"][key].get<double>() / measured;
   }
   r.wall_ms = wall / measured;
   return r;
@@ -255,10 +241,10 @@ run_result run_ours_single(const options& o, const apps::job_file& job) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
   run_result r;
-  r.load_before = load_1min();
+  r.load_before = bench::load_average_1min();
   const double with = timed(o.steps);
   const double without = timed(o.warmup);
-  r.load_after = load_1min();
+  r.load_after = bench::load_average_1min();
   r.step_ms = (with - without) / (o.steps - o.warmup);
   r.samples_per_s = 1000.0 * job.training.global_batch / r.step_ms;
   return r;
@@ -302,7 +288,7 @@ struct series {
     for (const auto& r : runs) v.push_back(r.samples_per_s);
     return v;
   }
-  double median_samples() const { return median(samples()); }
+  double median_samples() const { return bench::median(samples()); }
   nlohmann::ordered_json json() const {
     nlohmann::ordered_json j;
     j["median_samples_per_s"] = median_samples();
@@ -441,17 +427,17 @@ int main(int argc, char** argv) {
     ratios["single_vs_single"] = ratio_line("one process vs PyTorch's single loop:", ours_single, torch_single);
     const auto& bd = ours_dp.runs;
     std::printf("\noobleck data-parallel, breakdown (ms per step, median over the runs of each run's mean):");
-    for (const char* key : breakdown_keys) {
+    for (const char* key : bench::breakdown_keys) {
       std::vector<double> v;
       for (const auto& r : bd) v.push_back(r.breakdown.at(key));
-      std::printf(" %s %.2f", key, median(v));
+      std::printf(" %s %.2f", key, bench::median(v));
     }
     std::vector<double> walls, steps_ms;
     for (const auto& r : bd) {
       walls.push_back(r.wall_ms);
       steps_ms.push_back(r.step_ms);
     }
-    std::printf("; wall_ms %.2f of %.2f ms commit to commit\n", median(walls), median(steps_ms));
+    std::printf("; wall_ms %.2f of %.2f ms commit to commit\n", bench::median(walls), bench::median(steps_ms));
     if (busy)
       std::printf("NO RATIO: the 1-minute load average was %.2f before a run, above --max-load %.2f: the machine was "
                   "busy (other work shares its cores); run again when `uptime` shows it quiet\n",
