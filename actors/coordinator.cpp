@@ -86,6 +86,22 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   }
   auto monitor = caf::actor_cast<monitor_actor>(self->current_sender());
   if (!monitor) return make_error(protocol_error::bad_request, "registration without a sender");
+  if (r.memory.present) {
+    // A worker whose coordinator went away. Before training (a replacement) or while adopting, its
+    // state is the job's; from a newer coordinator than this one, this one was replaced. Else
+    // (this coordinator went on without it) it joins as a new node.
+    if (std::holds_alternative<phase::registering>(st.phase) || std::holds_alternative<phase::adopting>(st.phase))
+      return adopt_node(self, r, monitor);
+    if (r.memory.term > st.term) {
+      superseded(self, r.memory.term, "worker '" + r.name + "'");
+      return make_error(protocol_error::superseded, "this coordinator was replaced by a newer one");
+    }
+    ++st.refused;
+    st.deps.log("refused worker '" + r.name + "': it came back to this coordinator, which went on without it");
+    return make_error(protocol_error::unknown_node,
+                      "the coordinator went on without this node (it was declared lost); start the worker again to "
+                      "join as a new node");
+  }
   const node_id id = st.next_node;
   st.next_node = node_id{id.value + 1};
   self->monitor(monitor);
@@ -99,7 +115,7 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   // The admission must reach the node before its first epoch assignment, which this very
   // registration may trigger: deliver it now, then update the job.
   auto promise = self->make_response_promise<admission>();
-  promise.deliver(admission{id, st.deps.job_toml, st.deps.policy.job_hash});
+  promise.deliver(admission{id, st.deps.job_toml, st.deps.policy.job_hash, st.term});
   if (auto pending = st.pending_faults.extract(id)) {
     for (const auto& f : pending.mapped()) {
       self->send(monitor, f);
@@ -126,6 +142,7 @@ void on_down(coordinator_pointer self, const caf::down_msg& dm) {
                    [&](phase::registering&) { update_admission(self); },
                    [&](phase::ready&) { update_admission(self); },
                    [&](phase::stopped&) {},
+                   [&](phase::adopting& ph) { adoption_lost(self, ph, node); },
                    [&](auto&) {
                      if (st.current.contains(node)) on_loss(self, node);
                    },
@@ -242,6 +259,7 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
   self->state.deps = std::move(deps);
   self->state.step = self->state.deps.checkpoint.resume_step;  // 0, or a resumed job's next step
   self->state.last_checkpoint = self->state.deps.checkpoint.resume_dir;
+  self->state.term = self->state.deps.term;
   // System messages are messages too, and anyone who reaches the port can send one: a down
   // message counts only from the actor it reports (CAF sends it as that actor); an exit only from
   // an actor of this process (stop_coordinator); an error or an unexpected message never ends the

@@ -67,6 +67,16 @@ struct eval_record {
   double wall_ms = 0;
 };
 
+/// A replacement coordinator adopted the job from its nodes (ARCHITECTURE.md §10 "Coordinator
+/// loss"): written once the first step after it has committed.
+struct restore_record {
+  std::uint64_t term = 0;
+  std::int32_t nodes = 0;  ///< nodes adopted (with the job's state) and admitted fresh
+  std::uint64_t step = 0;  ///< the first step it ran
+  std::int32_t completed = 0;  ///< nodes that applied the decided commit from their kept gradients
+  double downtime_ms = 0;  ///< from the nodes' last commit before the loss to the first one after
+};
+
 /// How the job stopped when the reconfiguration policy said "checkpoint and stop".
 struct checkpoint_stop_record {
   std::string reason;
@@ -160,6 +170,18 @@ struct coordinator_deps {
   std::function<void(const messages::job_event&)> on_event = [](const messages::job_event&) {};
   checkpoint_deps checkpoint;
   fault_policy faults;
+  /// Coordinator loss (ARCHITECTURE.md §10): this coordinator's term before it adopts anyone (it
+  /// goes above every term its nodes report); how long it waits for the nodes of a job it adopts
+  /// after the first came back; the record of an adoption.
+  std::uint64_t term = 1;
+  double adopt_wait_ms = 10'000;
+  std::function<void(const restore_record&)> on_restored = [](const restore_record&) {};
+  /// Fault injection into the coordinator itself (oobleck-local --kill-coordinator-at,
+  /// --hang-coordinator-at): called as each step is sent to the pipelines.
+  std::function<void(std::uint64_t step)> on_step_sent = [](std::uint64_t) {};
+  /// Testing: at this step's commit, commit_step goes to the first node only, then `die` runs.
+  std::optional<std::uint64_t> partial_commit_at;
+  std::function<void()> die = [] {};
 };
 
 /// Where an admitted node stands in the job.
@@ -263,6 +285,10 @@ struct coordinator_state {
   // Checkpoints.
   std::uint64_t checkpoint_requests = 0;
   std::string last_checkpoint;  ///< written by this run (or the one it resumed from)
+
+  // Coordinator loss (coordinator_adoption.cpp).
+  std::uint64_t term = 1;
+  std::optional<restore_record> restoring;  ///< an adoption, until the first commit after it
 
   static inline const char* name = "oobleck.coordinator";
 };

@@ -75,6 +75,9 @@ void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::
   // A resumed job's layers come from its checkpoint until an epoch has formed everywhere.
   if (!st.formed_once) base.resume_dir = st.deps.checkpoint.resume_dir;
   base.data_nonce = random_hex(32);  // the data plane's handshake proves the token over it
+  base.term = st.term;
+  base.job_nodes = static_cast<std::int32_t>(live.size());
+  for (int r = 0; r < ep.num_ranks(); ++r) base.rank_nodes.push_back(ep.node(rank{r}).value);
 
   for (node_id id : live) {
     epoch_assignment a = base;

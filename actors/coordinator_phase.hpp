@@ -24,6 +24,8 @@
 //   training -> checkpointing     the reconfiguration policy says "checkpoint and stop"
 //   committing -> checkpointing   the reconfiguration policy says "checkpoint and stop"
 //   checkpointing -> checkpointing   a node lost during a periodic checkpoint, and the policy says "checkpoint and stop"
+//   registering -> adopting       a node came back with the state of a job in progress (a replacement coordinator)
+//   adopting -> forming           the job's committed step decided and its layers reconciled: an epoch over the nodes present
 //   any -> stopped                training finished, an operator's shutdown, the fallback checkpoint
 //                                 written or impossible, failures that repeat, a job that cannot be planned
 // END PHASES
@@ -45,6 +47,7 @@
 #include <caf/actor.hpp>
 
 #include "actors/step_breakdown.hpp"
+#include "messages/admission_messages.hpp"
 #include "messages/checkpoint_messages.hpp"
 #include "messages/control_messages.hpp"
 #include "messages/epoch_messages.hpp"
@@ -159,6 +162,23 @@ struct checkpointing {
   checkpoint_progress progress;
 };
 
+/// A replacement coordinator gathers the nodes that kept the job's state (ARCHITECTURE.md §10
+/// "Coordinator loss"): until the nodes of the newest epoch are back or its deadline passes; then
+/// nodes that did not apply the decided commit apply it from the gradients they kept.
+struct adopting {
+  static constexpr std::string_view name = "adopting";
+  std::map<node_id, messages::node_memory> memories;  ///< nodes that came back with the job's state
+  std::map<std::int64_t, node_id> old_ids;  ///< a node's id under the coordinator that assigned its roles -> now
+  std::int32_t expected = 0;  ///< nodes of the newest epoch any of them was assigned
+  bool deciding = false;      ///< the wait is over: nodes complete the decided commit
+  std::int64_t committed_step = -1;
+  std::uint64_t committed_epoch = 0;
+  std::set<node_id> completing;  ///< applying the decided commit from their kept gradients
+  std::map<node_id, std::vector<messages::layer_digest>> completed;  ///< their digests after it
+  std::uint64_t round = 0;  ///< the deadline in force
+  std::chrono::steady_clock::time_point started;
+};
+
 /// The job ended; the actor quits.
 struct stopped {
   static constexpr std::string_view name = "stopped";
@@ -169,7 +189,7 @@ struct stopped {
 }  // namespace phase
 
 using job_phase = std::variant<phase::registering, phase::ready, phase::forming, phase::training,
-                               phase::committing, phase::checkpointing, phase::stopped>;
+                               phase::committing, phase::checkpointing, phase::adopting, phase::stopped>;
 
 /// A visitor of several lambdas (`std::visit(overloaded{[](phase::ready&) {...}, ...}, phase)`).
 template <class... Fs>
@@ -195,6 +215,7 @@ struct phase_transition {
 /// is a bug (logged and counted in coordinator_state::illegal_transitions).
 inline constexpr phase_transition transitions[] = {
     {"registering", "ready"},      {"ready", "registering"},        {"registering", "forming"},
+    {"registering", "adopting"},   {"adopting", "forming"},
     {"forming", "forming"},        {"forming", "training"},         {"training", "committing"},
     {"training", "forming"},       {"committing", "training"},      {"committing", "forming"},
     {"committing", "checkpointing"}, {"checkpointing", "training"}, {"checkpointing", "forming"},

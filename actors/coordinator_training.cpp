@@ -106,6 +106,7 @@ void run_step(coordinator_pointer self) {
   enter_round(self, false);
   for (auto& p : st.current.pipelines) self->send(p.actor, messages::run_step{st.epoch, st.step});
   arm_step_deadline(self);
+  st.deps.on_step_sent(st.step);
 }
 
 /// A failure while committing: the commit was decided before it, so it stands. Survivors apply it
@@ -217,6 +218,14 @@ bool handle(coordinator_pointer self, phase::training& ph, pipeline_done& d) {
   phase::committing next{std::move(ph.step), {}};
   next.pending.insert(st.current.nodes.begin(), st.current.nodes.end());
   enter(self, std::move(next));
+  if (st.deps.partial_commit_at == st.step) {
+    // Testing: the coordinator dies right after deciding, its commit having reached one node only.
+    self->send(st.nodes.at(st.current.nodes.front()).monitor, commit_step{st.epoch, st.step, scale});
+    st.deps.log("testing: step " + std::to_string(st.step) + "'s commit sent to " + to_string(st.current.nodes.front()) +
+                " only; the coordinator dies now");
+    st.deps.die();
+    return true;
+  }
   for (node_id id : st.current.nodes) self->send(st.nodes.at(id).monitor, commit_step{st.epoch, st.step, scale});
   arm_commit_deadline(self);
   return true;
@@ -241,6 +250,11 @@ bool handle(coordinator_pointer self, phase::committing& ph, step_committed& c) 
                 " ms after the last commit before the reconfiguration");
     st.deps.on_reconfigured(*st.recovering);
     st.recovering.reset();
+  }
+  if (st.restoring) {
+    st.restoring->downtime_ms = ms_between(st.last_commit, st.deps.now());
+    st.deps.on_restored(*st.restoring);
+    st.restoring.reset();
   }
   st.last_commit = st.deps.now();
   if (maybe_periodic_checkpoint(self)) return true;  // after_commit once it is written

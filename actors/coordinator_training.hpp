@@ -104,4 +104,18 @@ bool handle(coordinator_pointer self, phase::committing& ph, messages::node_faul
 bool handle(coordinator_pointer self, phase::training& ph, messages::pipeline_done& d);
 bool handle(coordinator_pointer self, phase::committing& ph, messages::step_committed& c);
 
+// Coordinator loss (coordinator_adoption.cpp): a node that came back with the job's state, and the
+// adoption's commit completions and deadline.
+caf::result<messages::admission> adopt_node(coordinator_pointer self, messages::register_node& r,
+                                            messages::monitor_actor monitor);
+/// A node of this coordinator came back with a newer term than its own: it was replaced; it quits
+/// (exit status 5 in oobleck-coordinator) and changes nothing.
+void superseded(coordinator_pointer self, std::uint64_t newer_term, const std::string& who);
+/// Nodes not lost.
+std::int32_t live_count_of(const coordinator_state& st);
+/// A node lost while adopting.
+void adoption_lost(coordinator_pointer self, phase::adopting& ph, node_id node);
+bool handle(coordinator_pointer self, phase::adopting& ph, messages::step_committed& c);
+bool handle(coordinator_pointer self, phase::adopting& ph, messages::coordinator_deadline& d);
+
 }  // namespace oobleck::actors

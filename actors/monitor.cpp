@@ -44,33 +44,102 @@ void signal_own_process(const inject_fault& f) {
 namespace {
 
 void start_stage(monitor_pointer self);
+void retire_stage(monitor_pointer self, const std::string& why);
+void look_for_coordinator(monitor_pointer self);
 
-void start_registration(monitor_pointer self) {
+void admitted(monitor_pointer self, admission& a) {
+  auto& st = self->state;
+  const bool first = st.node.value < 0;
+  st.node = a.node;
+  st.job = a;
+  st.term = std::max(st.term, a.term);
+  {
+    std::lock_guard lock(st.failures->mu);
+    st.failures->coordinator = st.deps.coordinator;
+    st.failures->node = a.node;
+  }
+  if (first) {
+    start_stage(self);
+    st.committed_at = std::chrono::steady_clock::now();
+    st.deps.log("admitted as node " + std::to_string(a.node.value));
+    st.deps.admitted(a);
+  } else {
+    st.orphaned_until.reset();
+    st.deps.log("adopted by the coordinator (term " + std::to_string(a.term) + ") as node " +
+                std::to_string(a.node.value));
+  }
+}
+
+/// Registers with deps.coordinator; `memory` carries what the node kept when it comes back.
+void start_registration(monitor_pointer self, node_memory memory = {}) {
   auto& d = self->state.deps;
+  const bool rejoining = memory.present;
   self->request(d.coordinator, caf::infinite, nonce_request{protocol_version})
       .then(
-          [self](std::string& nonce) {
+          [self, memory = std::move(memory)](std::string& nonce) mutable {
             auto& d = self->state.deps;
             register_node r{protocol_version, d.job_hash, d.name,  d.slots, d.data,
-                            nonce,            admission_proof(d.token, nonce, d.name), -1};
+                            nonce,            admission_proof(d.token, nonce, d.name), memory.node, std::move(memory)};
+            const bool rejoining = r.memory.present;
             self->request(d.coordinator, caf::infinite, std::move(r))
-                .then(
-                    [self](admission& a) {
-                      self->state.node = a.node;
-                      self->state.job = a;
-                      start_stage(self);
-                      self->state.deps.log("admitted as node " + std::to_string(a.node.value));
-                      self->state.deps.admitted(a);
-                    },
-                    [self](caf::error& err) {
-                      self->state.deps.log("refused by the coordinator: " + describe(err));
-                      self->quit(std::move(err));
-                    });
+                .then([self](admission& a) { admitted(self, a); },
+                      [self, rejoining](caf::error& err) {
+                        self->state.deps.log("refused by the coordinator: " + describe(err));
+                        const bool removed = is_protocol_error(err) &&
+                                             err.code() == static_cast<std::uint8_t>(protocol_error::unknown_node);
+                        if (!rejoining || removed) {
+                          retire_stage(self, "refused by the coordinator");
+                          return self->quit(std::move(err));
+                        }
+                        look_for_coordinator(self);  // maybe another one, until the grace ends
+                      });
           },
-          [self](caf::error& err) {
+          [self, rejoining](caf::error& err) {
             self->state.deps.log("refused by the coordinator: " + describe(err));
-            self->quit(std::move(err));
+            if (!rejoining) return self->quit(std::move(err));
+            look_for_coordinator(self);
           });
+}
+
+/// What this node kept of the job, for a replacement coordinator: the stage's layers and
+/// gradients, and this monitor's commits and roles.
+void rejoin(monitor_pointer self) {
+  auto& st = self->state;
+  auto send = [self](node_memory m) {
+    auto& st = self->state;
+    m.present = true;
+    m.term = st.term;
+    m.node = st.node.value;
+    m.epoch = st.epoch;
+    m.committed_step = st.committed_step;
+    m.committed_epoch = st.committed_epoch;
+    m.grad_scale = st.committed_scale;
+    m.roles.assign(st.roles.begin(), st.roles.end());
+    m.job_nodes = st.job_nodes;
+    m.ms_since_commit = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                              st.committed_at)
+                            .count();
+    start_registration(self, std::move(m));
+  };
+  if (!st.stage) return send({});
+  self->request(st.stage->actor, std::chrono::seconds(30), memory_atom_v)
+      .then([send](node_memory& m) { send(std::move(m)); },
+            [self, send](caf::error& err) {
+              self->state.deps.log("the stage could not say what it kept (" + describe(err) + "): coming back without layers");
+              send({});
+            });
+}
+
+/// Lost the coordinator: look for one (a replacement, or the same one back) until the grace ends.
+void look_for_coordinator(monitor_pointer self) {
+  auto& st = self->state;
+  if (!st.orphaned_until) return;
+  if (std::chrono::steady_clock::now() >= *st.orphaned_until) {
+    st.deps.log("no coordinator came back within " + std::to_string(st.deps.grace_s) + " s; stopping");
+    retire_stage(self, "lost contact with the coordinator");
+    return self->quit(caf::make_error(caf::exit_reason::remote_link_unreachable));
+  }
+  self->delayed_send(self, std::chrono::milliseconds(250), reconnect_atom_v);
 }
 
 void retire_stage(monitor_pointer self, const std::string& why) {
@@ -105,22 +174,34 @@ void start_stage(monitor_pointer self) {
   // not keep its monitor alive.
   if (st.stage->report_failures_to) {
     const caf::actor_addr me = self->address();
-    st.stage->report_failures_to([me, coordinator = st.deps.coordinator, node = st.node,
-                                  log = st.deps.log](std::uint64_t epoch, const std::string& what) {
+    st.stage->report_failures_to([me, target = st.failures, log = st.deps.log](std::uint64_t epoch,
+                                                                               const std::string& what) {
       log("epoch " + std::to_string(epoch) + ": this node's stage failed: " + what);
+      std::lock_guard lock(target->mu);
       if (auto monitor = caf::actor_cast<caf::actor>(me))
-        caf::send_as(monitor, coordinator, node_fault{epoch, node, what, true});
+        caf::send_as(monitor, target->coordinator, node_fault{epoch, target->node, what, true});
     });
   }
 }
 
 void on_assignment(monitor_pointer self, epoch_assignment& a) {
   auto& st = self->state;
-  if (a.epoch <= st.epoch || st.node.value < 0) {
-    ++st.dropped;  // stale, or (a protocol error) ahead of this node's admission
+  if (a.epoch <= st.epoch || st.node.value < 0 || a.term < st.term) {
+    ++st.dropped;  // stale, of a replaced coordinator, or (a protocol error) ahead of this node's admission
     return;
   }
   st.epoch = a.epoch;
+  st.term = std::max(st.term, a.term);
+  st.job_nodes = a.job_nodes;
+  node_role role{a.epoch, -1, {}};
+  if (a.rank != planning::no_rank && !a.stages.empty()) {
+    const auto& s0 = a.stages.front();
+    role.pipeline = s0.pipeline;
+    for (auto r = s0.first_rank.value; r <= s0.last_rank.value && r >= 0; ++r)
+      if (static_cast<std::size_t>(r) < a.rank_nodes.size()) role.nodes.push_back(a.rank_nodes[static_cast<std::size_t>(r)]);
+  }
+  st.roles.push_back(std::move(role));
+  while (st.roles.size() > 8) st.roles.pop_front();
   if (!st.stage) {
     if (a.rank == planning::no_rank) {
       self->send(st.deps.coordinator, node_ready{a.epoch, st.node, {}});
@@ -176,12 +257,21 @@ void on_commit(monitor_pointer self, commit_step& c) {
     return;
   }
   if (!st.stage) {
+    st.committed_step = static_cast<std::int64_t>(c.step);
+    st.committed_epoch = c.epoch;
+    st.committed_scale = c.grad_scale.value;
+    st.committed_at = std::chrono::steady_clock::now();
     self->send(st.deps.coordinator, step_committed{c.epoch, c.step, st.node, {}});
     return;
   }
   self->request(st.stage->actor, caf::infinite, c)
       .then(
-          [self](step_committed& done) {
+          [self, c](step_committed& done) {
+            auto& st = self->state;
+            st.committed_step = static_cast<std::int64_t>(c.step);
+            st.committed_epoch = c.epoch;
+            st.committed_scale = c.grad_scale.value;
+            st.committed_at = std::chrono::steady_clock::now();
             done.node = self->state.node;
             self->send(self->state.deps.coordinator, std::move(done));
           },
@@ -223,10 +313,23 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
     // Either the coordinator stopped, or it stopped hearing this node (a hang longer than the
     // heartbeat timeout) and declared it lost: the job has moved on without it (fencing), and
     // its stage's old epoch is aborted so nothing of it touches the data plane again.
-    self->state.deps.log("lost contact with the coordinator (" + self->system().render(dm.reason) +
-                         "): it stopped, or it declared this node lost; stopping");
-    retire_stage(self, "lost contact with the coordinator");
-    self->quit(caf::make_error(caf::exit_reason::remote_link_unreachable));
+    auto& st = self->state;
+    if (!st.deps.find_coordinator || st.node.value < 0) {
+      st.deps.log("lost contact with the coordinator (" + self->system().render(dm.reason) +
+                  "): it stopped, or it declared this node lost; stopping");
+      retire_stage(self, "lost contact with the coordinator");
+      return self->quit(caf::make_error(caf::exit_reason::remote_link_unreachable));
+    }
+    // The node outlives its coordinator (ARCHITECTURE.md §10 "Coordinator loss"): its data plane
+    // stops at once (no peer waits on it), its layers and a finished step's gradients stay, and it
+    // looks for a coordinator (the same one back, or a replacement) for the grace period.
+    st.deps.log("lost contact with the coordinator (" + self->system().render(dm.reason) + "): keeping this node's " +
+                "state and looking for a coordinator for " + std::to_string(st.deps.grace_s) + " s");
+    if (st.stage) st.stage->abort(st.epoch, "lost contact with the coordinator");
+    st.orphaned_until = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(st.deps.grace_s));
+    self->send(self, reconnect_atom_v);
   });
   start_registration(self);
   return {
@@ -276,6 +379,18 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
         r.probe = p.probe;
         r.node = st.node;
         self->send(st.deps.coordinator, r);
+      },
+      [self](reconnect_atom) {
+        auto& st = self->state;
+        if (!st.orphaned_until) return;
+        if (auto found = st.deps.find_coordinator ? st.deps.find_coordinator() : std::nullopt) {
+          if (*found == st.deps.coordinator) return look_for_coordinator(self);  // the lost one's proxy
+          st.deps.coordinator = *found;
+          self->monitor(st.deps.coordinator);
+          st.deps.log("reached a coordinator: coming back with this node's state");
+          return rejoin(self);
+        }
+        look_for_coordinator(self);
       },
       [self](evict_atom, std::string& why) {
         // The coordinator declared this node lost for failing or stalling again and again: the job

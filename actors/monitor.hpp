@@ -13,7 +13,11 @@
 //
 // The layer store, copies between epochs and abort_epoch's recovery join with fault tolerance.
 
+#include <chrono>
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <functional>
 #include <optional>
 #include <string>
@@ -44,6 +48,19 @@ struct monitor_deps {
   std::function<spawned_stage(const messages::admission&)> make_stage;
   /// Carries out an injected fault; the default signals this very process (SIGKILL, SIGSTOP).
   std::function<void(const messages::inject_fault&)> fault;
+  /// Coordinator loss (ARCHITECTURE.md §10): one attempt to reach a coordinator (each address the
+  /// worker was given, in turn); unset: a lost coordinator ends the node as before. The node keeps
+  /// its layers and tries again for `grace_s` seconds, then stops.
+  std::function<std::optional<messages::coordinator_actor>()> find_coordinator;
+  double grace_s = 60;
+};
+
+/// Where a stage's own failure is reported: the current coordinator and this node's id there
+/// (both change when a replacement coordinator adopts the node).
+struct failure_target {
+  std::mutex mu;
+  messages::coordinator_actor coordinator;
+  planning::node_id node{-1};
 };
 
 struct monitor_state {
@@ -53,6 +70,17 @@ struct monitor_state {
   std::uint64_t epoch = 0;  ///< the newest epoch assigned
   std::optional<spawned_stage> stage;  ///< the node's stage slots, once admitted
   std::uint64_t dropped = 0;           ///< messages of older epochs
+  // What a replacement coordinator needs (node_memory).
+  std::uint64_t term = 0;               ///< the newest coordinator term seen
+  std::deque<messages::node_role> roles;  ///< this node's place in the newest epochs assigned
+  std::int32_t job_nodes = 0;
+  std::int64_t committed_step = -1;
+  std::uint64_t committed_epoch = 0;
+  double committed_scale = 1;
+  std::chrono::steady_clock::time_point committed_at = std::chrono::steady_clock::now();
+  /// Set while the coordinator is lost: until when to look for one.
+  std::optional<std::chrono::steady_clock::time_point> orphaned_until;
+  std::shared_ptr<failure_target> failures = std::make_shared<failure_target>();
   static inline const char* name = "oobleck.monitor";
 };
 

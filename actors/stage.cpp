@@ -106,7 +106,8 @@ struct stage_runtime {
         data(runtime::make_dataset(job.train, job.model.seq_len, job.model.vocab)),
         samples(job.sample_seed, data.size(), job.global_batch),
         store(job.model),
-        activity(static_cast<std::size_t>(slot_count)) {
+        activity(static_cast<std::size_t>(slot_count)),
+        gradients_done(static_cast<std::size_t>(slot_count), -1) {
     validation.resize(static_cast<std::size_t>(slot_count));
   }
 
@@ -144,6 +145,10 @@ struct stage_runtime {
   /// Per slot: what its thread is doing (the stall probe). Forming: the newest epoch slot 0
   /// started forming, whether it waits for a step of the node to end, and the newest formed.
   std::vector<slot_activity> activity;
+  /// Per slot: the step whose gradients its stage finished summing and still holds (-1: none):
+  /// after a coordinator's loss a replacement may ask the node to apply that step's commit.
+  /// Written by each slot's own step (under views_mu shared), read under views_mu exclusive.
+  std::vector<std::int64_t> gradients_done;
   std::atomic<std::uint64_t> forming_epoch{0};
   std::atomic<bool> forming_blocked{false};
   std::atomic<std::uint64_t> formed_epoch{0};
@@ -286,6 +291,7 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   // the store until an epoch has formed everywhere.
   for (auto& e : rt.executors) e->discard();
   rt.executors.clear();
+  std::fill(rt.gradients_done.begin(), rt.gradients_done.end(), -1);
   rt.watched.clear();
   {
     std::lock_guard lock(rt.abort_mu);
@@ -462,7 +468,9 @@ stage_done run(stage_runtime& rt, const stage_step& order, int slot) {
     activity.set(slot_activity::waiting);  // for the all-reduces (they run on the reducer's thread too)
     executor.reduce_gradients(rt.layer_groups);
     if (rt.job.optimizer.clip_norm > 0) done.grad_sq = executor.gradient_sq_norm();
+    rt.gradients_done.at(static_cast<std::size_t>(slot)) = static_cast<std::int64_t>(order.step);
   } catch (const std::exception& e) {
+    rt.gradients_done.at(static_cast<std::size_t>(slot)) = -1;
     done.error = what_of(e);
     // This stage's own failure (out of memory, a c10::Error): its peers must not wait for it. Told
     // before anything else: discarding the step cancels its all-reduces, its peers fail, and the
@@ -542,8 +550,28 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
           rt.own_failure(c.epoch, "applying the commit of step " + std::to_string(c.step) + ": " + what_of(e));
           return make_error(protocol_error::bad_request, "commit failed: " + what_of(e));
         }
+        std::fill(rt.gradients_done.begin(), rt.gradients_done.end(), -1);
         out.commit_ms = ms_since(started);
         return out;
+      },
+      [self](memory_atom) -> caf::result<node_memory> {
+        if (self->state.slot != 0) return slot_zero_only(self->state.slot, "a memory request");
+        // What the node kept for a replacement coordinator: every layer with its digest and
+        // update count, and whether its stages still hold a finished step's gradients. Asked
+        // after the data plane was aborted, so no step of the node still runs.
+        auto& rt = *self->state.rt;
+        std::unique_lock views(rt.views_mu);
+        node_memory m;
+        m.views_epoch = rt.formed_epoch.load();
+        if (!rt.executors.empty()) {
+          const std::int64_t step = rt.gradients_done.front();
+          bool all = true;
+          for (std::size_t j = 0; j < rt.executors.size(); ++j) all = all && rt.gradients_done.at(j) == step;
+          if (all) m.gradients_step = step;
+        }
+        for (int l : rt.store.layers_held())
+          m.layers.push_back({planning::layer_index{l}, rt.store.parameter_digest(l), rt.store.optimizer_state(l).step});
+        return m;
       },
       [self](write_checkpoint& w) -> caf::result<checkpoint_written> {
         if (self->state.slot != 0) return slot_zero_only(self->state.slot, "a checkpoint");

@@ -121,6 +121,13 @@ caf::expected<caf::strong_actor_ptr> connect_once(caf::actor_system& sys, const 
 
 }  // namespace
 
+std::optional<messages::coordinator_actor> try_coordinator(caf::actor_system& sys, const host_port& at,
+                                                           std::chrono::milliseconds wait) {
+  auto c = connect_once(sys, at, wait);
+  if (!c) return std::nullopt;
+  return caf::actor_cast<messages::coordinator_actor>(std::move(*c));
+}
+
 messages::coordinator_actor connect_coordinator(caf::actor_system& sys, const host_port& at,
                                                 double timeout_s,
                                                 const std::function<void(const std::string&)>& log) {

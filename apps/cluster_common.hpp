@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <chrono>
 #include <string>
 
 #include <caf/actor_system.hpp>
@@ -59,6 +61,11 @@ struct cluster_config : caf::actor_system_config {
 
 /// A progress line: "[who] text", flushed at once (other processes interleave with it).
 std::function<void(const std::string&)> progress_printer(std::string who);
+
+/// One attempt to reach a coordinator at `at`, waiting at most `wait` (a worker looking for a
+/// replacement of the coordinator it lost): nullopt when none answered.
+std::optional<messages::coordinator_actor> try_coordinator(caf::actor_system& sys, const host_port& at,
+                                                           std::chrono::milliseconds wait);
 
 /// Connects to the coordinator, retrying until `timeout_s` while nothing listens there (it may
 /// start after the worker); over TLS when the system has CAF's OpenSSL module (apps::use_tls).

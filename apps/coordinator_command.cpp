@@ -1,4 +1,5 @@
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,6 +18,7 @@
 
 #include "actors/admission.hpp"
 #include "actors/coordinator.hpp"
+#include "actors/monitor.hpp"
 #include "apps/cluster_commands.hpp"
 #include "apps/checkpoint_job.hpp"
 #include "apps/cluster_common.hpp"
@@ -209,11 +211,26 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   add_text(app, "--resume-command", resume_command,
            "for launchers: the command printed to resume the job, before ' --resume DIR' (default: this "
            "command line)");
+  double adopt_wait = 10;
+  add_number(app, "--adopt-wait", adopt_wait, 0,
+             "a replacement coordinator (workers come back with the state of a job in progress) waits this many "
+             "seconds at most for the nodes of the job's newest epoch, then goes on with those back (default 10)");
+  // Fault injection into the coordinator itself (oobleck-local --kill-coordinator-at and
+  // --hang-coordinator-at pass these; hidden: not for operators).
+  std::optional<std::int64_t> kill_self_at, partial_commit_at;
+  std::string hang_self_at;
+  app.add_option("--kill-self-at", kill_self_at, "SIGKILL this coordinator as step STEP is sent")->group("");
+  app.add_option("--hang-self-at", hang_self_at, "STEP:SECONDS: freeze this coordinator as step STEP is sent")
+      ->group("");
+  app.add_option("--partial-commit-at", partial_commit_at,
+                 "testing: at step STEP's commit, tell the first node only, then die")
+      ->group("");
   add_tls_flags(app, tls_given);
   app.footer("Exit status: 0 finished (or stopped by an operator), 1 internal error, 2 bad input (flags, job "
              "file, TLS files, a checkpoint that is not valid for --resume), 4 the reconfiguration policy stopped the job "
              "(fewer than (f+1)*n0 nodes, or a layer with no surviving holder): a checkpoint was written when "
-             "possible and its resume command printed.");
+             "possible and its resume command printed; 5 a newer coordinator adopted the job (this one was frozen or cut off "
+             "and replaced): it changed nothing.");
   if (!parse_flags(app, args, out)) return 0;
 
   const host_port at = parse_host_port("--listen", listen, true);
@@ -280,6 +297,47 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.checkpoint.resume_command = [prefix = resume_command, args](const std::string& dir) {
     return prefix.empty() ? resume_command_line("oobleck-coordinator", args, dir) : resume_command_line(prefix, {}, dir);
   };
+  deps.adopt_wait_ms = adopt_wait * 1000;
+  std::optional<std::pair<std::uint64_t, double>> hang;
+  if (!hang_self_at.empty()) {
+    const auto colon = hang_self_at.find(':');
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("no colon");
+      hang.emplace(std::stoull(hang_self_at.substr(0, colon)), std::stod(hang_self_at.substr(colon + 1)));
+    } catch (const std::exception&) {
+      throw messages::input_error("--hang-self-at: expected STEP:SECONDS, got '" + hang_self_at + "'");
+    }
+  }
+  if (kill_self_at || hang) {
+    deps.on_step_sent = [kill_at = kill_self_at, hang, log](std::uint64_t step) {
+      if (kill_at && static_cast<std::int64_t>(step) == *kill_at) {
+        log("injected fault: the coordinator kills itself (SIGKILL) in the middle of step " + std::to_string(step));
+        // A few milliseconds on: the step's orders are out and its stages compute.
+        std::thread([] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          std::fflush(nullptr);
+          ::kill(::getpid(), SIGKILL);
+        }).detach();
+      }
+      if (hang && hang->first == step) {
+        log("injected fault: the coordinator freezes for " + std::to_string(hang->second) + " s in the middle of step " +
+            std::to_string(step));
+        messages::inject_fault f;
+        f.kind = messages::fault_kind::hang;
+        f.seconds = hang->second;
+        actors::signal_own_process(f);
+      }
+    };
+  }
+  if (partial_commit_at) {
+    deps.partial_commit_at = static_cast<std::uint64_t>(*partial_commit_at);
+    deps.die = [] {
+      // Long enough for the one commit_step to leave this process.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::fflush(nullptr);
+      ::kill(::getpid(), SIGKILL);
+    };
+  }
   auto stopped_by_policy = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<std::ofstream> metrics;
   if (!metrics_out.empty()) {
@@ -307,6 +365,17 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
       *metrics << j.dump() << std::endl;
     };
   }
+  deps.on_restored = [metrics](const actors::restore_record& r) {
+    if (!metrics) return;
+    nlohmann::ordered_json j;
+    j["event"] = "coordinator_restored";
+    j["term"] = r.term;
+    j["nodes"] = r.nodes;
+    j["step"] = r.step;
+    j["completed"] = r.completed;
+    j["downtime_ms"] = r.downtime_ms;
+    *metrics << j.dump() << std::endl;
+  };
   if (!events_out.empty()) {
     auto events = std::make_shared<std::ofstream>(events_out, std::ios::app);
     if (!*events) throw messages::input_error("--events-out: cannot write " + events_out);
@@ -392,6 +461,11 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   if (*stopped_by_policy) {
     std::cerr << "error: the job stopped: too few nodes or layers left to continue (see the log above)\n";
     return exit_checkpoint_and_stop;
+  }
+  if (messages::is_protocol_error(reason) &&
+      reason.code() == static_cast<std::uint8_t>(messages::protocol_error::superseded)) {
+    std::cerr << "error: " << messages::describe(reason) << "\n";
+    return 5;
   }
   if (reason && reason != caf::exit_reason::user_shutdown) {
     std::cerr << "error: the job failed: " << messages::describe(reason) << "\n";

@@ -316,9 +316,14 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   if (!o.resume.empty()) coord_args.insert(coord_args.end(), {"--resume", std::filesystem::absolute(o.resume).string()});
   coord_args.insert(coord_args.end(), {"--resume-command", local_resume_prefix(args)});
   coord_args.insert(coord_args.end(), tls_forward.begin(), tls_forward.end());
-  runtime::child_process coordinator((bin / "oobleck-coordinator").string(), coord_args,
+  // The coordinator's own faults go to its first incarnation only.
+  std::vector<std::string> first_args = coord_args;
+  if (o.kill_coordinator_at)
+    first_args.insert(first_args.end(), {o.kill_coordinator_after_commit ? "--partial-commit-at" : "--kill-self-at",
+                                         std::to_string(*o.kill_coordinator_at)});
+  if (!o.hang_coordinator_at.empty()) first_args.insert(first_args.end(), {"--hang-self-at", o.hang_coordinator_at});
+  runtime::child_process coordinator((bin / "oobleck-coordinator").string(), first_args,
                                      {.out = runtime::child_output::descriptor(coordinator_out.write_end())});
-  coordinator_out.close_write_end();
   // With a bar, the workers' lines come through the console too (else they would land on the bar):
   // one pipe for them all, read until the last of them is gone.
   std::optional<runtime::output_pipe> workers_out;
@@ -337,6 +342,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   } workers_joiner{workers_out, workers_echo};
   std::vector<runtime::child_process> workers;  // by worker number (its name is "node" + number)
 
+  coordinator_out.close_write_end();  // (a replacement gets a pipe of its own, echoed by its own thread)
   // Echo the coordinator's lines, for people.
   std::thread echo([&coordinator_out, &say] { coordinator_out.read_lines(say); });
   // On every way out: the echo thread reads until the coordinator's end of the pipe closes, so the
@@ -404,7 +410,8 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
                                          std::to_string(job.cluster.slots_per_node), "--heartbeat-interval-ms",
                                          std::to_string(job.cluster.heartbeat_interval_ms),
                                          "--connection-timeout-ms",
-                                         std::to_string(job.cluster.connection_timeout_ms)};
+                                         std::to_string(job.cluster.connection_timeout_ms), "--coordinator-grace",
+                                         std::to_string(o.coordinator_grace_s)};
     worker_args.insert(worker_args.end(), tls_forward.begin(), tls_forward.end());
     runtime::child_streams streams;
     if (workers_out) streams.out = runtime::child_output::descriptor(workers_out->write_end());
@@ -427,7 +434,41 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
 
   int next_worker = nodes;
   bool trace_stopped = false;
-  while (!coordinator_status && !(coordinator_status = coordinator.poll())) {
+  // Supervision: a coordinator that a signal ended (a crash, kill -9) is started again at the same
+  // address; the replacement adopts the job from the workers, which wait for it (--coordinator-grace).
+  std::vector<std::unique_ptr<runtime::output_pipe>> replacement_out;
+  std::vector<std::thread> replacement_echo;
+  struct join_replacement_echo {
+    std::vector<std::thread>& threads;
+    ~join_replacement_echo() {
+      for (auto& t : threads)
+        if (t.joinable()) t.join();
+    }
+  } replacement_joiner{replacement_echo};
+  int restarts = 0;
+  auto supervise = [&]() -> bool {
+    if (!coordinator_status || *coordinator_status < 128 || trace_stopped || stop_signal) return false;
+    if (restarts >= 10) {
+      error() << "error: the coordinator died " << restarts << " times; not starting it again\n";
+      return false;
+    }
+    ++restarts;
+    say(local + "the coordinator died (status " + std::to_string(*coordinator_status) +
+        "): starting a replacement at " + address);
+    std::vector<std::string> again = coord_args;
+    for (std::size_t k = 0; k + 1 < again.size(); ++k)
+      if (again[k] == "--listen") again[k + 1] = address;
+    auto& pipe = replacement_out.emplace_back(std::make_unique<runtime::output_pipe>());
+    coordinator.kill_and_reap();
+    coordinator = runtime::child_process((bin / "oobleck-coordinator").string(), again,
+                                         {.out = runtime::child_output::descriptor(pipe->write_end())});
+    pipe->close_write_end();
+    replacement_echo.emplace_back([p = pipe.get(), &say] { p->read_lines(say); });
+    coordinator_status.reset();
+    return true;
+  };
+  while ((!coordinator_status && !(coordinator_status = coordinator.poll())) || supervise()) {
+    if (coordinator_status) continue;
     if (replay && !trace_stopped) {
       const auto now = std::chrono::steady_clock::now();
       if (!replay->begun() && progress.formed) replay->begin(progress.formed_at);

@@ -131,13 +131,26 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
               "with --trace: at most N workers at once (default: --nodes, else the job's cluster.nodes); the trace's "
               "nodes take free slots in the order they are added, the rest wait as spares")
       ->type_name("N");
+  std::string kill_coordinator;
+  app.add_option("--kill-coordinator-at", kill_coordinator,
+                 "STEP[:commit]: the coordinator kills itself (SIGKILL) in the middle of step STEP (with :commit, once "
+                 "it decided the step's commit and told one node only); oobleck-local starts a replacement at the same "
+                 "address, which adopts the job from the workers' memory")
+      ->type_name("STEP");
+  app.add_option("--hang-coordinator-at", o.hang_coordinator_at,
+                 "STEP:SECONDS: the coordinator freezes (SIGSTOP) in the middle of step STEP for SECONDS (longer than "
+                 "the connection timeout: the workers lose it, keep their state and wait for it to come back)")
+      ->type_name("STEP:SECONDS");
+  add_number(app, "--coordinator-grace", o.coordinator_grace_s, 0,
+             "seconds a worker that lost its coordinator keeps its state and waits for one (default 60)");
   add_text(app, "--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (default: the job's [checkpoint] dir)");
   add_integer(app, "--checkpoint-every", o.checkpoint_every, 0, std::int64_t{1} << 40,
               "a checkpoint after every K committed steps (default: the job's [checkpoint] every)");
   add_text(app, "--resume", o.resume, "continue from the checkpoint in DIR (a step-N folder, or the checkpoint folder: then its newest complete checkpoint); validated against the job first");
   app.footer("Exit status: the coordinator's: 0 finished, 1 internal error, 2 bad input, 4 the reconfiguration "
              "policy stopped the job (too few nodes left): a checkpoint was written when possible and the "
-             "command that resumes it printed.");
+             "command that resumes it printed. A coordinator that dies (a signal) is started again at the same "
+             "address, as systemd or a Slurm step would: the replacement adopts the job from the workers' memory.");
   add_tls_flags(app, o.tls);
   app.add_flag("--print-default-job", o.print_default_job, "print the default job file and exit (a start for your own)");
   if (!parse_flags(app, args, out)) return std::nullopt;
@@ -146,6 +159,30 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
   for (const auto& e : error_at) add_faults(o.faults, "--error-at", e, messages::fault_kind::error);
   for (const auto& s : stall_at) add_faults(o.faults, "--stall-at", s, messages::fault_kind::stall);
   for (const auto& j : join_at) o.joins.push_back(join_of(j));
+  if (!kill_coordinator.empty()) {
+    std::string step = kill_coordinator;
+    if (step.size() > 7 && step.substr(step.size() - 7) == ":commit") {
+      o.kill_coordinator_after_commit = true;
+      step.resize(step.size() - 7);
+    }
+    try {
+      std::size_t used = 0;
+      o.kill_coordinator_at = std::stoll(step, &used);
+      if (used != step.size() || *o.kill_coordinator_at < 0) throw std::invalid_argument("not a step");
+    } catch (const std::exception&) {
+      throw messages::input_error("--kill-coordinator-at: expected STEP or STEP:commit, got '" + kill_coordinator + "'");
+    }
+  }
+  if (!o.hang_coordinator_at.empty()) {
+    const auto colon = o.hang_coordinator_at.find(':');
+    bool ok = colon != std::string::npos && colon > 0;
+    try {
+      ok = ok && std::stoll(o.hang_coordinator_at.substr(0, colon)) >= 0 && std::stod(o.hang_coordinator_at.substr(colon + 1)) > 0;
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    if (!ok) throw messages::input_error("--hang-coordinator-at: expected STEP:SECONDS, got '" + o.hang_coordinator_at + "'");
+  }
   const bool time_scale_given = app.get_option("--time-scale")->count() > 0;
   if (o.trace_path.empty()) {
     if (time_scale_given) throw messages::input_error("--time-scale goes with --trace");

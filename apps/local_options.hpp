@@ -36,6 +36,12 @@ struct local_options {
   std::string checkpoint_dir, resume;
   std::optional<std::int64_t> checkpoint_every;
   tls_flags tls;  ///< --tls-*: replace the job's [tls] keys; handed on to the coordinator and workers
+  /// The coordinator's own faults (its first incarnation): --kill-coordinator-at STEP[:commit] and
+  /// --hang-coordinator-at STEP:SECONDS. oobleck-local restarts a coordinator that dies.
+  std::optional<std::int64_t> kill_coordinator_at;
+  bool kill_coordinator_after_commit = false;  ///< ":commit": once its commit reached one node
+  std::string hang_coordinator_at;             ///< "STEP:SECONDS", checked here
+  double coordinator_grace_s = 60;             ///< --coordinator-grace, for every worker
 };
 
 /// Reads `args` (without the program name); none when --help was printed to `out`. Throws

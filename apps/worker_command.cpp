@@ -5,6 +5,8 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include <caf/scoped_actor.hpp>
 
@@ -36,14 +38,17 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
                "token), then runs what the coordinator assigns until it is shut down.\n"
                "Exit status: 0 shut down by the coordinator; 2 bad flags or refused (token, job or\n"
                "protocol version); 3 lost contact with the coordinator (it stopped, or declared this\n"
-               "node lost after a hang), or evicted (its stages failed or stalled again and again).",
+               "node lost after a hang, and no coordinator came back within --coordinator-grace), or evicted (its stages failed or stalled again and again).",
                "oobleck-worker"};
   std::string coordinator, token_file, name = default_name(), config, data_host;
   int slots = 1, data_port = 0;
   double connect_timeout = 60;
   int heartbeat_ms = 250, silence_ms = 1500;
   tls_flags tls_given;
-  add_text(app, "--coordinator", coordinator, "HOST:PORT of the coordinator")->required();
+  add_text(app, "--coordinator", coordinator,
+           "HOST:PORT of the coordinator, or a comma-separated list (a standby first tried when the coordinator "
+           "is lost)")
+      ->required();
   add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")->required();
   add_text(app, "--name", name, "this node's name in status and logs (default: HOSTNAME-PID)");
   add_integer(app, "--slots", slots, 1, 64,
@@ -63,12 +68,22 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
               "cluster.heartbeat_interval_ms should match)");
   add_integer(app, "--connection-timeout-ms", silence_ms, 20, 86'400'000,
               "a coordinator silent this long is gone (default 1500)");
+  double grace = 60;
+  add_number(app, "--coordinator-grace", grace, 0,
+             "seconds a node that lost its coordinator keeps its state and looks for one (the same one back, or a "
+             "replacement at any --coordinator address) before it exits with status 3 (default 60; 0: exit at once)");
   add_tls_flags(app, tls_given);
   if (!parse_flags(app, args, out)) return 0;
   if (silence_ms < 2 * heartbeat_ms)
     throw messages::input_error("--connection-timeout-ms must be at least twice --heartbeat-interval-ms");
 
-  const host_port at = parse_host_port("--coordinator", coordinator);
+  std::vector<host_port> addresses;
+  for (std::size_t from = 0; from <= coordinator.size();) {
+    const auto comma = std::min(coordinator.find(',', from), coordinator.size());
+    addresses.push_back(parse_host_port("--coordinator", coordinator.substr(from, comma - from)));
+    from = comma + 1;
+  }
+  const host_port at = addresses.front();
   const std::string token = actors::read_token_file(token_file);
   std::string job_hash;
   tls_section job_tls;
@@ -91,7 +106,27 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   cfg.set_heartbeat(heartbeat_ms, silence_ms);
   use_tls(cfg, tls);
   caf::actor_system sys{cfg};
-  auto coord = connect_coordinator(sys, at, connect_timeout, log);
+  // The first address that answers (each tried in turn until --connect-timeout).
+  messages::coordinator_actor coord;
+  if (addresses.size() == 1) {
+    coord = connect_coordinator(sys, at, connect_timeout, log);
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(connect_timeout);
+    for (bool said = false;;) {
+      for (const auto& a : addresses)
+        if (auto c = try_coordinator(sys, a, std::chrono::milliseconds(1000))) {
+          coord = *c;
+          break;
+        }
+      if (coord) break;
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw std::runtime_error("cannot reach a coordinator at " + coordinator + " within " +
+                                 std::to_string(connect_timeout) + " s");
+      if (!said) log("waiting for a coordinator at " + coordinator);
+      said = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
   actors::monitor_deps deps;
   deps.coordinator = coord;
   deps.token = token;
@@ -102,6 +137,13 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   if (data_port == 0) reserved.emplace();
   deps.data = {data_host, data_port ? static_cast<std::uint16_t>(data_port) : reserved->port()};
   deps.job_hash = job_hash;
+  deps.grace_s = grace;
+  if (grace > 0)
+    deps.find_coordinator = [&sys, addresses]() -> std::optional<messages::coordinator_actor> {
+      for (const auto& a : addresses)
+        if (auto c = try_coordinator(sys, a, std::chrono::milliseconds(1000))) return c;
+      return std::nullopt;
+    };
   deps.log = log;
   deps.make_stage = [&sys, slots, token](const messages::admission& a) {
     auto job = stage_job_for(parse_job(a.job_toml, "the coordinator's job file"));
@@ -123,12 +165,16 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
       reason.code() == static_cast<std::uint8_t>(messages::protocol_error::evicted)) {
     err << "error: " << messages::describe(reason) << " (the coordinator evicted this node; the job goes on without it)\n";
     status = 3;
+  } else if (messages::is_protocol_error(reason) &&
+             reason.code() == static_cast<std::uint8_t>(messages::protocol_error::unknown_node)) {
+    err << "error: " << messages::describe(reason) << "\n";
+    status = 3;
   } else if (reason && messages::is_protocol_error(reason)) {
     err << "error: refused by the coordinator: " << messages::describe(reason) << "\n";
     status = 2;
   } else if (reason) {
     err << "error: lost contact with the coordinator at " << coordinator
-        << " (it stopped, or it declared this node lost)\n";
+        << " (it stopped, or it declared this node lost, and none came back within --coordinator-grace)\n";
     status = 3;
   }
   // The node's part of the job is over and nothing is left to write. The actor system's

@@ -39,7 +39,7 @@ using monitor_actor =
     caf::typed_actor<caf::reacts_to<epoch_assignment>, caf::reacts_to<commit_step>,
                      caf::reacts_to<abort_epoch>, caf::reacts_to<inject_fault>, caf::reacts_to<write_checkpoint>,
                      caf::reacts_to<shutdown_atom, std::string>, caf::reacts_to<stall_probe>,
-                     caf::reacts_to<evict_atom, std::string>>;
+                     caf::reacts_to<evict_atom, std::string>, caf::reacts_to<reconnect_atom>>;
 
 using pipeline_actor = caf::typed_actor<caf::reacts_to<run_step>>;
 
@@ -49,6 +49,8 @@ using stage_actor =
     caf::typed_actor<caf::replies_to<epoch_assignment>::with<form_timing>,
                      caf::replies_to<stage_step>::with<stage_done>,
                      caf::replies_to<commit_step>::with<step_committed>,
-                     caf::replies_to<write_checkpoint>::with<checkpoint_written>>;
+                     caf::replies_to<write_checkpoint>::with<checkpoint_written>,
+                     // What the node kept (layers, digests, gradients), for a replacement coordinator.
+                     caf::replies_to<memory_atom>::with<node_memory>>;
 
 }  // namespace oobleck::messages

@@ -115,6 +115,7 @@ enum class stop_outcome : std::uint8_t {
   shutdown,             ///< an operator (or a signal) asked
   failed,               ///< it could not go on (repeated failures, cannot plan)
   checkpoint_and_stop,  ///< too few nodes or layers left: checkpoint (if possible) and stop
+  superseded,           ///< a newer coordinator adopted the job (this one was frozen or cut off)
 };
 
 /// Published to every subscriber actor.

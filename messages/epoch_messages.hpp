@@ -78,6 +78,11 @@ struct epoch_assignment {
   /// Fresh random bytes (hex) per epoch: the data plane's handshake proves the job token over
   /// them, so a handshake recorded in one epoch proves nothing in another.
   std::string data_nonce;
+  /// The coordinator's term (a worker refuses an assignment of a lower term than it has seen) and
+  /// the number of nodes the epoch assigns (a replacement coordinator waits for that many).
+  std::uint64_t term = 0;
+  std::int32_t job_nodes = 0;
+  std::vector<std::int64_t> rank_nodes;  ///< the node id of every rank
 
   bool operator==(const epoch_assignment&) const = default;
 };
@@ -85,7 +90,8 @@ struct epoch_assignment {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, epoch_assignment& x) {
   return f(caf::meta::type_name("epoch_assignment"), x.epoch, x.next_step, x.rank, x.peers, x.stages,
-           x.layer_groups, x.copies, x.pipeline_microbatches, x.resume_dir, x.data_nonce);
+           x.layer_groups, x.copies, x.pipeline_microbatches, x.resume_dir, x.data_nonce, x.term, x.job_nodes,
+           x.rank_nodes);
 }
 
 /// Where a node's forming time went (microseconds, in the node's clock), and the copy plan's bytes
@@ -216,6 +222,7 @@ enum class deadline_kind : std::uint8_t {
   form,    ///< the epoch did not form in time
   commit,  ///< the commit was not confirmed in time
   probe,   ///< the nodes had their time to answer the stall probe
+  adopt,   ///< a replacement coordinator waited long enough for the nodes of the job it adopts
 };
 
 struct coordinator_deadline {

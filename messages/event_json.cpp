@@ -14,7 +14,8 @@ constexpr event_kind all_kinds[] = {event_kind::node_joined,    event_kind::node
                                     event_kind::commit_stood,   event_kind::step_failed,        event_kind::checkpoint_written,
                                     event_kind::node_refused};
 constexpr stop_outcome all_outcomes[] = {stop_outcome::none, stop_outcome::finished, stop_outcome::shutdown,
-                                         stop_outcome::failed, stop_outcome::checkpoint_and_stop};
+                                         stop_outcome::failed, stop_outcome::checkpoint_and_stop,
+                                         stop_outcome::superseded};
 
 }  // namespace
 

@@ -27,6 +27,7 @@ std::string to_string(protocol_error x) {
     case protocol_error::bad_request: return "bad_request";
     case protocol_error::wrong_slots: return "wrong_slots";
     case protocol_error::evicted: return "evicted";
+    case protocol_error::superseded: return "superseded";
   }
   return "protocol_error(" + std::to_string(static_cast<int>(x)) + ")";
 }
@@ -64,6 +65,7 @@ std::string to_string(stop_outcome x) {
     case stop_outcome::shutdown: return "shutdown";
     case stop_outcome::failed: return "failed";
     case stop_outcome::checkpoint_and_stop: return "checkpoint_and_stop";
+    case stop_outcome::superseded: return "superseded";
   }
   return "stop_outcome(" + std::to_string(static_cast<int>(x)) + ")";
 }

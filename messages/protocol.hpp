@@ -21,7 +21,7 @@
 namespace oobleck::messages {
 
 /// Bumped on every incompatible change of a message; nodes of another version are refused.
-constexpr std::uint32_t protocol_version = 10;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing; 7: typed job events (epoch_forming, commit_stood, step_failed, checkpoint_written, node_refused; stop outcome); 8: typed ids (node_id, rank, layer_index) in the node-side messages, epoch_copy; 9: hostile and faulty conditions (stage faults: error and stall kinds, own failures, stall probes, deadlines, eviction; authenticated data plane; checkpoint writers replaced); 10: a real model (tied-embedding group ranks, gradient clipping's norm and scale, evaluation rounds, tied digests) and each stage's op times (the step's ideal makespan)
+constexpr std::uint32_t protocol_version = 11;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing; 7: typed job events (epoch_forming, commit_stood, step_failed, checkpoint_written, node_refused; stop outcome); 8: typed ids (node_id, rank, layer_index) in the node-side messages, epoch_copy; 9: hostile and faulty conditions (stage faults: error and stall kinds, own failures, stall probes, deadlines, eviction; authenticated data plane; checkpoint writers replaced); 10: a real model (tied-embedding group ranks, gradient clipping's norm and scale, evaluation rounds, tied digests) and each stage's op times (the step's ideal makespan); 11: replaceable coordinator (node_memory in register_node, terms in admission and epoch_assignment, the stage's memory request)
 
 /// Expected failures returned as values (caf::error with category "oobleck").
 enum class protocol_error : std::uint8_t {
@@ -34,6 +34,7 @@ enum class protocol_error : std::uint8_t {
   bad_request,         ///< a malformed request (out-of-range ids, inconsistent fields)
   wrong_slots,         ///< the worker's --slots differs from the job's cluster.slots_per_node
   evicted,             ///< the coordinator evicted this node (its stages failed or stalled repeatedly)
+  superseded,          ///< a newer coordinator (a higher term) adopted the job
 };
 
 caf::error make_error(protocol_error x);
@@ -57,6 +58,9 @@ CAF_BEGIN_TYPE_ID_BLOCK(oobleck, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::endpoint))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::nonce_request))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::register_node))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::held_layer))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::node_role))
+  CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::node_memory))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::admission))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::control_proof))
   CAF_ADD_TYPE_ID(oobleck, (oobleck::messages::stage_assignment))
@@ -91,4 +95,6 @@ CAF_BEGIN_TYPE_ID_BLOCK(oobleck, caf::first_custom_type_id)
   CAF_ADD_ATOM(oobleck, oobleck::messages, subscribe_atom, "subscribe")
   CAF_ADD_ATOM(oobleck, oobleck::messages, shutdown_atom, "shutdown")
   CAF_ADD_ATOM(oobleck, oobleck::messages, evict_atom, "evict")
+  CAF_ADD_ATOM(oobleck, oobleck::messages, memory_atom, "memory")
+  CAF_ADD_ATOM(oobleck, oobleck::messages, reconnect_atom, "reconnect")
 CAF_END_TYPE_ID_BLOCK(oobleck)
