@@ -37,7 +37,7 @@ const model_spec& find_model(std::string_view name) {
     if (m.name == name) return m;
     known += (known.empty() ? "" : ", ") + m.name;
   }
-  throw messages::input_error("unknown model '" + std::string(name) + "' (known: " + known + ")");
+  throw messages::input_error("unknown model '" + std::string(name) + "' (known: " + known + ", dense-400b)");
 }
 
 planning::profile analytical_profile(const model_spec& m, int microbatch, bool checkpointing,
@@ -94,6 +94,82 @@ sim_job paper_job(const model_spec& model, int nodes, int fault_tolerance, const
   job.bamboo_microbatch = model.bamboo_microbatch > 0 ? model.bamboo_microbatch : 1;
   job.profile = analytical_profile(model, job.microbatch, true, device);
   job.bamboo_profile = analytical_profile(model, job.bamboo_microbatch, false, device);
+  return job;
+}
+
+model_spec frontier_model() {
+  return {.name = "dense-400b", .blocks = 126, .hidden = 16384, .heads = 128, .sequence = 8192, .vocab = 128256,
+          .global_batch = 2048, .microbatch = 1, .bamboo_microbatch = 1};
+}
+
+device_spec frontier_device() {
+  device_spec d;
+  d.kind = "H100 SXM x8 (analytical)";
+  d.peak_flops = 989e12;
+  d.memory_bandwidth = 3.35e12;
+  d.memory_bytes = 80e9;
+  d.max_efficiency = 0.45;
+  d.half_efficiency_tokens = 1024;
+  d.gpus_per_node = 8;
+  return d;
+}
+
+planning::profile frontier_profile(int microbatch) {
+  if (microbatch < 1) throw messages::input_error("microbatch must be >= 1");
+  const model_spec m = frontier_model();
+  const device_spec dev = frontier_device();
+  planning::profile p;
+  p.model = m.name;
+  p.config_hash = "analytical:" + m.name + ":ckpt";
+  p.device_kind = dev.kind;
+  p.microbatch_size = microbatch;
+  p.gpus_per_node = dev.gpus_per_node;
+  p.device_memory_bytes = static_cast<std::int64_t>(dev.memory_bytes * dev.usable_memory_fraction);
+  p.link = {.latency_ms = 0.005, .bytes_per_ms = 400e9 / 1e3};
+  const double b = microbatch, s = m.sequence, h = m.hidden, v = m.vocab;
+  const double tokens = b * s;
+  const double flops_per_ms = dev.peak_flops * dev.max_efficiency * tokens / (tokens + dev.half_efficiency_tokens) / 1e3;
+  const double bytes_per_param = 2;  // bf16
+  for (int i = 0; i < m.blocks; ++i) {
+    double params = 12 * h * h + 13 * h;
+    double flops = 24 * tokens * h * h + 4 * tokens * s * h;
+    double extra_ms = 0;
+    if (i == 0) {
+      params += v * h;  // the embedding: a memory-bound lookup, 3 passes over b s h bf16 values
+      extra_ms = 3 * tokens * h * 2 / (dev.memory_bandwidth * dev.memory_efficiency) * 1e3;
+    }
+    if (i == m.blocks - 1) {
+      params += v * h + h;  // final norm and the untied head
+      flops += 2 * tokens * h * v;
+    }
+    const double fwd = flops / flops_per_ms + extra_ms;
+    planning::layer_profile l;
+    l.name = "block" + std::to_string(i);
+    for (int d = 1; d <= dev.gpus_per_node; d *= 2) {
+      const double scale = (1.0 + dev.tensor_parallel_overhead * std::log2(d)) / d;
+      l.forward_ms.push_back(fwd * scale);
+      l.backward_ms.push_back(3 * fwd * scale);
+    }
+    l.param_bytes = static_cast<std::int64_t>(params * bytes_per_param);
+    l.activation_bytes = static_cast<std::int64_t>(tokens * h * bytes_per_param);  // the block input
+    l.output_bytes = static_cast<std::int64_t>(tokens * h * bytes_per_param);
+    l.optimizer_ms = params * 28 / (dev.memory_bandwidth * dev.memory_efficiency) * 1e3;
+    p.layers.push_back(std::move(l));
+  }
+  planning::validate(p);
+  return p;
+}
+
+sim_job frontier_job(int nodes, int fault_tolerance) {
+  sim_job job;
+  job.nodes = nodes;
+  job.fault_tolerance = fault_tolerance;
+  job.global_batch = nodes;
+  job.microbatch = 1;
+  job.bamboo_microbatch = 1;
+  job.state_factor = 8;
+  job.profile = frontier_profile(1);
+  job.bamboo_profile = job.profile;
   return job;
 }
 

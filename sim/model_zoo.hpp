@@ -80,4 +80,41 @@ planning::profile analytical_profile(const model_spec& model, int microbatch, bo
 /// (activation checkpointing) and Bamboo (its microbatch, 1 where Table 1 says "X", none).
 sim_job paper_job(const model_spec& model, int nodes, int fault_tolerance, const device_spec& device = {});
 
+// --- A frontier-scale model (issue 27): the 16,384-GPU run ---
+//
+// `dense-400b`: a dense decoder of Llama 3 405B's shape (Dubey et al., "The Llama 3 Herd of
+// Models", 2024, Table 3: 126 layers, model dimension 16,384, 128 heads, vocabulary 128,256,
+// sequence 8,192) on 8-GPU H100 nodes, generated from the same kind of formulas as the paper's
+// models above. Assumptions, each a simplification a user should know:
+//   parameters     12 h^2 + 13 h per block (GPT's count; Llama's GQA + SwiGLU block has 3.19e9
+//                  against our 3.22e9, within 1%); untied embedding and head of V h each; 4.1e11 in
+//                  all. bf16 weights (2 bytes each) and 16 bytes of training state per parameter
+//                  (bf16 weights and gradients, fp32 master weights and two Adam moments), i.e. the
+//                  job's state factor is 8. No ZeRO/FSDP sharding: every pipeline holds the whole
+//                  state of its layers, as Oobleck's planner assumes.
+//   layers         126 profile layers, one per block; the embedding lookup is folded into the first
+//                  and the final norm and head into the last (so the planner sees L = 126, the size
+//                  issue 27's planner targets; Llama 3 itself balances its first and last stages).
+//   time           forward FLOPs 24 b s h^2 + 4 b s^2 h per block (fused attention: no memory-bound
+//                  score passes), 2 b s h V for the head, at peak x efficiency with the same
+//                  efficiency curve as above; backward 3x forward (activation checkpointing).
+//   GPU            H100 SXM (datasheet: 989 TFLOP/s dense BF16, 3.35 TB/s, 80 GB), 8 per node with
+//                  tensor parallelism inside a node (the zoo's per-doubling overhead); efficiency
+//                  0.45 x m / (m + 1024) = 40% at 8,192 tokens, the middle of the 38-43% BF16 MFU
+//                  Llama 3 reports on 8-16K H100s (its Table 4).
+//   link           8 x 400 Gb/s InfiniBand per node (Llama 3's RoCE fabric and most H100 clusters
+//                  run 400 Gb/s per GPU): 400 GB/s per node, 5 us per message.
+//   optimizer      AdamW streams ~28 bytes per parameter (weights, gradient, master, two moments
+//                  read and written) at 70% of one GPU's memory bandwidth, at width 1.
+//   batch          one 8,192-token sequence per node per step (global batch = nodes, microbatch 1):
+//                  2,048 sequences = 16M tokens at 2,048 nodes, Llama 3's batch at that scale,
+//                  and the same microbatches per pipeline at 128 and 512 nodes (weak scaling).
+model_spec frontier_model();
+device_spec frontier_device();
+/// Its profile (activation checkpointing, microbatch b).
+planning::profile frontier_profile(int microbatch = 1);
+/// The job on `nodes` 8-GPU nodes: the batch above, state factor 8, Bamboo's profile the same one
+/// (Bamboo is not compared at this scale).
+sim_job frontier_job(int nodes, int fault_tolerance);
+
 }  // namespace oobleck::sim

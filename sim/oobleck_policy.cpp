@@ -12,18 +12,11 @@ namespace oobleck::sim {
 
 oobleck_policy::oobleck_policy(const sim_job& job, const recovery_costs& costs, double start_ms)
     : policy(start_ms), job_(job), rc_(costs) {
-  planning::validate(job_.profile);
-  planning::job_config config{.nodes = job.nodes, .fault_tolerance = job.fault_tolerance,
-                              .global_batch = job.global_batch, .microbatch = job.microbatch,
-                              .state_factor = job.state_factor};
-  costs_ = std::make_unique<planning::layer_costs>(job_.profile, planning::job_memory(job_.profile, config));
+  planned_ = job.templates ? job.templates : plan_templates(job);
+  costs_ = planned_->costs.get();
+  templates_ = &planned_->templates;
+  n0_ = planned_->n0;
   num_microbatches_ = planning::microbatches_per_step(job.global_batch, job.microbatch);
-  planning::template_generator generator(*costs_);
-  const auto feasible = generator.feasible_node_counts(std::min(job_.profile.num_layers(), job.nodes));
-  const auto spec = planning::specify_nodes(feasible, job_.profile.num_layers(), job.nodes, job.fault_tolerance);
-  n0_ = spec.n0;
-  for (auto& t : generator.generate(spec.n0, spec.n_max))
-    if (t) templates_.templates.push_back(std::move(*t));
   if (num_microbatches_ < job.fault_tolerance + 1)
     throw planning::planning_error("global batch " + std::to_string(job.global_batch) + " gives " +
                                    std::to_string(num_microbatches_) + " microbatches for at least " +
@@ -62,7 +55,7 @@ void oobleck_policy::start() {
     return;
   }
   int used = 0;
-  const auto inst = planning::instantiate_or_shrink(templates_, static_cast<int>(alive_.size()),
+  const auto inst = planning::instantiate_or_shrink(*templates_, static_cast<int>(alive_.size()),
                                                     job_.fault_tolerance + 1, num_microbatches_, job_.microbatch, &used);
   const std::vector<planning::node_id> ids = planning::node_ids(alive_);
   state_.pipelines = planning::place_pipelines(inst, ids);
@@ -71,7 +64,7 @@ void oobleck_policy::start() {
   // As the planner predicts a step (planning::plan_job, and reconfigure after each change): the
   // slowest pipeline plus the gradient all-reduce and optimizer that follow it.
   const double step_ms =
-      scaled(inst.batch.step_ms + planning::synchronisation_ms(*costs_, templates_, state_.pipelines), used);
+      scaled(inst.batch.step_ms + planning::synchronisation_ms(*costs_, *templates_, state_.pipelines), used);
   clock_.run({.step_ms = step_ms, .samples_per_step = static_cast<double>(job_.global_batch), .nodes = used});
   record(started_once_ ? "restart" : "start", used, step_ms,
          std::to_string(state_.pipelines.size()) + " pipelines");
@@ -99,7 +92,7 @@ void oobleck_policy::on_change(const std::vector<int>& ready, const std::vector<
   } else {
     clock_.finish_step();  // joins enter at a step boundary
   }
-  const planning::reconfiguration_context ctx{templates_, *costs_, job_.fault_tolerance, num_microbatches_,
+  const planning::reconfiguration_context ctx{*templates_, *costs_, job_.fault_tolerance, num_microbatches_,
                                               job_.microbatch};
   const auto r = planning::reconfigure(ctx, state_, lost, planning::node_ids(ready));
   if (r.action == planning::reconfiguration_action::checkpoint_and_stop) {

@@ -37,8 +37,9 @@ class oobleck_policy : public policy {
 
   sim_job job_;
   recovery_costs rc_;
-  std::unique_ptr<planning::layer_costs> costs_;
-  planning::template_set templates_;
+  std::shared_ptr<const job_templates> planned_;
+  const planning::layer_costs* costs_ = nullptr;
+  const planning::template_set* templates_ = nullptr;
   int n0_ = 0;
   int num_microbatches_ = 0;
   double state_bytes_ = 0;

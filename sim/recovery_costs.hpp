@@ -51,15 +51,37 @@ struct recovery_costs {
   /// local rendezvous, 1 s (project/simulator of uclasystem/bamboo).
   double bamboo_takeover_ms = 1000;
 
+  // --- checkpoint-restart as large runs do it (issue 27; sim/checkpoint_restart_policy.hpp) ---
+  /// Asynchronous checkpoints: training blocks only while each GPU copies its share of the state
+  /// to host memory (state / (nodes x GPUs) / this), and the write to storage runs in the
+  /// background at storage_bytes_per_s. 25 GB/s: about half of PCIe Gen5 x16's 64 GB/s, what a
+  /// pinned device-to-host copy sustains on an H100 host.
+  double snapshot_bytes_per_s = 25e9;
+  /// Seconds between checkpoints; 0: Young-Daly's optimum sqrt(2 x snapshot x MTTF) (Young 1974,
+  /// Daly 2006) for the job's MTTF, and never shorter than one background write.
+  double checkpoint_interval_s = 0;
+
+  // --- replica groups as TorchFT does them (issue 27; sim/replica_group_policy.hpp) ---
+  /// Groups kept warm beyond those training (started, state not current); 0: a lost group's
+  /// place is empty, and the global batch shrinks, until its replacement has started.
+  int spare_groups = 0;
+
   std::string source = "defaults (no recovery-costs file)";
 };
+
+/// The constants for a job of thousands of 8-GPU H100 nodes (bench/sim_scale, oobleck-sim
+/// --model dense-400b), each next to its source in recovery_costs.cpp. Oobleck's detection and
+/// decision are what bench/recovery measures on the local cluster (bench/results/recovery.json)
+/// where they do not depend on scale, and documented bandwidths where they do.
+recovery_costs frontier_recovery_costs();
 
 /// Reads a JSON object whose keys are the fields above (any subset; "source" a string, and
 /// "measured" anything, for the benchmark's own notes). Unknown keys, wrong types, negative or
 /// zero bandwidths are messages::input_error naming the file and key.
-recovery_costs read_recovery_costs(const std::string& path);
+/// Keys the file does not give keep their value in `base`.
+recovery_costs read_recovery_costs(const std::string& path, const recovery_costs& base = {});
 
 /// Parses the same from text (`name` in messages).
-recovery_costs parse_recovery_costs(const std::string& text, const std::string& name);
+recovery_costs parse_recovery_costs(const std::string& text, const std::string& name, const recovery_costs& base = {});
 
 }  // namespace oobleck::sim

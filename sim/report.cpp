@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -61,17 +62,28 @@ void print_report(std::ostream& out, const run_description& d, const recovery_co
     }
     out << "\n";
   }
+  out << "\neffective training time (samples over the policy's failure-free rate x wall time) and time lost (h):\n"
+      << "policy        failure-free/s  effective  fallback  reconfig  checkpoint  restart  stopped  slower\n";
+  for (const auto& r : results) {
+    const auto lost = lost_time(r);
+    std::string name = r.policy;
+    name.resize(std::max<std::size_t>(name.size(), 12), ' ');
+    out << name << fmt("%16.3f", r.failure_free_samples_per_s) << fmt("%10.1f%%", 100 * effective_share(r))
+        << fmt("%10.2f", lost.fallback / 3600e3) << fmt("%10.2f", lost.reconfiguration / 3600e3)
+        << fmt("%12.2f", lost.checkpoint / 3600e3) << fmt("%9.2f", lost.restart / 3600e3)
+        << fmt("%9.2f", lost.stopped / 3600e3) << fmt("%8.2f", lost.slower / 3600e3) << "\n";
+  }
   for (const auto& r : results)
     if (!r.never_runs.empty()) out << r.policy << ": " << r.never_runs << "\n";
   if (const auto* o = find(results, "oobleck")) {
-    for (const char* other : {"varuna", "bamboo"})
+    for (const char* other : {"varuna", "bamboo", "ckpt-restart", "torchft"})
       if (const auto* r = find(results, other))
         out << "Oobleck / " << other << ": " << ratio_text(throughput_ratio(*o, *r)) << "\n";
   }
   for (const auto& r : results) {
     int counts[3] = {0, 0, 0};
     for (const auto& dec : r.decisions) {
-      if (dec.what == "reconfigure" || dec.what == "takeover") ++counts[0];
+      if (dec.what == "reconfigure" || dec.what == "takeover" || dec.what == "shrink" || dec.what == "grow") ++counts[0];
       else if (dec.what == "restart" || dec.what == "morph") ++counts[1];
       else if (dec.what == "stop") ++counts[2];
     }
@@ -91,6 +103,9 @@ nlohmann::json costs_json(const recovery_costs& c) {
           {"varuna_checkpoint_every_steps", c.varuna_checkpoint_every_steps},
           {"bamboo_redundancy_factor", c.bamboo_redundancy_factor},
           {"bamboo_takeover_ms", c.bamboo_takeover_ms},
+          {"snapshot_bytes_per_s", c.snapshot_bytes_per_s},
+          {"checkpoint_interval_s", c.checkpoint_interval_s},
+          {"spare_groups", c.spare_groups},
           {"source", c.source}};
 }
 
@@ -113,12 +128,22 @@ nlohmann::json report_json(const run_description& d, const recovery_costs& costs
                         {"samples", r.samples},
                         {"never_runs", r.never_runs.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.never_runs)},
                         {"breakdown_s", breakdown},
+                        {"failure_free_samples_per_s", r.failure_free_samples_per_s},
+                        {"effective_share", effective_share(r)},
+                        {"lost_s",
+                         {{"fallback", lost_time(r).fallback / 1e3},
+                          {"reconfiguration", lost_time(r).reconfiguration / 1e3},
+                          {"checkpoint", lost_time(r).checkpoint / 1e3},
+                          {"restart", lost_time(r).restart / 1e3},
+                          {"stopped", lost_time(r).stopped / 1e3},
+                          {"redundant", lost_time(r).redundant / 1e3},
+                          {"slower", lost_time(r).slower / 1e3}}},
                         {"decisions", decisions},
                         {"series", {{"window_s", (r.end_ms - r.start_ms) / 1e3 / bins}, {"samples_per_s", series}}}});
   }
   nlohmann::json ratios = nlohmann::json::object();
   if (const auto* o = find(results, "oobleck"))
-    for (const char* other : {"varuna", "bamboo"})
+    for (const char* other : {"varuna", "bamboo", "ckpt-restart", "torchft"})
       if (const auto* r = find(results, other)) {
         const double x = throughput_ratio(*o, *r);
         ratios[std::string("oobleck/") + other] = std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr);

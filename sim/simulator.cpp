@@ -11,9 +11,17 @@ policy_result simulate(policy& p, const cluster_trace& trace, double end_ms, int
   const double start = clock.now();
   std::set<int> granted;
   std::deque<int> spares;
+  // The policy's own timers that fall before `t` (and before the end), in order.
+  auto run_timers = [&](double t) {
+    for (double at = p.next_timer_ms(); at < t && at < end_ms; at = p.next_timer_ms()) {
+      clock.advance_to(std::max(at, clock.now()));
+      p.on_timer();
+    }
+  };
   for (const auto& change : trace.changes) {
     if (change.ms >= end_ms) break;
     if (change.ms < start) continue;
+    run_timers(change.ms);
     clock.advance_to(change.ms);
     // A node ready and removed at the same time is never seen.
     std::set<int> gone(change.removed.begin(), change.removed.end());
@@ -33,6 +41,7 @@ policy_result simulate(policy& p, const cluster_trace& trace, double end_ms, int
     }
     if (!ready.empty() || !removed.empty()) p.on_change(ready, removed);
   }
+  run_timers(end_ms);
   clock.advance_to(std::max(end_ms, clock.now()));
   clock.close();
   policy_result r;
@@ -45,7 +54,32 @@ policy_result simulate(policy& p, const cluster_trace& trace, double end_ms, int
   r.segments = clock.segments();
   r.decisions = p.decisions();
   r.never_runs = p.never_runs();
+  for (const auto& d : r.decisions)
+    if (d.what == "start" && d.step_ms > 0) {
+      r.failure_free_samples_per_s = d.samples_per_step / d.step_ms * 1e3;
+      break;
+    }
   return r;
+}
+
+double effective_share(const policy_result& r) {
+  const double wall = r.end_ms - r.start_ms;
+  if (!(r.failure_free_samples_per_s > 0) || !(wall > 0)) return 0;
+  return r.samples / (r.failure_free_samples_per_s * wall / 1e3);
+}
+
+time_lost lost_time(const policy_result& r) {
+  time_lost t;
+  const auto& b = r.breakdown_ms;
+  t.fallback = b[static_cast<int>(activity::fallback)];
+  t.reconfiguration = b[static_cast<int>(activity::reconfiguration)];
+  t.checkpoint = b[static_cast<int>(activity::checkpoint)];
+  t.restart = b[static_cast<int>(activity::restart)];
+  t.stopped = b[static_cast<int>(activity::stopped)];
+  t.redundant = b[static_cast<int>(activity::redundant)];
+  t.effective = r.failure_free_samples_per_s > 0 ? r.samples / r.failure_free_samples_per_s * 1e3 : 0;
+  t.slower = b[static_cast<int>(activity::effective)] - t.effective;
+  return t;
 }
 
 std::vector<double> throughput_series(const policy_result& r, int bins) {

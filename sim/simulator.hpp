@@ -22,7 +22,25 @@ struct policy_result {
   std::vector<segment> segments;
   std::vector<decision> decisions;
   std::string never_runs;  ///< e.g. out of memory
+  /// The policy's own failure-free rate: samples/s of its first configuration ("start"); 0 if
+  /// it never started.
+  double failure_free_samples_per_s = 0;
 };
+
+/// Effective training time share: the samples completed over what the policy's failure-free
+/// configuration completes in the same wall time (Llama 3's "effective training time" when the
+/// rate never changes; a shrunk batch or a slower configuration counts in proportion). 0 when
+/// the policy never started.
+double effective_share(const policy_result& r);
+
+/// Wall time lost per cause (ms), summing with the effective time to the duration: the
+/// timeline's activities other than effective, and `slower` = effective stretches' time beyond
+/// what their samples take at the failure-free rate (a shrunk batch, a slower configuration).
+struct time_lost {
+  double fallback = 0, reconfiguration = 0, checkpoint = 0, restart = 0, stopped = 0, redundant = 0, slower = 0;
+  double effective = 0;  ///< samples / failure-free rate
+};
+time_lost lost_time(const policy_result& r);
 
 /// Replays the trace's changes up to end_ms (changes at or after it are ignored) through the
 /// policy. At most `max_nodes` nodes are given to the job at once; later-ready nodes wait as spares

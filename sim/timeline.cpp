@@ -1,5 +1,6 @@
 #include "sim/timeline.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -18,7 +19,25 @@ const char* to_string(activity a) {
   return "?";
 }
 
-timeline::timeline(double start_ms) : now_(start_ms), head_start_(start_ms), durable_ms_(start_ms) {}
+timeline::timeline(double start_ms)
+    : now_(start_ms), head_start_(start_ms), split_ms_(start_ms), durable_ms_(start_ms) {}
+
+void timeline::make_durable(double value, double lag) {
+  split_ms_ = std::max(split_ms_, value);
+  steps_since_durable_ = 0;
+  if (lag > 0) {
+    writes_.push_back({value, value + lag});
+  } else {
+    durable_ms_ = std::max(durable_ms_, value);
+  }
+}
+
+void timeline::settle_writes(double t) {
+  while (!writes_.empty() && writes_.front().at <= t) {
+    durable_ms_ = std::max(durable_ms_, writes_.front().value);
+    writes_.pop_front();
+  }
+}
 
 void timeline::add(double start, double end, activity kind, double samples, double redundant, int nodes) {
   if (!(end > start)) return;
@@ -28,7 +47,7 @@ void timeline::add(double start, double end, activity kind, double samples, doub
     const bool same_rate = kind != activity::effective ||
                            (last.nodes == nodes && std::abs((last.samples / (last.end_ms - last.start_ms)) -
                                                             samples / (end - start)) < 1e-12 &&
-                            last.end_ms > durable_ms_);
+                            last.end_ms > split_ms_);
     if (last.kind == kind && last.end_ms == start && same_rate && kind != activity::checkpoint) {
       last.end_ms = end;
       last.samples += samples;
@@ -96,13 +115,16 @@ void timeline::stop() {
   running_.reset();
 }
 
-void timeline::checkpoint_every(int steps, double ms) {
+void timeline::checkpoint_every(int steps, double ms, double durable_after_ms) {
   checkpoint_steps_ = steps;
   checkpoint_ms_ = ms;
+  checkpoint_lag_ms_ = durable_after_ms;
   steps_since_durable_ = 0;
 }
 
 void timeline::fall_back_to_checkpoint() {
+  settle_writes(now_);
+  writes_.clear();  // a write still in flight is abandoned with the job
   for (auto it = segments_.rbegin(); it != segments_.rend() && it->end_ms > durable_ms_; ++it) {
     if (it->kind != activity::effective || it->start_ms < durable_ms_) continue;
     it->kind = activity::fallback;
@@ -113,7 +135,9 @@ void timeline::fall_back_to_checkpoint() {
 }
 
 void timeline::mark_durable() {
+  writes_.clear();
   durable_ms_ = now_;
+  split_ms_ = now_;
   steps_since_durable_ = 0;
 }
 
@@ -131,10 +155,7 @@ void timeline::advance_to(double t) {
         ++steps_since_durable_;
       } else {
         add(head_start_, end, p.kind);
-        if (p.durable) {
-          durable_ms_ = end;
-          steps_since_durable_ = 0;
-        }
+        if (p.durable) make_durable(end, p.durable_after);
       }
       head_start_ = end;
       continue;
@@ -161,10 +182,10 @@ void timeline::advance_to(double t) {
       if (checkpoint_due) {
         // The checkpoint runs between steps; training resumes at this rate after it.
         if (checkpoint_ms_ > 0) {
-          queue_.push_back({.kind = activity::checkpoint, .ms = checkpoint_ms_, .durable = true});
+          queue_.push_back(
+              {.kind = activity::checkpoint, .ms = checkpoint_ms_, .durable = true, .durable_after = checkpoint_lag_ms_});
         } else {
-          durable_ms_ = head_start_;
-          steps_since_durable_ = 0;
+          make_durable(head_start_, checkpoint_lag_ms_);
         }
         continue;
       }
@@ -175,6 +196,7 @@ void timeline::advance_to(double t) {
     break;
   }
   now_ = t;
+  settle_writes(t);
 }
 
 void timeline::close() {

@@ -48,6 +48,8 @@ class timeline {
 
   double now() const { return now_; }
   bool running() const { return running_.has_value(); }
+  /// The rate the job trains at after what is queued (nullopt: stopped).
+  const std::optional<step_rate>& rate() const { return running_; }
 
   /// A failure at now(): the step in progress is lost (fallback); a pause in progress ends here
   /// (its time so far stays counted as its kind); queued phases are dropped. Afterwards the job is
@@ -63,9 +65,12 @@ class timeline {
   void run(const step_rate& rate);
   /// After the queue: no training.
   void stop();
-  /// While running, every `steps`-th step (counted from the last durable point) is followed by a
+  /// While running, every `steps`-th step (counted from the last checkpoint) is followed by a
   /// checkpoint pause of `ms` that makes progress durable; 0 disables. Resets the count.
-  void checkpoint_every(int steps, double ms);
+  /// `durable_after_ms` > 0 models an asynchronous checkpoint: the pause is only the snapshot
+  /// that blocks training, and the progress up to it becomes durable that much later, when the
+  /// background write completes (a failure before then falls back to the checkpoint before).
+  void checkpoint_every(int steps, double ms, double durable_after_ms = 0);
   /// Progress since the last durable point is lost: its effective stretches become fallback.
   /// Durable points: the start, the end of every checkpoint pause, and mark_durable().
   void fall_back_to_checkpoint();
@@ -90,7 +95,14 @@ class timeline {
     double ms = 0;
     step_rate rate;      // finish_step only
     bool durable = false;  // a checkpoint pause
+    double durable_after = 0;  // asynchronous: its progress is durable this long after it ends
   };
+  struct pending_write {
+    double value = 0;  // progress up to here
+    double at = 0;     // is durable from here
+  };
+  void make_durable(double value, double lag);
+  void settle_writes(double t);
   void add(double start, double end, activity kind, double samples = 0, double redundant = 0, int nodes = 0);
   void settle_stopped();
   void require_idle(const char* what) const;
@@ -101,6 +113,9 @@ class timeline {
   std::optional<step_rate> running_;
   int checkpoint_steps_ = 0;
   double checkpoint_ms_ = 0;
+  double checkpoint_lag_ms_ = 0;
+  std::deque<pending_write> writes_;
+  double split_ms_;  // effective stretches never merge across this (the latest checkpoint)
   int steps_since_durable_ = 0;
   double durable_ms_;
   bool closed_ = false;
