@@ -99,7 +99,14 @@ TEST_CASE("oobleck-sim: bad input is one error line and status 2") {
       {{"--trace", garbage.str()}, "line 4: 1 fields"},
       {{"--trace", good.str() + ".missing"}, "cannot read trace file"},
       {{"--trace", good.str(), "--recovery-costs", typo.str()}, "unknown key 'detection'"},
-      {{"--trace", good.str(), "--policy", "elastic"}, "--policy must be oobleck, varuna, bamboo or all"},
+      {{"--trace", good.str(), "--policy", "elastic"}, "--policy: unknown policy 'elastic'"},
+      {{"--trace", good.str(), "--policy", "oobleck,"}, "--policy: unknown policy ''"},
+      {{}, "give exactly one of --trace and --random-failures"},
+      {{"--trace", good.str(), "--random-failures"}, "give exactly one of --trace and --random-failures"},
+      {{"--random-failures", "--duration-s", "60"}, "--random-failures needs --nodes"},
+      {{"--random-failures", "--nodes", "4"}, "--random-failures needs --duration-s"},
+      {{"--trace", good.str(), "--mttf-h", "2"}, "--mttf-h goes with --random-failures, not --trace"},
+      {{"--random-failures", "--nodes", "4", "--duration-s", "60", "--mttf-h", "0"}, "--mttf-h must be >= 1e-09"},
       {{"--trace", good.str(), "--profile", kProfile}, "give exactly one of --profile and --model"},
       {{"--trace", good.str(), "--time-scale", "0"}, "--time-scale must be >= 1e-09"},
       {{"--trace", good.str(), "--nodes", "1"}, "f = 1 needs 2 pipelines of at least n0 = 1 nodes"},
@@ -117,7 +124,7 @@ TEST_CASE("oobleck-sim: bad input is one error line and status 2") {
   }
   const auto model = sim({"--model", "gpt5", "--fault-tolerance", "1", "--trace", good.str()});
   CHECK(model.code == 2);
-  CHECK(model.err.find("unknown model 'gpt5' (known: bert-large, gpt2, gpt3-medium, gpt3-2.7b, gpt3-6.7b)") !=
+  CHECK(model.err.find("unknown model 'gpt5' (known: bert-large, gpt2, gpt3-medium, gpt3-2.7b, gpt3-6.7b, dense-400b)") !=
         std::string::npos);
 }
 
@@ -149,4 +156,32 @@ TEST_CASE("oobleck-sim --plot: a PNG with gnuplot, a clear error without it") {
   char magic[4] = {};
   in.read(magic, 4);
   CHECK(std::string(magic + 1, 3) == "PNG");
+}
+
+TEST_CASE("oobleck-sim: --random-failures draws a seeded failure sequence and compares the policies for that scale") {
+  const std::vector<std::string> base{"--model", "gpt2", "--fault-tolerance", "1", "--random-failures", "--nodes", "8",
+                                      "--spare-nodes", "1", "--mttf-h", "1", "--repair-h", "2", "--duration-s", "36000",
+                                      "--json"};
+  auto with_seed = [&](const char* seed) {
+    auto args = base;
+    args.insert(args.end(), {"--seed", seed});
+    const auto r = sim(args);
+    REQUIRE(r.code == 0);
+    return nlohmann::json::parse(r.out);
+  };
+  const auto v = with_seed("5");
+  CHECK(v["trace"].get<std::string>().find("MTTF 1 h over 8 nodes, 1 spares, repair 2 h, seed 5") != std::string::npos);
+  REQUIRE(v["policies"].size() == 3);
+  std::vector<std::string> names;
+  for (const auto& p : v["policies"]) {
+    names.push_back(p["policy"].get<std::string>());
+    const double share = p["effective_share"].get<double>();
+    CHECK(share > 0);
+    CHECK(share < 1);  // ten hours at one failure an hour cost every policy something
+    CHECK(p["failure_free_samples_per_s"].get<double>() > 0);
+    CHECK(p["lost_s"]["reconfiguration"].get<double>() + p["lost_s"]["restart"].get<double>() > 0);
+  }
+  CHECK(names == std::vector<std::string>{"oobleck", "ckpt-restart", "torchft"});
+  CHECK(with_seed("5") == v);  // the same seed, the same run
+  CHECK(with_seed("6")["policies"][0]["decisions"] != v["policies"][0]["decisions"]);
 }
