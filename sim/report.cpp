@@ -64,14 +64,15 @@ void print_report(std::ostream& out, const run_description& d, const recovery_co
   }
   out << "\neffective training time (samples over the policy's failure-free rate x wall time) and time lost (h):\n"
       << "policy        failure-free/s  effective  fallback  reconfig  checkpoint  restart  stopped  slower\n";
+  // Hours; a rounding residue (|x| < 1 ms) prints as 0 rather than -0.00.
+  auto h = [](double ms) { return std::abs(ms) < 1 ? 0.0 : ms / 3600e3; };
   for (const auto& r : results) {
     const auto lost = lost_time(r);
     std::string name = r.policy;
     name.resize(std::max<std::size_t>(name.size(), 12), ' ');
     out << name << fmt("%16.3f", r.failure_free_samples_per_s) << fmt("%10.1f%%", 100 * effective_share(r))
-        << fmt("%10.2f", lost.fallback / 3600e3) << fmt("%10.2f", lost.reconfiguration / 3600e3)
-        << fmt("%12.2f", lost.checkpoint / 3600e3) << fmt("%9.2f", lost.restart / 3600e3)
-        << fmt("%9.2f", lost.stopped / 3600e3) << fmt("%8.2f", lost.slower / 3600e3) << "\n";
+        << fmt("%10.2f", h(lost.fallback)) << fmt("%10.2f", h(lost.reconfiguration)) << fmt("%12.2f", h(lost.checkpoint))
+        << fmt("%9.2f", h(lost.restart)) << fmt("%9.2f", h(lost.stopped)) << fmt("%8.2f", h(lost.slower)) << "\n";
   }
   for (const auto& r : results)
     if (!r.never_runs.empty()) out << r.policy << ": " << r.never_runs << "\n";
