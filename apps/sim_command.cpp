@@ -155,6 +155,8 @@ bool parse(const std::vector<std::string>& args, std::ostream& out, sim_options&
     if (o.duration_s < 0) throw input_error("--random-failures needs --duration-s");
     if (o.duration_s == 0) throw input_error("--duration-s must be > 0 with --random-failures");
     if (app.count("--policy") == 0) o.policy = "scale";
+    for (const char* flag : {"--ready-delay-s", "--time-scale"})
+      if (app.count(flag) > 0) throw input_error(std::string(flag) + " goes with --trace, not --random-failures");
   } else {
     for (const char* flag : {"--mttf-h", "--repair-h", "--spare-nodes", "--seed"})
       if (app.count(flag) > 0) throw input_error(std::string(flag) + " goes with --random-failures, not --trace");

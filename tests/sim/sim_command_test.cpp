@@ -106,6 +106,8 @@ TEST_CASE("oobleck-sim: bad input is one error line and status 2") {
       {{"--random-failures", "--duration-s", "60"}, "--random-failures needs --nodes"},
       {{"--random-failures", "--nodes", "4"}, "--random-failures needs --duration-s"},
       {{"--trace", good.str(), "--mttf-h", "2"}, "--mttf-h goes with --random-failures, not --trace"},
+      {{"--random-failures", "--nodes", "4", "--duration-s", "60", "--time-scale", "2"},
+       "--time-scale goes with --trace, not --random-failures"},
       {{"--random-failures", "--nodes", "4", "--duration-s", "60", "--mttf-h", "0"}, "--mttf-h must be >= 1e-09"},
       {{"--trace", good.str(), "--profile", kProfile}, "give exactly one of --profile and --model"},
       {{"--trace", good.str(), "--time-scale", "0"}, "--time-scale must be >= 1e-09"},
