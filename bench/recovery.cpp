@@ -1,5 +1,6 @@
 // Issue 8's recovery benchmark: what a lost node costs on the local cluster, for a crash (SIGKILL)
-// and for a hang (SIGSTOP), and a time-scaled replay of a spot-instance trace.
+// and for a hang (SIGSTOP), and a time-scaled replay of a spot-instance trace; and what a lost
+// coordinator costs (issue 25).
 //
 // The benchmark starts the processes itself (one oobleck-coordinator, N oobleck-worker, as
 // tests/actors/local_training_e2e_test.cpp's fencing test does) so that it knows when a fault
@@ -27,17 +28,26 @@
 // The planner's copy plan is recomputed here (same synthetic profile, same policy) to find the
 // busiest link's bytes; its total is checked against the record's.
 //
+// Coordinator losses (recovery_coordinator): oobleck-local runs the default job with one coordinator
+// fault per run (killed in the middle of a step, killed right after it decided a commit that reached
+// one node, frozen longer than the connection timeout), repeated; the downtime is the replacement's
+// coordinator_restored record (the nodes' last commit before -> the first commit after), printed
+// beside the worker losses' of the same job, and each run's trajectory is checked against a
+// failure-free run.
+//
 // Results: a table on stdout and, with --json, one object that oobleck-sim reads as recovery costs
 // (--recovery-costs): detection_ms, planning_ms, copy_bytes_per_s, source, and "measured" with
 // every figure. --plot draws the trace replay's throughput over time (gnuplot).
 //
 // Its parts: recovery_cluster (the local cluster), recovery_faults and recovery_report (the fault
 // scenarios, their tables and targets), recovery_plan (the planner's view of the jobs),
-// recovery_trace (the trace replay), recovery_copy_probe (the copy path over one link on idle cores);
+// recovery_trace (the trace replay), recovery_copy_probe (the copy path over one link on idle cores),
+// recovery_coordinator (the coordinator losses);
 // this file: the flags, the jobs and scenarios, and the recovery-costs file.
 //
 // usage: recovery [--quick] [--json PATH] [--plot PNG] [--bin DIR] [--trace CSV] [--time-scale X]
-//                 [--transport-json PATH] [--copy-link-only]
+//                 [--transport-json PATH] [--copy-link-only] [--coordinator-runs N]
+//                 [--coordinator-faults LIST] [--coordinator-hang-s S] [--coordinator-only]
 
 #include <algorithm>
 #include <cmath>
@@ -54,6 +64,7 @@
 #include "bench/bench_text.hpp"
 #include "bench/cluster_programs.hpp"
 #include "bench/job_toml.hpp"
+#include "bench/recovery_coordinator.hpp"
 #include "bench/recovery_copy_probe.hpp"
 #include "bench/recovery_faults.hpp"
 #include "bench/recovery_plan.hpp"
@@ -73,9 +84,14 @@ int main(int argc, char** argv) try {
   std::string transport_json = std::string(OOBLECK_SOURCE_DIR) + "/bench/results/transport_vs_gloo.json";
   std::string transport_label = "bench/results/transport_vs_gloo.json";
   double time_scale = 0.005;
+  int coordinator_repeats = 10;
+  std::string coordinator_kinds = "kill,commit,hang";
+  double coordinator_hang_s = 3;
+  bool coordinator_only = false;
   CLI::App app{"recovery: crash (kill -9) and hang (SIGSTOP) of a worker on the local cluster: detection, decision,\n"
-               "copy and downtime; then the trace's removals replayed as kills, time-scaled. --json writes\n"
-               "oobleck-sim's recovery-costs file.",
+               "copy and downtime; then the coordinator killed and frozen (oobleck-local, repeated runs): its\n"
+               "downtime beside a worker's; then the trace's removals replayed as kills, time-scaled. --json writes\n"
+               "oobleck-sim's recovery-costs file (the coordinator losses under measured.coordinator_loss).",
                "recovery"};
   app.add_flag("--quick", quick, "a smoke run: fewer scenarios, time scale 0.001 unless --time-scale is given");
   add_text(app, "--json", json_path, "write oobleck-sim's recovery-costs file (every figure under \"measured\") to PATH");
@@ -89,7 +105,20 @@ int main(int argc, char** argv) try {
   app.add_flag("--copy-link-only", link_only,
                "only the copy path over one link on idle cores against the transport's p2p for the same bytes (seconds; "
                "no cluster, nothing written)");
+  auto* repeats_flag = add_integer(app, "--coordinator-runs", coordinator_repeats, 0, 1000,
+                                   "runs of each coordinator fault, one fault a run (default 10; --quick: 1)");
+  auto* kinds_flag = add_text(app, "--coordinator-faults", coordinator_kinds,
+                              "the coordinator faults, a comma-separated list of kill (SIGKILL in the middle of a step), "
+                              "commit (killed once it decided a commit that reached one node) and hang (frozen for "
+                              "--coordinator-hang-s); default kill,commit,hang; --quick: kill");
+  add_number(app, "--coordinator-hang-s", coordinator_hang_s, 0,
+             "seconds a hang freezes the coordinator, above the job's connection timeout (default 3)");
+  app.add_flag("--coordinator-only", coordinator_only,
+               "only the coordinator losses (no worker faults, copy probe or trace replay); --json then writes their "
+               "figures alone, not a recovery-costs file");
   if (const auto exit = parse_bench_flags(app, argc, argv)) return *exit;
+  if (quick && repeats_flag->count() == 0) coordinator_repeats = 1;
+  if (quick && kinds_flag->count() == 0) coordinator_kinds = "kill";
   const bool scale_given = scale_flag->count() > 0;
   if (transport_flag->count() > 0) transport_label = transport_json;
   if (quick && !scale_given) time_scale = 0.001;
@@ -131,6 +160,50 @@ int main(int argc, char** argv) try {
   const apps::cluster_section defaults;
   const int hb = defaults.heartbeat_interval_ms, to = defaults.connection_timeout_ms;
   const std::string hang_name = "hang, default " + default_heartbeat() + " ms";
+
+  // The coordinator losses: the default job, the fault in the middle of step 5 of 9 (three
+  // failure-free intervals before it, three steps after the one it hit).
+  coordinator_runs coordinator{.bin = bin, .job_text = small_job, .steps = 9, .faults = {}, .repeats = coordinator_repeats};
+  for (std::size_t at = 0; at <= coordinator_kinds.size();) {
+    const auto comma = std::min(coordinator_kinds.find(',', at), coordinator_kinds.size());
+    const std::string kind = coordinator_kinds.substr(at, comma - at);
+    at = comma + 1;
+    if (kind.empty()) continue;
+    if (kind != "kill" && kind != "commit" && kind != "hang") {
+      std::cerr << "error: --coordinator-faults: unknown fault '" << kind << "' (kill, commit or hang)\n";
+      return 2;
+    }
+    if (kind == "hang" && coordinator_hang_s * 1000 <= to) {
+      std::cerr << "error: --coordinator-hang-s: " << coordinator_hang_s << " s is not above the connection timeout ("
+                << to << " ms): the workers would not lose the coordinator\n";
+      return 2;
+    }
+    coordinator.faults.push_back(coordinator_fault_of(kind, 5, coordinator_hang_s));
+  }
+  auto run_coordinator = [&](const std::vector<fault_result>& workers) {
+    std::vector<coordinator_result> runs;
+    if (coordinator.faults.empty() || coordinator.repeats == 0) return runs;
+    std::cout << "\n";
+    runs = run_coordinator_losses(coordinator);
+    print_coordinator_tables(runs, workers);
+    return runs;
+  };
+  auto failed_runs = [](const std::vector<coordinator_result>& runs) {
+    return std::count_if(runs.begin(), runs.end(), [](const coordinator_result& r) { return !r.ok(); });
+  };
+  if (coordinator_only) {
+    const auto runs = run_coordinator({});
+    json j = coordinator_json(coordinator, runs, {});
+    j["machine_load_average"] = {{"start", load_start}, {"end", load_average()}};
+    j["quick"] = quick;
+    if (!json_path.empty()) {
+      std::ofstream(json_path) << j.dump(2) << "\n";
+      std::cout << "wrote " << json_path << "\n";
+    }
+    std::cout << "total " << fmt("%.0f", ms_between(bench_started, clock_type::now()) / 1000) << " s, load average "
+              << load_average() << "\n";
+    return failed_runs(runs) ? 1 : 0;
+  }
 
   std::vector<scenario> scenarios;
   if (quick) {
@@ -193,7 +266,11 @@ int main(int argc, char** argv) try {
   const double link_p2p = p2p_now.at(static_cast<std::int64_t>(link.bytes));
   std::cout << " = " << fmt("%.2f", link.gb_per_s() / link_p2p) << " of p2p for those bytes ("
             << fmt("%.2f", link_p2p) << " GB/s now)";
-  std::cout << "\n\n";
+  std::cout << "\n";
+
+  // --- coordinator losses
+  const auto coordinator_results = run_coordinator(results);
+  std::cout << "\n";
 
   // --- trace replay
   const json replay_json = run_trace_replay(
@@ -269,6 +346,7 @@ int main(int argc, char** argv) try {
   measured["summary"] = summary;
   measured["targets"] = targets;
   measured["trace_replay"] = replay_json;
+  measured["coordinator_loss"] = coordinator_json(coordinator, coordinator_results, results);
   measured["how_the_costs_were_derived"] = {
       {"detection_ms", "median crash detection (kill -9 -> the coordinator's first failure notice); a hang costs the "
                        "heartbeat timeout instead (summary.hang_detect_ms_*)"},
@@ -294,6 +372,10 @@ int main(int argc, char** argv) try {
   }
   std::cout << "total " << fmt("%.0f", ms_between(bench_started, clock_type::now()) / 1000) << " s, load average "
             << load_average() << "\n";
+  if (const auto failed = failed_runs(coordinator_results)) {
+    std::cout << failed << " coordinator-loss run(s) failed (above)\n";
+    return 1;
+  }
   return 0;
 } catch (const std::exception& e) {
   std::cerr << "error: " << e.what() << "\n";
