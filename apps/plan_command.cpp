@@ -61,6 +61,10 @@ bool parse(const std::vector<std::string>& args, std::ostream& out, plan_options
       ->type_name("BYTES");
   add_number(app, "--state-factor", o.job.state_factor, 1e-9,
              "bytes of training state per parameter byte (default 4: weights, grads, two Adam moments)");
+  add_integer(app, "--plan-memory-limit", o.job.plan_memory_limit_bytes, 0, std::numeric_limits<std::int64_t>::max(),
+              "memory the template generator may use (default 1 GiB = 1073741824; 0: no limit); a larger "
+              "planning problem is refused at once, saying how much it needs")
+      ->type_name("BYTES");
   add_integer(app, "--template-nodes", o.template_nodes, 1, 1 << 16,
               "only generate the template for n nodes (needs only --profile)")
       ->type_name("n");
@@ -86,7 +90,7 @@ int template_only(const plan_options& o, const planning::profile& prof, std::ost
     throw planning_error("a pipeline of " + std::to_string(*o.template_nodes) + " nodes needs at least as many stages, "
                          "but the model has " + std::to_string(prof.num_layers()) + " layers");
   const planning::layer_costs costs(prof, planning::job_memory(prof, o.job));
-  planning::template_generator gen(costs);
+  planning::template_generator gen(costs, {.memory_limit_bytes = o.job.plan_memory_limit_bytes});
   const auto start = std::chrono::steady_clock::now();
   const auto t = gen.generate(*o.template_nodes);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

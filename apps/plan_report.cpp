@@ -63,6 +63,8 @@ value template_to_json(const planning::pipeline_template& t) {
   value o = object();
   o["nodes"] = t.nodes;
   o["iteration_ms"] = t.iteration_ms;
+  o["exact"] = t.exact;
+  o["lower_bound_ms"] = t.lower_bound_ms;
   o["makespan_4s_ms"] = t.time_ms(four_s);
   o["stages"] = std::move(stages);
   return o;
@@ -137,6 +139,9 @@ void print_template(std::ostream& out, const planning::pipeline_template& t) {
   out << "  " << t.nodes << (t.nodes == 1 ? " node" : " nodes") << ": " << t.stages.size()
       << " stages, ranked by T(4S) = " << t.iteration_ms << " ms (1F1B makespan " << t.time_ms(four_s)
       << " ms), bottleneck " << planning::bottleneck_stage(t.stage_ms()) << "\n";
+  if (!t.exact)
+    out << "      not proven minimal (the planning work limit stopped its search): no layout has T(4S) below "
+        << t.lower_bound_ms << " ms\n";
   for (std::size_t k = 0; k < t.stages.size(); ++k) {
     const auto& s = t.stages[k];
     out << "      stage " << k << ": node " << s.node << ", " << s.gpus << " GPU" << (s.gpus > 1 ? "s" : " ")

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <cstdio>
 #include <map>
+#include <string>
 
 #include "planning/layout_dp.hpp"
 
@@ -50,14 +52,49 @@ std::optional<pipeline_template> template_generator::generate(int nodes) {
   return generate(nodes, nodes).front();
 }
 
+namespace {
+
+std::string gib(std::uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", static_cast<double>(bytes) / (1ull << 30));
+  return text;
+}
+
+std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) {
+  return a > std::numeric_limits<std::uint64_t>::max() - b ? std::numeric_limits<std::uint64_t>::max() : a + b;
+}
+
+}  // namespace
+
+std::uint64_t planning_memory_bytes(const layer_costs& costs, int hi) {
+  const double L = costs.num_layers();
+  const double widths = static_cast<double>(stage_widths(costs.gpus_per_node()).size());
+  const double max_s = std::min(L, static_cast<double>(hi) * costs.gpus_per_node());
+  // Candidate bottleneck values (at most one per stage [u, v) and width) and W_min(n, S).
+  const double extra = widths * L * (L + 1) / 2 * sizeof(double) + hi * (max_s + 1) * sizeof(double);
+  return saturating_add(detail::layout_dp::bytes_needed(costs, hi), static_cast<std::uint64_t>(extra));
+}
+
+void template_generator::check_memory(std::uint64_t bytes, int hi) {
+  stats_.memory_bytes = bytes;
+  if (options_.memory_limit_bytes == 0 || bytes <= options_.memory_limit_bytes) return;
+  throw planning_error("this profile needs ~" + gib(bytes) + " GiB to plan templates of up to " + std::to_string(hi) +
+                       " nodes (" + std::to_string(costs_.num_layers()) + " layers, " +
+                       std::to_string(costs_.gpus_per_node()) + " GPUs per node; the tables grow as node count x GPUs " +
+                       "x layers); the planning memory limit is " + gib(options_.memory_limit_bytes) +
+                       " GiB: raise it (oobleck-plan --plan-memory-limit) or plan fewer nodes");
+}
+
 std::vector<bool> template_generator::feasible_node_counts(int hi) {
   stats_ = {};
   std::vector<bool> feasible(hi + 1, false);
   if (hi < 1) return feasible;
+  check_memory(detail::layout_dp::bytes_needed(costs_, hi, false), hi);
   detail::layout_dp dp(costs_, hi);
   dp.run_sum(kInf, hi);
   ++stats_.feasibility_runs;
   for (int n = 1; n <= hi; ++n) feasible[n] = std::isfinite(dp.front_sum(n));
+  stats_.dp_cells = dp.cells_computed();
   return feasible;
 }
 
@@ -67,6 +104,8 @@ namespace {
 std::vector<double> candidate_caps(const layer_costs& costs) {
   std::vector<double> caps;
   const int L = costs.num_layers();
+  // At most one per stage and width, as planning_memory_bytes counts (no reallocation past it).
+  caps.reserve(stage_widths(costs.gpus_per_node()).size() * static_cast<std::size_t>(L) * (L + 1) / 2);
   for (int d : stage_widths(costs.gpus_per_node()))
     for (int u = 0; u < L; ++u)
       for (int v = u + 1; v <= L && costs.stage_fits(layer_index{u}, layer_index{v}, d, 1); ++v)
@@ -82,6 +121,7 @@ std::vector<std::optional<pipeline_template>> template_generator::generate(int l
   stats_ = {};
   if (lo < 1 || hi < lo) throw planning_error("template node range [" + std::to_string(lo) + ", " +
                                               std::to_string(hi) + "] is empty or starts below 1");
+  check_memory(planning_memory_bytes(costs_, hi), hi);
   const int count = hi - lo + 1;
   std::vector<std::optional<pipeline_template>> result(count);
   detail::layout_dp dp(costs_, hi);
@@ -96,7 +136,10 @@ std::vector<std::optional<pipeline_template>> template_generator::generate(int l
     for (int s = 1; s <= max_s; ++s) min_work[i][s] = dp.front_sum(lo + i, s);
     feasible[i] = std::isfinite(dp.front_sum(lo + i));
   }
-  if (std::none_of(feasible.begin(), feasible.end(), [](bool f) { return f; })) return result;
+  if (std::none_of(feasible.begin(), feasible.end(), [](bool f) { return f; })) {
+    stats_.dp_cells = dp.cells_computed();
+    return result;
+  }
 
   const std::vector<double> caps = candidate_caps(costs_);
   stats_.candidate_caps = static_cast<int>(caps.size());
@@ -135,74 +178,148 @@ std::vector<std::optional<pipeline_template>> template_generator::generate(int l
     first_cap[i] = hint = high;
   }
 
+  // Stage count S of n nodes can still give a better T at cap c only inside the window
+  // W_min(n, S) / S <= c (every stage is <= c) and 2 W_min(n, S) + (3S - 1) c < best(n).
+  // The second bound: with P the work before the bottleneck and Q after it,
+  // T = P + (3S + k* + 1) c + 2Q and P <= k* c, so T >= 2 (P + c + Q) + (3S - 1) c.
+  auto bound = [&](int i, int s, double cap) {
+    const double w = min_work[i][s];
+    return 2.0 * w + (3.0 * s - 1.0) * std::max(cap, w / s * (1 - 1e-12));
+  };
   std::vector<double> best(count, kInf), best_cap(count, kInf);
+  std::vector<int> best_stages(count, 0);
+  std::vector<std::pair<int, int>> range(hi + 1);
+  const std::uint64_t search_start = dp.cells_computed();
+  // searched_to[i]: the first cap no longer searched for lo + i because of the work limit.
+  std::vector<std::size_t> searched_to(count, caps.size());
+  // Pair bounds of the current block of caps (see below), valid for caps up to block_end.
+  constexpr std::size_t kBlock = 16;
+  std::vector<std::vector<double>> block_work(count, std::vector<double>(max_s + 1, kInf));
+  std::size_t block_end = 0;
+  bool block_open = false;
   for (std::size_t c = *std::min_element(first_cap.begin(), first_cap.end()); c < caps.size(); ++c) {
     const double cap = caps[c];
-    // Stage count S of n nodes can still give a better T at this cap only inside the window
-    // W_min(n, S) / S <= cap (every stage is <= cap) and 2 W_min(n, S) + (3S - 1) cap < best(n).
-    // The second bound: with P the work before the bottleneck and Q after it,
-    // T = P + (3S + k* + 1) cap + 2Q and P <= k* cap, so T >= 2 (P + cap + Q) + (3S - 1) cap.
-    // Once no window is open and no n is still below its first feasible cap, the search is over.
-    int r_limit = 0, node_limit = 0;
+    // Past the work limit only node counts without an answer are searched (at their first cap).
+    const bool over = options_.work_limit_cells != 0 && dp.cells_computed() - search_start > options_.work_limit_cells;
+    int active_count = 0;
     bool ahead = false;
-    std::vector<bool> active(count, false);
+    std::fill(range.begin(), range.end(), std::pair{1, 0});
     for (int i = 0; i < count; ++i) {
       if (!feasible[i]) continue;
+      if (over && std::isfinite(best[i])) {
+        searched_to[i] = std::min(searched_to[i], c);
+        continue;
+      }
       if (c < first_cap[i]) {
         ahead = true;
         continue;
       }
-      for (int s = max_s; s >= 1; --s) {
+      int s_lo = max_s + 1, s_hi = 0;
+      for (int s = 1; s <= max_s; ++s) {
         const double w = min_work[i][s];
         if (!std::isfinite(w)) continue;
-        const double floor_s = w / s * (1 - 1e-12);
-        if (cap < floor_s) {
-          ahead = ahead || 2.0 * w + (3.0 * s - 1.0) * floor_s < best[i];
-        } else if (2.0 * w + (3.0 * s - 1.0) * cap < best[i]) {
-          r_limit = std::max(r_limit, s);
-          node_limit = lo + i;
-          active[i] = true;
+        if (cap < w / s * (1 - 1e-12)) {
+          ahead = ahead || bound(i, s, cap) < best[i];
+        } else if (bound(i, s, cap) < best[i]) {
+          s_lo = std::min(s_lo, s);
+          s_hi = s;
         }
       }
+      if (s_lo <= s_hi) {
+        range[lo + i] = {s_lo, s_hi};
+        ++active_count;
+      }
     }
-    if (r_limit == 0) {
+    if (active_count == 0) {
       if (ahead) continue;
       break;
     }
-    // Large node counts settle first; the DP stops at the GPUs of the largest still active.
-    dp.run_full(cap, r_limit, node_limit);
+    // The least work of each pair with every stage <= the block's last cap (inf: no such layout)
+    // bounds the pair at every cap of the block: W >= that, and a pair infeasible there stays
+    // infeasible below. A pair it rules out is not computed by the full run.
+    if (!block_open || c > block_end) {
+      block_open = true;
+      block_end = std::min(caps.size() - 1, c + kBlock - 1);
+      std::vector<std::pair<int, int>> block_range(hi + 1, {1, 0});
+      for (int i = 0; i < count; ++i) {
+        if (!feasible[i] || block_end < first_cap[i] || (over && std::isfinite(best[i]))) continue;
+        int s_lo = max_s + 1, s_hi = 0;
+        for (int s = 1; s <= max_s; ++s)
+          if (std::isfinite(min_work[i][s]) && bound(i, s, cap) < best[i] &&
+              !(caps[block_end] < min_work[i][s] / s * (1 - 1e-12))) {
+            s_lo = std::min(s_lo, s);
+            s_hi = s;
+          }
+        block_range[lo + i] = {s_lo, s_hi};
+      }
+      dp.run_sum(caps[block_end], block_range);
+      ++stats_.feasibility_runs;
+      for (int i = 0; i < count; ++i)
+        for (int s = 1; s <= max_s; ++s) block_work[i][s] = dp.front_sum(lo + i, s);
+    }
+    active_count = 0;
+    for (int i = 0; i < count; ++i) {
+      auto& [s_lo, s_hi] = range[lo + i];
+      int new_lo = max_s + 1, new_hi = 0;
+      for (int s = s_lo; s <= s_hi; ++s) {
+        const double w = block_work[i][s];
+        if (std::isfinite(w) && 2.0 * w + (3.0 * s - 1.0) * cap < best[i]) {
+          new_lo = std::min(new_lo, s);
+          new_hi = s;
+        }
+      }
+      s_lo = new_lo;
+      s_hi = new_hi;
+      if (s_lo <= s_hi) ++active_count;
+    }
+    if (active_count == 0) continue;
+    dp.run_full(cap, range);
     ++stats_.caps_evaluated;
     for (int i = 0; i < count; ++i) {
-      if (!active[i]) continue;
-      const double t = dp.front_full(lo + i, cap, r_limit);
+      const auto [s_lo, s_hi] = range[lo + i];
+      if (s_lo > s_hi) continue;
+      int stages = 0;
+      const double t = dp.front_full(lo + i, cap, s_hi, &stages);
       if (t < best[i]) {
         best[i] = t;
         best_cap[i] = cap;
+        best_stages[i] = stages;
       }
     }
   }
+  // A layout the search skipped below searched_to could not beat the answer (its bound did not);
+  // one it did not reach has a bottleneck >= caps[searched_to]: bound it from there.
+  std::vector<double> lower(best);
+  for (int i = 0; i < count; ++i)
+    if (searched_to[i] < caps.size())
+      for (int s = 1; s <= max_s; ++s)
+        if (std::isfinite(min_work[i][s])) lower[i] = std::min(lower[i], bound(i, s, caps[searched_to[i]]));
 
   // Rebuild each optimum; node counts that share a bottleneck value share one DP run.
   std::map<double, std::vector<int>> by_cap;
   for (int i = 0; i < count; ++i)
     if (std::isfinite(best[i])) by_cap[best_cap[i]].push_back(i);
   for (const auto& [cap, members] : by_cap) {
-    dp.run_full(cap, dp.max_stages(), lo + members.back());
+    std::fill(range.begin(), range.end(), std::pair{1, 0});
+    for (int i : members) range[lo + i] = {best_stages[i], best_stages[i]};
+    dp.run_full(cap, range);
     for (int i : members) {
-      int stages = 0;
-      dp.front_full(lo + i, cap, dp.max_stages(), &stages);
       pipeline_template t;
       t.nodes = lo + i;
-      t.stages = dp.trace_full(lo + i, stages);
+      t.stages = dp.trace_full(lo + i, best_stages[i]);
       for (auto& s : t.stages) {
         s.forward_ms = costs_.forward_ms(s.first_layer, s.end_layer, s.gpus);
         s.backward_ms = costs_.backward_ms(s.first_layer, s.end_layer, s.gpus);
       }
       t.iteration_ms = ranking_time(t.stage_ms());
       t.time = predicted_time(costs_, t.stages);
+      t.exact = !(lower[i] < best[i]);
+      t.lower_bound_ms = t.exact ? t.iteration_ms : lower[i];
+      if (!t.exact) ++stats_.inexact_templates;
       result[i] = std::move(t);
     }
   }
+  stats_.dp_cells = dp.cells_computed();
   return result;
 }
 

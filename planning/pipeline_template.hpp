@@ -1,6 +1,7 @@
 #pragma once
 // Pipeline templates (paper §4.1) and their exact generator.
 
+#include <cstdint>
 #include <optional>
 #include <vector>
 
@@ -28,6 +29,11 @@ struct pipeline_template {
   std::vector<stage_spec> stages;
   double iteration_ms = 0;  ///< the paper's T with Nb = 4S: what templates are ranked by, not a prediction
   pipeline_time time;       ///< predicted time: predicted_time() of the stages (set by the generator)
+  /// Whether iteration_ms is proven minimal. False only when the generator's work limit stopped
+  /// the search for this node count early (generator_options::work_limit_cells): then no layout
+  /// of these nodes has a T below lower_bound_ms, and the gap is iteration_ms - lower_bound_ms.
+  bool exact = true;
+  double lower_bound_ms = 0;  ///< a proven lower bound on the minimal T (== iteration_ms when exact)
 
   std::vector<double> stage_ms() const;
   double time_ms(int num_microbatches) const { return time.at(num_microbatches); }
@@ -50,7 +56,28 @@ struct generator_stats {
   int candidate_caps = 0;   ///< distinct stage latencies that could be a bottleneck
   int caps_evaluated = 0;   ///< full DP runs over a bottleneck value
   int feasibility_runs = 0; ///< DP runs for feasibility and the bisection of the smallest cap
+  std::uint64_t dp_cells = 0;       ///< DP cells computed (one per first layer, GPU and stage count)
+  std::uint64_t memory_bytes = 0;   ///< what the call allocated for planning (the estimate it checked)
+  int inexact_templates = 0;        ///< templates whose search the work limit stopped (exact false)
 };
+
+/// Default planning memory limit: 1 GiB. The DP's tables grow as rows x (L + 1) (rows: the (GPUs,
+/// stages) pairs of up to n_max nodes); a profile and node range whose tables would exceed the
+/// limit is refused before anything is allocated.
+inline constexpr std::uint64_t kDefaultPlanningMemoryBytes = 1ull << 30;
+struct generator_options {
+  /// Bytes the planning tables may take (0: no limit). Larger inputs are refused at once with
+  /// planning_error saying how much they need.
+  std::uint64_t memory_limit_bytes = kDefaultPlanningMemoryBytes;
+  /// DP cells the search may compute (0, the default: no limit, every template exact). Past it,
+  /// only node counts without any template yet are searched (up to their first answer), and every
+  /// template whose optimum is not proven is returned with exact = false and its lower bound.
+  std::uint64_t work_limit_cells = 0;
+};
+
+/// The bytes generate(lo, hi) would allocate for planning (tables, candidate bottleneck values,
+/// per node count bounds), computed without allocating.
+std::uint64_t planning_memory_bytes(const layer_costs& costs, int hi);
 
 /// Exact template generation (ARCHITECTURE.md §4): for each node count, the memory-feasible layout of
 /// minimal T(4S). Not the paper's divide-and-conquer memo, which keeps one result per sub-problem
@@ -66,6 +93,7 @@ struct generator_stats {
 class template_generator {
  public:
   explicit template_generator(const layer_costs& costs) : costs_(costs) {}
+  template_generator(const layer_costs& costs, generator_options options) : costs_(costs), options_(options) {}
 
   /// Minimal-T template for n nodes; nullopt when no layout fits in memory.
   std::optional<pipeline_template> generate(int nodes);
@@ -76,10 +104,16 @@ class template_generator {
   /// feasible[n] for n in [0, hi]: some layout of n nodes fits in memory.
   std::vector<bool> feasible_node_counts(int hi);
 
+  const generator_options& options() const { return options_; }
+
   const generator_stats& stats() const { return stats_; }
 
  private:
+  /// Throws planning_error when `bytes` exceed the memory limit.
+  void check_memory(std::uint64_t bytes, int hi);
+
   const layer_costs& costs_;
+  generator_options options_;
   generator_stats stats_;
 };
 

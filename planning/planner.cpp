@@ -111,7 +111,7 @@ job_plan plan_job(const profile& p, const job_config& job, std::span<const node_
   const layer_costs costs(p, job_memory(p, job));
   job_plan plan;
   plan.num_microbatches = microbatches_per_step(job.global_batch, job.microbatch);
-  template_generator generator(costs);
+  template_generator generator(costs, {.memory_limit_bytes = job.plan_memory_limit_bytes});
   const auto feasible = generator.feasible_node_counts(std::min(p.num_layers(), job.nodes));
   plan.spec = specify_nodes(feasible, p.num_layers(), job.nodes, job.fault_tolerance);
   for (auto& t : generator.generate(plan.spec.n0, plan.spec.n_max))

@@ -23,6 +23,9 @@ struct job_config {
   int microbatch = 0;       ///< b
   double state_factor = 4.0;
   std::optional<std::int64_t> device_memory_bytes;  ///< overrides the profile's
+  /// Memory the template generator may use (0: no limit); a larger planning problem is refused at
+  /// once with planning_error saying how much it needs (planning_memory_bytes).
+  std::uint64_t plan_memory_limit_bytes = kDefaultPlanningMemoryBytes;
 };
 
 /// The templates of a job, one per feasible node count in [n0, n_max], ascending.
