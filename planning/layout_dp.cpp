@@ -276,6 +276,40 @@ double layout_dp::front_full(int nodes, double cap, int r_limit, int* stages) co
   return best;
 }
 
+std::vector<stage_spec> layout_dp::trace_sum(int nodes, int stages) const {
+  std::vector<stage_spec> out;
+  const int total = nodes * gpus_per_node_;
+  int u = 0, g = total, r = stages;
+  while (r > 0) {
+    const double target = before_[at(row(g, r), u)];
+    double best = kInf;
+    int best_v = -1, best_d = 0;
+    for (int d : widths_) {
+      if (d > node_room(g) || best == target) continue;
+      const int next_row = row(g - d, r - 1);
+      if (next_row < 0 || (g - d > 0 && (r - 1 < r_lo_[g - d] || r - 1 > r_hi_[g - d]))) continue;
+      const auto& pre = costs_.time_prefix(d);
+      const double* next = &before_[at(next_row, 0)];
+      const int hi = stage_end_limit(static_cast<std::size_t>(width_index(d)), r, u, false);
+      for (int v = u + 1; v <= hi && best != target; ++v) {
+        const double value = 1.0 * pre[v] + next[v] - 1.0 * pre[u];
+        if (value < best || value == target) {
+          best = value;
+          best_v = v;
+          best_d = d;
+        }
+      }
+    }
+    if (best_v < 0 || !(best < kInf)) return {};
+    out.push_back({(total - g) / gpus_per_node_, best_d, layer_index{u}, layer_index{best_v},
+                   costs_.stage_ms(layer_index{u}, layer_index{best_v}, best_d)});
+    u = best_v;
+    g -= best_d;
+    --r;
+  }
+  return out;
+}
+
 std::vector<stage_spec> layout_dp::trace_full(int nodes, int stages) const {
   // Each step recomputes the candidates of the state's value with the expressions the runs used
   // and follows the one that equals it (the least one if rounding made none equal: its next state

@@ -42,6 +42,9 @@ class layout_dp {
   /// Minimal sum after run_sum for n nodes in exactly `stages` stages; inf when infeasible.
   double front_sum(int nodes, int stages) const;
 
+  /// A layout behind front_sum(nodes, stages) (every stage <= the run's cap), by recomputation.
+  std::vector<stage_spec> trace_sum(int nodes, int stages) const;
+
   /// The three-phase DP for bottleneck value `cap`, for the (node count, stage count) pairs in
   /// `stage_range` (index n: stage counts [first, second] of n nodes wanted; first > second: none).
   /// Only the rows some wanted pair can reach are computed.

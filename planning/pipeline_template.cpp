@@ -144,38 +144,14 @@ std::vector<std::optional<pipeline_template>> template_generator::generate(int l
   const std::vector<double> caps = candidate_caps(costs_);
   stats_.candidate_caps = static_cast<int>(caps.size());
 
-  // The smallest feasible cap of each n (feasibility is monotone in the cap). A layout of S stages
-  // has a stage >= W_min(n, S) / S, so the search gallops up from that floor, or from the answer
-  // for n + 1 (more nodes rarely need a larger bottleneck) once the cap just below that answer is
-  // known to be infeasible for n; then it bisects.
-  auto feasible_at = [&](int i, std::size_t c) {
-    dp.run_sum(caps[c], lo + i);
-    ++stats_.feasibility_runs;
-    return std::isfinite(dp.front_sum(lo + i));
-  };
+  // first_cap[i]: no cap below it is feasible for lo + i. A layout of S stages has a stage >=
+  // W_min(n, S) / S; the blocks below find which pairs are feasible at all.
   std::vector<std::size_t> first_cap(count, caps.size());
-  std::size_t hint = 0;
-  for (int i = count - 1; i >= 0; --i) {
+  for (int i = 0; i < count; ++i) {
     if (!feasible[i]) continue;
     double floor_cap = kInf;
     for (int s = 1; s <= max_s; ++s) floor_cap = std::min(floor_cap, min_work[i][s] / s);
-    std::size_t low = std::lower_bound(caps.begin(), caps.end(), floor_cap * (1 - 1e-12)) - caps.begin();
-    if (hint > low && !feasible_at(i, hint - 1)) low = hint;
-    std::size_t high = caps.size() - 1;  // the largest cap admits every feasible layout
-    for (std::size_t step = 1; low < high; step *= 2) {
-      const std::size_t probe = std::min(low + step - 1, high);
-      if (feasible_at(i, probe)) {
-        high = probe;
-        break;
-      }
-      low = probe + 1;
-    }
-    while (low < high) {
-      const std::size_t mid = (low + high) / 2;
-      if (feasible_at(i, mid)) high = mid;
-      else low = mid + 1;
-    }
-    first_cap[i] = hint = high;
+    first_cap[i] = std::lower_bound(caps.begin(), caps.end(), floor_cap * (1 - 1e-12)) - caps.begin();
   }
 
   // Stage count S of n nodes can still give a better T at cap c only inside the window
@@ -188,7 +164,58 @@ std::vector<std::optional<pipeline_template>> template_generator::generate(int l
   };
   std::vector<double> best(count, kInf), best_cap(count, kInf);
   std::vector<int> best_stages(count, 0);
+  std::vector<std::vector<stage_spec>> found(count);  // the best layout where a trace found it
   std::vector<std::pair<int, int>> range(hi + 1);
+
+  // Seeds: an answer for each n before the search, so that its bound prunes from the first cap.
+  // The stage count S with the least bound at its floor is the likely optimum's; the smallest
+  // cap at which (n, S) is feasible (bisected on that pair's rows alone, which for S near n are
+  // about one per GPU) has a layout with exactly that bottleneck (the min-max layout), whose T
+  // the full DP gives. Any layout is an upper bound; the search proves or improves it.
+  for (int i = 0; i < count; ++i) {
+    if (!feasible[i]) continue;
+    int guess = 0;
+    double guess_bound = kInf;
+    for (int s = 1; s <= max_s; ++s)
+      if (std::isfinite(min_work[i][s]) && bound(i, s, 0) < guess_bound) {
+        guess_bound = bound(i, s, 0);
+        guess = s;
+      }
+    if (guess == 0) continue;
+    std::fill(range.begin(), range.end(), std::pair{1, 0});
+    range[lo + i] = {guess, guess};
+    auto pair_feasible = [&](std::size_t c) {
+      dp.run_sum(caps[c], range);
+      ++stats_.feasibility_runs;
+      return std::isfinite(dp.front_sum(lo + i, guess));
+    };
+    std::size_t low = std::lower_bound(caps.begin(), caps.end(), min_work[i][guess] / guess * (1 - 1e-12)) - caps.begin();
+    low = std::max(low, first_cap[i]);
+    std::size_t high = caps.size() - 1;
+    if (!pair_feasible(high)) continue;
+    for (std::size_t step = 1; low < high; step *= 2) {
+      const std::size_t probe = std::min(low + step - 1, high);
+      if (pair_feasible(probe)) {
+        high = probe;
+        break;
+      }
+      low = probe + 1;
+    }
+    while (low < high) {
+      const std::size_t mid = (low + high) / 2;
+      if (pair_feasible(mid)) high = mid;
+      else low = mid + 1;
+    }
+    dp.run_full(caps[high], range);
+    ++stats_.caps_evaluated;
+    const double t = dp.front_full(lo + i, guess, caps[high]);
+    if (t < best[i]) {
+      best[i] = t;
+      best_cap[i] = caps[high];
+      best_stages[i] = guess;
+    }
+  }
+
   const std::uint64_t search_start = dp.cells_computed();
   // searched_to[i]: the first cap no longer searched for lo + i because of the work limit.
   std::vector<std::size_t> searched_to(count, caps.size());
@@ -254,8 +281,33 @@ std::vector<std::optional<pipeline_template>> template_generator::generate(int l
       }
       dp.run_sum(caps[block_end], block_range);
       ++stats_.feasibility_runs;
-      for (int i = 0; i < count; ++i)
-        for (int s = 1; s <= max_s; ++s) block_work[i][s] = dp.front_sum(lo + i, s);
+      for (int i = 0; i < count; ++i) {
+        int guess = 0;
+        double guess_bound = kInf;
+        for (int s = 1; s <= max_s; ++s) {
+          block_work[i][s] = dp.front_sum(lo + i, s);
+          const double b = 2.0 * block_work[i][s] + (3.0 * s - 1.0) * caps[block_end];
+          if (b < guess_bound) {
+            guess_bound = b;
+            guess = s;
+          }
+        }
+        // An upper bound early: the least-work layout of the most promising stage count under
+        // this block's largest cap is a layout; its T prunes every pair whose bound is above it.
+        // It is the answer when no bottleneck value gives less.
+        if (guess == 0 || !(guess_bound < best[i])) continue;
+        auto stages = dp.trace_sum(lo + i, guess);
+        if (stages.empty()) continue;
+        std::vector<double> w;
+        for (const auto& st : stages) w.push_back(st.ms);
+        const double t = ranking_time(w);
+        if (t < best[i]) {
+          best[i] = t;
+          best_cap[i] = kInf;
+          best_stages[i] = static_cast<int>(stages.size());
+          found[i] = std::move(stages);
+        }
+      }
     }
     active_count = 0;
     for (int i = 0; i < count; ++i) {
@@ -284,6 +336,7 @@ std::vector<std::optional<pipeline_template>> template_generator::generate(int l
         best[i] = t;
         best_cap[i] = cap;
         best_stages[i] = stages;
+        found[i].clear();
       }
     }
   }
@@ -302,11 +355,11 @@ std::vector<std::optional<pipeline_template>> template_generator::generate(int l
   for (const auto& [cap, members] : by_cap) {
     std::fill(range.begin(), range.end(), std::pair{1, 0});
     for (int i : members) range[lo + i] = {best_stages[i], best_stages[i]};
-    dp.run_full(cap, range);
+    if (std::isfinite(cap)) dp.run_full(cap, range);
     for (int i : members) {
       pipeline_template t;
       t.nodes = lo + i;
-      t.stages = dp.trace_full(lo + i, best_stages[i]);
+      t.stages = std::isfinite(cap) ? dp.trace_full(lo + i, best_stages[i]) : std::move(found[i]);
       for (auto& s : t.stages) {
         s.forward_ms = costs_.forward_ms(s.first_layer, s.end_layer, s.gpus);
         s.backward_ms = costs_.backward_ms(s.first_layer, s.end_layer, s.gpus);
