@@ -1,11 +1,15 @@
 // Planning latency: the paper's Table 3 grid (one template per cell) on GPT-like synthetic
 // profiles, single-threaded, beside the paper's figures; then all templates of a 24-node job,
-// instantiation on 1,024 nodes and one reconfiguration decision on 64 nodes.
+// instantiation on 1,024 nodes and one reconfiguration decision on 64 nodes; then the frontier
+// cases of issue 27 against their targets: every template of a 126-layer model on 2,048 nodes of
+// 8 GPUs (<= 5 s, <= 1 GiB), instantiation and a reconfiguration decision at 2,048 nodes
+// (<= 10 ms each), and a 1,000-layer profile on 64 nodes (plans or is refused within 5 s).
 //
 // usage: planning_latency [--quick] [--json PATH]
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -44,6 +48,28 @@ constexpr paper_row kPaper[] = {
 profile gpt(int layers, int gpus) {
   return synthetic_gpt_profile({.layers = layers, .hidden = 2048, .heads = 16, .sequence = 1024,
                                 .microbatch = 1, .gpus_per_node = gpus, .device_memory_bytes = 40LL << 30});
+}
+
+/// The same with each layer's times scaled by a factor drawn in [1 - jitter/2, 1 + jitter/2] (seeded),
+/// as a measured profile's layers differ: every stage latency is then distinct, the planner's hard case.
+profile jittered(profile p, double jitter) {
+  std::mt19937 rng(27);
+  std::uniform_real_distribution<double> factor(1 - jitter / 2, 1 + jitter / 2);
+  for (auto& layer : p.layers) {
+    const double f = factor(rng);
+    for (auto& t : layer.forward_ms) t *= f;
+    for (auto& t : layer.backward_ms) t *= f;
+  }
+  return p;
+}
+
+/// Peak resident set size of this process so far (VmHWM), bytes; -1 where unknown.
+double peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024;
+  return -1;
 }
 
 /// Median seconds of fn over repeats, repeating until ~0.3 s of samples (at least 3, 1 if slow).
@@ -137,8 +163,77 @@ int main(int argc, char** argv) {
             << plan64.pipelines.size() << " pipelines, one node lost: " << fmt("%.3f", reconf_s * 1e3)
             << " ms (target <= 1 ms), " << r.copies.size() << " layer copies (" << r.reason << ")\n";
 
+  // Frontier scale (issue 27).
+  std::cout << "\nFrontier scale (issue 27), load average " << oobleck::bench::load_average() << "\n";
+  std::cout << "case                                              | measured      | target    | pass\n";
+  json frontier = json::array();
+  bool all_pass = true;
+  auto report = [&](const std::string& name, double value, const char* unit, double target, json extra) {
+    const bool pass = value <= target;
+    all_pass = all_pass && pass;
+    std::cout << name << std::string(name.size() < 50 ? 50 - name.size() : 0, ' ') << "| "
+              << fmt("%9.3f", value) << " " << unit << std::string(4 - std::string(unit).size(), ' ') << "| <= "
+              << fmt("%5.0f", target) << " " << unit << std::string(4 - std::string(unit).size(), ' ') << "| "
+              << (pass ? "yes" : "NO") << "\n";
+    extra["case"] = name;
+    extra["value"] = value;
+    extra["unit"] = unit;
+    extra["target"] = target;
+    extra["pass"] = pass;
+    frontier.push_back(std::move(extra));
+  };
+  const int frontier_layers = quick ? 24 : 126;
+  const auto frontier_profile = jittered(gpt(frontier_layers, 8), 0.02);
+  job_config job2k{.nodes = 2048, .fault_tolerance = 2, .global_batch = 16384, .microbatch = 1};
+  const double rss_before = peak_rss_bytes();
+  const auto start2k = std::chrono::steady_clock::now();
+  const auto plan2k = plan_job(frontier_profile, job2k);
+  const double plan2k_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start2k).count();
+  const layer_costs costs2k(frontier_profile, job_memory(frontier_profile, job2k));
+  const auto memory2k = planning_memory_bytes(costs2k, plan2k.spec.n_max);
+  int inexact = 0;
+  for (const auto& t : plan2k.templates.templates) inexact += !t.exact;
+  const std::string case2k = std::to_string(frontier_layers) + " layers x 2048 nodes x 8 GPUs: all templates";
+  report(case2k, plan2k_s, "s", 5.0,
+         json{{"layers", frontier_layers}, {"nodes", 2048}, {"gpus_per_node", 8}, {"templates", plan2k.templates.templates.size()},
+              {"n0", plan2k.spec.n0}, {"n_max", plan2k.spec.n_max}, {"inexact_templates", inexact},
+              {"profile", "synthetic GPT, hidden 2048, seq 1024, 40 GiB per GPU, layer times jittered +-1%"}});
+  report(case2k + ": planning memory", memory2k / double(1 << 30), "GiB", 1.0,
+         json{{"bytes_estimated", memory2k}, {"peak_rss_bytes", peak_rss_bytes()}, {"peak_rss_before_bytes", rss_before}});
+  const auto options2k = plan2k.templates.options();
+  std::optional<instantiation> inst2k;
+  const double inst2k_s = time_it([&] { inst2k = instantiate(options2k, 2048, 3, plan2k.num_microbatches); });
+  report("instantiation + batch distribution, 2048 nodes", inst2k_s * 1e3, "ms", 10.0,
+         json{{"templates", options2k.size()}, {"pipelines", inst2k ? inst2k->template_nodes.size() : 0},
+              {"microbatches", plan2k.num_microbatches}});
+  const reconfiguration_context ctx2k{plan2k.templates, costs2k, 2, plan2k.num_microbatches, 1};
+  const cluster_state state2k{plan2k.pipelines, plan2k.idle_nodes};
+  const std::vector<node_id> lost2k{plan2k.pipelines.front().nodes.front()};
+  reconfiguration r2k;
+  const double reconf2k_s = time_it([&] { r2k = reconfigure(ctx2k, state2k, lost2k, {}); });
+  report("reconfiguration decision, 2048 nodes, one lost", reconf2k_s * 1e3, "ms", 10.0,
+         json{{"pipelines", plan2k.pipelines.size()}, {"copies", r2k.copies.size()}, {"reason", r2k.reason}});
+  // 1,000 layers on 64 nodes: plans or is refused at once with the estimate (default memory limit).
+  const auto deep = gpt(1000, 8);
+  job_config job_deep{.nodes = 64, .fault_tolerance = 1, .global_batch = 512, .microbatch = 1};
+  std::string outcome;
+  const auto start_deep = std::chrono::steady_clock::now();
+  try {
+    const auto plan_deep = plan_job(deep, job_deep);
+    outcome = "planned: " + std::to_string(plan_deep.templates.templates.size()) + " templates";
+  } catch (const planning_error& e) {
+    outcome = std::string("refused: ") + e.what();
+  }
+  const double deep_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_deep).count();
+  report("1000 layers x 64 nodes x 8 GPUs: plan or refuse", deep_s, "s", 5.0, json{{"outcome", outcome}});
+  std::cout << "  1000 layers x 64 nodes: " << outcome << "\n";
+  std::cout << "frontier targets " << (all_pass ? "all met" : "NOT all met") << "\n";
+
   const json out = json{
       {"benchmark", "planning_latency"},
+      {"load_average", oobleck::bench::load_average()},
+      {"frontier", std::move(frontier)},
+      {"frontier_all_pass", all_pass},
       {"table3", std::move(cells)},
       {"slowest_cell_speedup", worst_ratio},
       {"all_templates_n24_f2_seconds", all_templates},

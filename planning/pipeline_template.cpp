@@ -54,9 +54,12 @@ std::optional<pipeline_template> template_generator::generate(int nodes) {
 
 namespace {
 
-std::string gib(std::uint64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.2f", static_cast<double>(bytes) / (1ull << 30));
+/// "1.53 GiB", or "8.0 MiB" below a tenth of a GiB.
+std::string size_text(std::uint64_t bytes) {
+  char text[48];
+  const double gib = static_cast<double>(bytes) / (1ull << 30);
+  if (gib >= 0.1) std::snprintf(text, sizeof text, "%.2f GiB", gib);
+  else std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1ull << 20));
   return text;
 }
 
@@ -78,11 +81,11 @@ std::uint64_t planning_memory_bytes(const layer_costs& costs, int hi) {
 void template_generator::check_memory(std::uint64_t bytes, int hi) {
   stats_.memory_bytes = bytes;
   if (options_.memory_limit_bytes == 0 || bytes <= options_.memory_limit_bytes) return;
-  throw planning_error("this profile needs ~" + gib(bytes) + " GiB to plan templates of up to " + std::to_string(hi) +
+  throw planning_error("this profile needs ~" + size_text(bytes) + " to plan templates of up to " + std::to_string(hi) +
                        " nodes (" + std::to_string(costs_.num_layers()) + " layers, " +
                        std::to_string(costs_.gpus_per_node()) + " GPUs per node; the tables grow as node count x GPUs " +
-                       "x layers); the planning memory limit is " + gib(options_.memory_limit_bytes) +
-                       " GiB: raise it (oobleck-plan --plan-memory-limit) or plan fewer nodes");
+                       "x layers); the planning memory limit is " + size_text(options_.memory_limit_bytes) +
+                       ": raise it (oobleck-plan --plan-memory-limit) or plan fewer nodes");
 }
 
 std::vector<bool> template_generator::feasible_node_counts(int hi) {

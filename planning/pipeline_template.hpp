@@ -88,8 +88,14 @@ std::uint64_t planning_memory_bytes(const layer_costs& costs, int hi);
 /// GPUs remaining, stages remaining) with three phases (after / at / before the bottleneck, stages
 /// after it strictly below c, before it at most c) gives the exact minimum; the 4S*c term is charged
 /// at the front. Counting GPUs from the back makes one DP serve every node count. Candidates are
-/// visited in increasing c and pruned with T >= 2 W_min(n, S) + (3S - 1) c; transitions are
-/// sliding-window minima because both the cap and the memory limit bound v monotonically in u.
+/// visited in increasing c and pruned with T >= 2 W(n, S) + (3S - 1) c, W the least work of a
+/// layout (in blocks of 16 candidates: the least work with every stage <= the block's largest
+/// value, which also drops pairs infeasible there); each n starts from an answer (the min-max
+/// layout of its most promising S), so the bound prunes from the first candidate. A DP run
+/// computes only the (GPUs, stages) rows and first layers that the (n, S) pairs still open can
+/// reach; transitions are sliding-window minima because both the cap and the memory limit bound
+/// v monotonically in u. ARCHITECTURE.md §4 "Planning at frontier scale" has the complexity and
+/// the memory bound.
 class template_generator {
  public:
   explicit template_generator(const layer_costs& costs) : costs_(costs) {}
