@@ -96,6 +96,12 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
       superseded(self, r.memory.term, "worker '" + r.name + "'");
       return make_error(protocol_error::superseded, "this coordinator was replaced by a newer one");
     }
+    if (const auto it = st.nodes.find(node_id{r.memory.node}); r.memory.term == st.term && it != st.nodes.end() &&
+                                                                it->second.state != node_state::lost)
+      // It lost this coordinator before this coordinator noticed it lost the node: its loss is on
+      // the way (then this coordinator adopts it back, or goes on without it); it tries again.
+      return make_error(protocol_error::not_registering,
+                        "the coordinator has not yet seen this node's connection end; try again");
     ++st.refused;
     st.deps.log("refused worker '" + r.name + "': it came back to this coordinator, which went on without it");
     return make_error(protocol_error::unknown_node,
@@ -127,6 +133,32 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   return promise;
 }
 
+/// A node of the epoch in force was lost. Before the loss is handled, is anyone else still there?
+/// The first other node to answer a ping (milliseconds on a healthy cluster) has the losses
+/// handled as before; if instead every node is lost, this coordinator was frozen or cut off, and
+/// it waits for them (handle_losses). A window bounds the wait when nobody answers.
+void check_reachable(coordinator_pointer self, node_id node) {
+  auto& st = self->state;
+  st.unhandled_losses.push_back(node);
+  const auto coordinator = caf::actor_cast<coordinator_actor>(self);
+  if (alive_nodes(st) == 0)
+    return self->send(coordinator, coordinator_deadline{deadline_kind::losses, st.epoch, st.step, st.loss_checks});
+  if (st.unhandled_losses.size() > 1) return;  // a round is under way
+  const std::uint64_t round = ++st.loss_checks;
+  for (const auto& [id, n] : st.nodes) {
+    if (n.state == node_state::lost) continue;
+    self->request(n.monitor, std::chrono::milliseconds(static_cast<std::int64_t>(st.deps.loss_window_ms)), ping_atom_v)
+        .then(
+            [self, round](bool) {
+              auto& st = self->state;
+              if (st.loss_checks == round && !st.unhandled_losses.empty()) handle_losses(self);
+            },
+            [](caf::error&) {});
+  }
+  self->delayed_send(coordinator, std::chrono::milliseconds(static_cast<std::int64_t>(st.deps.loss_window_ms)),
+                     coordinator_deadline{deadline_kind::losses, st.epoch, st.step, round});
+}
+
 void on_down(coordinator_pointer self, const caf::down_msg& dm) {
   auto& st = self->state;
   for (auto& [id, n] : st.nodes) {
@@ -144,7 +176,8 @@ void on_down(coordinator_pointer self, const caf::down_msg& dm) {
                    [&](phase::stopped&) {},
                    [&](phase::adopting& ph) { adoption_lost(self, ph, node); },
                    [&](auto&) {
-                     if (st.current.contains(node)) on_loss(self, node);
+                     if (!st.current.contains(node)) return;
+                     check_reachable(self, node);
                    },
                },
                st.phase);
@@ -310,7 +343,12 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
         guarded(self, "checkpoint_deadline", [&] { on_checkpoint_deadline(self, d); });
       },
       [self](stall_report& r) { dispatch(self, r); },
-      [self](coordinator_deadline& d) { dispatch(self, d); },  // the gate takes the coordinator's own only
+      [self](coordinator_deadline& d) {
+        if (d.kind != deadline_kind::losses) return dispatch(self, d);  // the gate takes the coordinator's own only
+        if (auto v = from_self(self); v.kind != gate_verdict::accept) return refuse_message(self, "coordinator_deadline", v.why);
+        if (d.probe != self->state.loss_checks || self->state.unhandled_losses.empty()) return;  // handled already
+        guarded(self, "the losses", [&] { handle_losses(self); });
+      },
       [self](status_atom, control_proof& p) -> caf::result<job_status> {
         return guarded(self, "a status request", [&]() -> caf::result<job_status> {
           if (auto err = check_operator(self, p)) return err;
@@ -329,6 +367,14 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
           self->monitor(who);
           self->state.subscribers.push_back(who);
           return std::string("subscribed");
+        });
+      },
+      [self](replaced_atom, std::uint64_t term, control_proof& p) -> caf::result<std::string> {
+        return guarded(self, "a replacement notice", [&]() -> caf::result<std::string> {
+          if (auto err = check_operator(self, p)) return err;
+          if (term <= self->state.term) return std::string("this coordinator's term is not older");
+          superseded(self, term, "a worker adopted by it");
+          return std::string("stopping: replaced");
         });
       },
       [self](shutdown_atom, std::string& reason, bool checkpoint, control_proof& p) -> caf::result<std::string> {

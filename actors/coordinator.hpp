@@ -175,6 +175,13 @@ struct coordinator_deps {
   /// after the first came back; the record of an adoption.
   std::uint64_t term = 1;
   double adopt_wait_ms = 10'000;
+  /// A coordinator that lost every node at once (it was frozen or cut off, not them) waits this
+  /// long for them to come back with their state before it stops.
+  double grace_ms = 60'000;
+  /// After a node's loss, how long the coordinator waits for any other node to answer a ping
+  /// before it handles the loss (an answer ends the wait at once); every node lost in the meantime
+  /// means this coordinator was cut off or frozen (twice the heartbeat interval is enough).
+  double loss_window_ms = 500;
   std::function<void(const restore_record&)> on_restored = [](const restore_record&) {};
   /// Fault injection into the coordinator itself (oobleck-local --kill-coordinator-at,
   /// --hang-coordinator-at): called as each step is sent to the pipelines.
@@ -289,6 +296,10 @@ struct coordinator_state {
   // Coordinator loss (coordinator_adoption.cpp).
   std::uint64_t term = 1;
   std::optional<restore_record> restoring;  ///< an adoption, until the first commit after it
+  /// Nodes lost but not handled yet: the losses that arrive together are handled together (a
+  /// coordinator that lost every node at once waits for them instead of concluding "too few").
+  std::vector<node_id> unhandled_losses;
+  std::uint64_t loss_checks = 0;  ///< rounds of pings after a loss; the one in force handles its losses
 
   static inline const char* name = "oobleck.coordinator";
 };

@@ -15,6 +15,7 @@
 #include <caf/actor_cast.hpp>
 #include <caf/send.hpp>
 
+#include "actors/coordinator_checkpoint.hpp"
 #include "actors/coordinator_training.hpp"
 
 namespace oobleck::actors {
@@ -81,9 +82,13 @@ void finish_adoption(coordinator_pointer self, phase::adopting& ph) {
 
   // The configuration that formed last (the committed epoch's), in this coordinator's ids; nodes of
   // it that did not come back get ids of their own and are lost.
+  // Ids in e_K's roles are those of the coordinator that assigned e_K: each node says its own then.
+  std::map<std::int64_t, node_id> ek_ids;
+  for (const auto& [id, m] : ph.memories)
+    if (const node_role* role = role_in(m, e_k); role && role->self >= 0) ek_ids[role->self] = id;
   std::map<std::int64_t, node_id> ghosts;
   auto now_id = [&](std::int64_t old) {
-    if (auto it = ph.old_ids.find(old); it != ph.old_ids.end()) return it->second;
+    if (auto it = ek_ids.find(old); it != ek_ids.end()) return it->second;
     if (auto it = ghosts.find(old); it != ghosts.end()) return it->second;
     const node_id ghost = st.next_node;
     st.next_node = node_id{ghost.value + 1};
@@ -205,6 +210,34 @@ std::int32_t live_count_of(const coordinator_state& st) {
   return n;
 }
 
+void handle_losses(coordinator_pointer self) {
+  auto& st = self->state;
+  auto losses = std::exchange(st.unhandled_losses, {});
+  if (std::holds_alternative<phase::stopped>(st.phase) || std::holds_alternative<phase::adopting>(st.phase)) return;
+  auto* ck = std::get_if<phase::checkpointing>(&st.phase);
+  const bool fallback = ck && ck->progress.stop_after;
+  if (st.formed_once && live_count_of(st) == 0 && !fallback) {
+    // Every node at once: this coordinator was frozen or cut off, not they. They keep their state
+    // and look for a coordinator; it waits for them rather than concluding "too few nodes".
+    // A commit being confirmed may have reached some nodes or none: their memories decide (the
+    // step's record is not written here; a step they did not all apply runs again).
+    if (ck) abandon_periodic_checkpoint(self, *ck, "every node was lost");
+    st.deps.log("every node was lost at once: this coordinator was frozen or cut off; waiting up to " +
+                std::to_string(static_cast<long long>(st.deps.grace_ms / 1000)) +
+                " s for them to come back with their state");
+    phase::adopting next;
+    next.started = st.deps.now();
+    next.waiting = true;
+    auto& ph = enter(self, std::move(next));
+    arm_adopt_deadline(self, ph, st.deps.grace_ms);
+    return;
+  }
+  for (node_id node : losses) {
+    if (std::holds_alternative<phase::stopped>(st.phase)) return;
+    if (st.current.contains(node)) on_loss(self, node);
+  }
+}
+
 caf::result<admission> adopt_node(coordinator_pointer self, register_node& r, monitor_actor monitor) {
   auto& st = self->state;
   const auto& m = r.memory;
@@ -222,8 +255,8 @@ caf::result<admission> adopt_node(coordinator_pointer self, register_node& r, mo
     arm_adopt_deadline(self, ph, st.deps.adopt_wait_ms);
   }
   auto& ph = std::get<phase::adopting>(st.phase);
+  if (ph.waiting && ph.memories.empty()) arm_adopt_deadline(self, ph, st.deps.adopt_wait_ms);  // the first is back
   ph.memories[id] = m;
-  if (m.node >= 0) ph.old_ids[m.node] = id;
   ph.expected = std::max(ph.expected, m.job_nodes);
   st.term = std::max(st.term, m.term + 1);
   st.deps.log(to_string(id) + " came back: " + r.name + " (was node " + std::to_string(m.node) + " of term " +
@@ -253,8 +286,6 @@ void superseded(coordinator_pointer self, std::uint64_t newer_term, const std::s
 
 void adoption_lost(coordinator_pointer self, phase::adopting& ph, node_id node) {
   ph.memories.erase(node);
-  for (auto it = ph.old_ids.begin(); it != ph.old_ids.end();)
-    it = it->second == node ? ph.old_ids.erase(it) : std::next(it);
   if (ph.deciding && ph.completing.erase(node) && ph.completing.empty()) finish_adoption(self, ph);
   (void)self;
 }
@@ -271,6 +302,12 @@ bool handle(coordinator_pointer self, phase::adopting& ph, step_committed& c) {
 bool handle(coordinator_pointer self, phase::adopting& ph, coordinator_deadline& d) {
   if (d.kind != deadline_kind::adopt || d.probe != ph.round) return false;
   auto& st = self->state;
+  if (!ph.deciding && ph.memories.empty()) {
+    stop_job(self, stop_outcome::failed,
+             "no node came back within " + std::to_string(static_cast<long long>(st.deps.grace_ms / 1000)) +
+                 " s after every node was lost at once");
+    return true;
+  }
   if (!ph.deciding) {
     st.deps.log("adoption: " + std::to_string(ph.memories.size()) + " of " + std::to_string(ph.expected) +
                 " node(s) came back in time; going on with them");

@@ -26,6 +26,10 @@
 //   checkpointing -> checkpointing   a node lost during a periodic checkpoint, and the policy says "checkpoint and stop"
 //   registering -> adopting       a node came back with the state of a job in progress (a replacement coordinator)
 //   adopting -> forming           the job's committed step decided and its layers reconciled: an epoch over the nodes present
+//   forming -> adopting           every node lost at once (this coordinator was frozen or cut off): wait for them to come back
+//   training -> adopting          every node lost at once: wait for them to come back
+//   committing -> adopting        every node lost at once (the decided commit stands): wait for them to come back
+//   checkpointing -> adopting     every node lost at once during a periodic checkpoint (abandoned): wait for them
 //   any -> stopped                training finished, an operator's shutdown, the fallback checkpoint
 //                                 written or impossible, failures that repeat, a job that cannot be planned
 // END PHASES
@@ -168,7 +172,6 @@ struct checkpointing {
 struct adopting {
   static constexpr std::string_view name = "adopting";
   std::map<node_id, messages::node_memory> memories;  ///< nodes that came back with the job's state
-  std::map<std::int64_t, node_id> old_ids;  ///< a node's id under the coordinator that assigned its roles -> now
   std::int32_t expected = 0;  ///< nodes of the newest epoch any of them was assigned
   bool deciding = false;      ///< the wait is over: nodes complete the decided commit
   std::int64_t committed_step = -1;
@@ -177,6 +180,8 @@ struct adopting {
   std::map<node_id, std::vector<messages::layer_digest>> completed;  ///< their digests after it
   std::uint64_t round = 0;  ///< the deadline in force
   std::chrono::steady_clock::time_point started;
+  /// This coordinator lost every node at once and waits for them (its own job, not a replacement's).
+  bool waiting = false;
 };
 
 /// The job ended; the actor quits.
@@ -215,7 +220,8 @@ struct phase_transition {
 /// is a bug (logged and counted in coordinator_state::illegal_transitions).
 inline constexpr phase_transition transitions[] = {
     {"registering", "ready"},      {"ready", "registering"},        {"registering", "forming"},
-    {"registering", "adopting"},   {"adopting", "forming"},
+    {"registering", "adopting"},   {"adopting", "forming"},         {"forming", "adopting"},
+    {"training", "adopting"},      {"committing", "adopting"},      {"checkpointing", "adopting"},
     {"forming", "forming"},        {"forming", "training"},         {"training", "committing"},
     {"training", "forming"},       {"committing", "training"},      {"committing", "forming"},
     {"committing", "checkpointing"}, {"checkpointing", "training"}, {"checkpointing", "forming"},

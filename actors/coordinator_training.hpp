@@ -113,6 +113,9 @@ caf::result<messages::admission> adopt_node(coordinator_pointer self, messages::
 void superseded(coordinator_pointer self, std::uint64_t newer_term, const std::string& who);
 /// Nodes not lost.
 std::int32_t live_count_of(const coordinator_state& st);
+/// The losses that arrived together: every node lost at once means this coordinator was frozen or
+/// cut off (not them): it waits for them (adopting); otherwise each loss as before (on_loss).
+void handle_losses(coordinator_pointer self);
 /// A node lost while adopting.
 void adoption_lost(coordinator_pointer self, phase::adopting& ph, node_id node);
 bool handle(coordinator_pointer self, phase::adopting& ph, messages::step_committed& c);

@@ -67,6 +67,7 @@ void admitted(monitor_pointer self, admission& a) {
     st.orphaned_until.reset();
     st.deps.log("adopted by the coordinator (term " + std::to_string(a.term) + ") as node " +
                 std::to_string(a.node.value));
+    if (st.deps.announce_term) st.deps.announce_term(a.term, st.deps.coordinator);
   }
 }
 
@@ -74,14 +75,17 @@ void admitted(monitor_pointer self, admission& a) {
 void start_registration(monitor_pointer self, node_memory memory = {}) {
   auto& d = self->state.deps;
   const bool rejoining = memory.present;
-  self->request(d.coordinator, caf::infinite, nonce_request{protocol_version})
+  // Coming back, a reply may never come (a stale connection, a coordinator that froze again): the
+  // node then looks again.
+  const caf::duration wait = rejoining ? caf::duration{std::chrono::seconds(5)} : caf::duration{caf::infinite};
+  self->request(d.coordinator, wait, nonce_request{protocol_version})
       .then(
-          [self, memory = std::move(memory)](std::string& nonce) mutable {
+          [self, wait, memory = std::move(memory)](std::string& nonce) mutable {
             auto& d = self->state.deps;
             register_node r{protocol_version, d.job_hash, d.name,  d.slots, d.data,
                             nonce,            admission_proof(d.token, nonce, d.name), memory.node, std::move(memory)};
             const bool rejoining = r.memory.present;
-            self->request(d.coordinator, caf::infinite, std::move(r))
+            self->request(d.coordinator, wait, std::move(r))
                 .then([self](admission& a) { admitted(self, a); },
                       [self, rejoining](caf::error& err) {
                         self->state.deps.log("refused by the coordinator: " + describe(err));
@@ -193,7 +197,7 @@ void on_assignment(monitor_pointer self, epoch_assignment& a) {
   st.epoch = a.epoch;
   st.term = std::max(st.term, a.term);
   st.job_nodes = a.job_nodes;
-  node_role role{a.epoch, -1, {}};
+  node_role role{a.epoch, st.node.value, -1, {}};
   if (a.rank != planning::no_rank && !a.stages.empty()) {
     const auto& s0 = a.stages.front();
     role.pipeline = s0.pipeline;
@@ -314,6 +318,7 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
     // heartbeat timeout) and declared it lost: the job has moved on without it (fencing), and
     // its stage's old epoch is aborted so nothing of it touches the data plane again.
     auto& st = self->state;
+    if (st.orphaned_until) return;  // already looking (a registration under way fails on its own)
     if (!st.deps.find_coordinator || st.node.value < 0) {
       st.deps.log("lost contact with the coordinator (" + self->system().render(dm.reason) +
                   "): it stopped, or it declared this node lost; stopping");
@@ -380,11 +385,12 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
         r.node = st.node;
         self->send(st.deps.coordinator, r);
       },
+      [](ping_atom) { return true; },
       [self](reconnect_atom) {
         auto& st = self->state;
         if (!st.orphaned_until) return;
         if (auto found = st.deps.find_coordinator ? st.deps.find_coordinator() : std::nullopt) {
-          if (*found == st.deps.coordinator) return look_for_coordinator(self);  // the lost one's proxy
+          // (The same coordinator back, woken or reconnected, has the same address: a new proxy.)
           st.deps.coordinator = *found;
           self->monitor(st.deps.coordinator);
           st.deps.log("reached a coordinator: coming back with this node's state");

@@ -53,6 +53,9 @@ struct monitor_deps {
   /// its layers and tries again for `grace_s` seconds, then stops.
   std::function<std::optional<messages::coordinator_actor>()> find_coordinator;
   double grace_s = 60;
+  /// Once a coordinator of term `term` adopted the node: tell any older coordinator at the worker's
+  /// other addresses that it was replaced (a frozen one that wakes exits, status 5).
+  std::function<void(std::uint64_t term, const messages::coordinator_actor& current)> announce_term;
 };
 
 /// Where a stage's own failure is reported: the current coordinator and this node's id there

@@ -215,6 +215,11 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   add_number(app, "--adopt-wait", adopt_wait, 0,
              "a replacement coordinator (workers come back with the state of a job in progress) waits this many "
              "seconds at most for the nodes of the job's newest epoch, then goes on with those back (default 10)");
+  double grace = 60;
+  add_number(app, "--coordinator-grace", grace, 0,
+             "a coordinator that lost every node at once (it was frozen or cut off, not they) waits this many seconds "
+             "for them to come back with their state before it stops (default 60; the workers' --coordinator-grace "
+             "should be the same)");
   // Fault injection into the coordinator itself (oobleck-local --kill-coordinator-at and
   // --hang-coordinator-at pass these; hidden: not for operators).
   std::optional<std::int64_t> kill_self_at, partial_commit_at;
@@ -298,6 +303,8 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
     return prefix.empty() ? resume_command_line("oobleck-coordinator", args, dir) : resume_command_line(prefix, {}, dir);
   };
   deps.adopt_wait_ms = adopt_wait * 1000;
+  deps.grace_ms = grace * 1000;
+  deps.loss_window_ms = 2.0 * job.cluster.heartbeat_interval_ms;
   std::optional<std::pair<std::uint64_t, double>> hang;
   if (!hang_self_at.empty()) {
     const auto colon = hang_self_at.find(':');
@@ -309,7 +316,8 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
     }
   }
   if (kill_self_at || hang) {
-    deps.on_step_sent = [kill_at = kill_self_at, hang, log](std::uint64_t step) {
+    // Once each: a step that runs again after the fault must not fire it again.
+    deps.on_step_sent = [kill_at = kill_self_at, hang, log](std::uint64_t step) mutable {
       if (kill_at && static_cast<std::int64_t>(step) == *kill_at) {
         log("injected fault: the coordinator kills itself (SIGKILL) in the middle of step " + std::to_string(step));
         // A few milliseconds on: the step's orders are out and its stages compute.
@@ -325,6 +333,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
         messages::inject_fault f;
         f.kind = messages::fault_kind::hang;
         f.seconds = hang->second;
+        hang.reset();
         actors::signal_own_process(f);
       }
     };

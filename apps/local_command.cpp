@@ -315,6 +315,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   if (o.checkpoint_every) coord_args.insert(coord_args.end(), {"--checkpoint-every", std::to_string(*o.checkpoint_every)});
   if (!o.resume.empty()) coord_args.insert(coord_args.end(), {"--resume", std::filesystem::absolute(o.resume).string()});
   coord_args.insert(coord_args.end(), {"--resume-command", local_resume_prefix(args)});
+  coord_args.insert(coord_args.end(), {"--coordinator-grace", std::to_string(o.coordinator_grace_s)});
   coord_args.insert(coord_args.end(), tls_forward.begin(), tls_forward.end());
   // The coordinator's own faults go to its first incarnation only.
   std::vector<std::string> first_args = coord_args;

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <algorithm>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -138,6 +139,46 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   deps.data = {data_host, data_port ? static_cast<std::uint16_t>(data_port) : reserved->port()};
   deps.job_hash = job_hash;
   deps.grace_s = grace;
+  if (addresses.size() > 1)
+    deps.announce_term = [&sys, addresses, grace, token, log](std::uint64_t term, const messages::coordinator_actor& current) {
+      // A coordinator at another address may be the one this node lost, frozen: once it answers
+      // (it woke), it learns it was replaced and stops. Tried every second for the grace period.
+      std::thread([&sys, addresses, grace, token, log, term, current] {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace);
+        std::vector<bool> done(addresses.size(), false);
+        while (std::chrono::steady_clock::now() < until &&
+               std::find(done.begin(), done.end(), false) != done.end()) {
+          for (std::size_t i = 0; i < addresses.size(); ++i) {
+            if (done[i]) continue;
+            auto c = try_coordinator(sys, addresses[i], std::chrono::milliseconds(1000));
+            if (!c) continue;
+            if (*c == current) {
+              done[i] = true;
+              continue;
+            }
+            // Until one answers (a stale connection to it, or it still frozen: tried again).
+            try {
+              caf::scoped_actor self{sys};
+              std::string nonce;
+              self->request(*c, std::chrono::seconds(5), messages::nonce_request{messages::protocol_version})
+                  .receive([&](std::string& n) { nonce = std::move(n); }, [](caf::error&) {});
+              if (nonce.empty()) continue;
+              const messages::control_proof proof{nonce, actors::control_proof_of(token, nonce)};
+              self->request(*c, std::chrono::seconds(5), messages::replaced_atom_v, term, proof)
+                  .receive(
+                      [&](std::string& answer) {
+                        done[i] = true;
+                        log("told the coordinator at " + addresses[i].host + ":" + std::to_string(addresses[i].port) +
+                            " it was replaced: " + answer);
+                      },
+                      [](caf::error&) {});
+            } catch (const std::exception&) {
+            }
+          }
+          std::this_thread::sleep_for(std::chrono::seconds(1));
+        }
+      }).detach();
+    };
   if (grace > 0)
     deps.find_coordinator = [&sys, addresses]() -> std::optional<messages::coordinator_actor> {
       for (const auto& a : addresses)

@@ -33,13 +33,17 @@ using coordinator_actor = caf::typed_actor<
     caf::replies_to<inject_fault, control_proof>::with<std::string>,
     caf::replies_to<subscribe_atom, caf::actor, control_proof>::with<std::string>,
     // shutdown: the reason, and whether to write a checkpoint first (oobleck-ctl shutdown --checkpoint).
-    caf::replies_to<shutdown_atom, std::string, bool, control_proof>::with<std::string>>;
+    caf::replies_to<shutdown_atom, std::string, bool, control_proof>::with<std::string>,
+    // A worker adopted by a coordinator of a newer term tells an older one it was replaced.
+    caf::replies_to<replaced_atom, std::uint64_t, control_proof>::with<std::string>>;
 
 using monitor_actor =
     caf::typed_actor<caf::reacts_to<epoch_assignment>, caf::reacts_to<commit_step>,
                      caf::reacts_to<abort_epoch>, caf::reacts_to<inject_fault>, caf::reacts_to<write_checkpoint>,
                      caf::reacts_to<shutdown_atom, std::string>, caf::reacts_to<stall_probe>,
-                     caf::reacts_to<evict_atom, std::string>, caf::reacts_to<reconnect_atom>>;
+                     caf::reacts_to<evict_atom, std::string>, caf::reacts_to<reconnect_atom>,
+                     // Is this node still reachable? (The coordinator asks after another node's loss.)
+                     caf::replies_to<ping_atom>::with<bool>>;
 
 using pipeline_actor = caf::typed_actor<caf::reacts_to<run_step>>;
 

@@ -61,6 +61,7 @@ typename Inspector::result_type inspect(Inspector& f, held_layer& x) {
 /// pipeline's nodes in stage order (node ids of the coordinator that assigned the epoch).
 struct node_role {
   std::uint64_t epoch = 0;
+  std::int64_t self = -1;  ///< this node's own id then
   std::int32_t pipeline = -1;
   std::vector<std::int64_t> nodes;
 
@@ -69,7 +70,7 @@ struct node_role {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_role& x) {
-  return f(caf::meta::type_name("node_role"), x.epoch, x.pipeline, x.nodes);
+  return f(caf::meta::type_name("node_role"), x.epoch, x.self, x.pipeline, x.nodes);
 }
 
 /// What a worker that lost its coordinator kept of the job (ARCHITECTURE.md §10 "Coordinator

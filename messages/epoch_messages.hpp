@@ -223,6 +223,7 @@ enum class deadline_kind : std::uint8_t {
   commit,  ///< the commit was not confirmed in time
   probe,   ///< the nodes had their time to answer the stall probe
   adopt,   ///< a replacement coordinator waited long enough for the nodes of the job it adopts
+  losses,  ///< the node losses that arrived together are handled (every node lost at once: wait for them)
 };
 
 struct coordinator_deadline {

@@ -8,11 +8,21 @@
 
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
+#include <chrono>
 #include <cmath>
+#include <fstream>
+#include <memory>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "actors/recovery_e2e_support.hpp"
+#include "support/background_process.hpp"
+#include "support/job_events.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace oobleck;
 using namespace oobleck::testing;
@@ -27,7 +37,7 @@ const nlohmann::json* restored_record(const run_result& r) {
 
 }  // namespace
 
-TEST_CASE("coordinator loss e2e: kill -9 in the middle of a step, no checkpoint folder: a replacement adopts the job") {
+TEST_CASE("coordinator loss e2e: kill -9 in the middle of a step with no checkpoint folder: a replacement adopts the job") {
   const auto c = make_job(4, 1, 1'500'000);
   const int steps = 12;
   const auto r = run_local(c, steps, {"--kill-coordinator-at", "5"});
@@ -78,4 +88,111 @@ TEST_CASE("coordinator loss e2e: killed right after deciding a commit that reach
   }
   for (int k = 0; k < steps; ++k)
     if (k != 5) CHECK(seen.count(k) == 1u);
+}
+
+TEST_CASE("coordinator loss e2e: frozen beyond the timeout with no replacement: the workers wait and it adopts them back") {
+  // The coordinator freezes (SIGSTOP) for 4 s in the middle of step 5, past the 1.5 s connection
+  // timeout: every worker loses it, keeps its state and keeps trying its address; when it wakes it
+  // finds every node lost at once, waits for them instead of stopping, and adopts them back.
+  const auto c = make_job(4, 1, 1'500'000);
+  const int steps = 12;
+  const auto r = run_local(c, steps, {"--hang-coordinator-at", "5:4"});
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.find("every node was lost at once") != std::string::npos);
+  CHECK(r.output.find("starting a replacement") == std::string::npos);  // it never died
+  check_trajectory(c, r, steps, {});
+  const auto* rec = restored_record(r);
+  REQUIRE(rec != nullptr);
+  CHECK((*rec)["step"] == 5);
+  CHECK((*rec)["nodes"] == 4);
+  CHECK((*rec)["downtime_ms"].get<double>() >= 3000);  // at least the freeze
+}
+
+TEST_CASE("coordinator loss e2e: a worker lost while the coordinator is frozen is a normal loss for it") {
+  // Six nodes, f = 1: node 5 is killed while the coordinator is frozen; the coordinator adopts the
+  // five that come back, and the one that does not is lost (the reconfiguration policy's usual
+  // path), with the trajectory unchanged.
+  const auto c = make_job(6, 1, 1'500'000);
+  const int steps = 12;
+  const auto r = run_local(c, steps, {"--hang-coordinator-at", "5:4", "--coordinator-grace", "30"},
+                           [](running_local& run) {
+                             run.wait_for({.kind = messages::event_kind::step_committed, .step = 4});
+                             // Frozen in the middle of step 5 for 4 s: kill node 5 within it.
+                             std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+                             const pid_t victim = run.worker_pid(5);
+                             REQUIRE(victim > 0);
+                             ::kill(victim, SIGKILL);
+                           });
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.find("1 not back") != std::string::npos);
+  const auto* rec = restored_record(r);
+  REQUIRE(rec != nullptr);
+  CHECK((*rec)["nodes"] == 5);
+  // The lost node computes nothing after the adoption: it is not in a pipeline of step 5 or later.
+  REQUIRE(r.steps.size() == static_cast<std::size_t>(steps));
+  for (std::size_t k = 5; k < r.steps.size(); ++k)
+    for (const auto& p : r.steps[k]["pipelines"])
+      for (const auto& n : p["nodes"]) CHECK(n.get<int>() != 5);
+  check_trajectory(c, r, steps, {});
+}
+
+TEST_CASE("coordinator loss e2e: frozen then replaced by a standby then woken: it exits 5 and changes nothing") {
+  // Coordinator A freezes for 8 s in the middle of step 5; a standby B (same job and token) waits
+  // at a second address; the workers know both (--coordinator A,B), go to B, which adopts the job;
+  // when A wakes, a worker tells it it was replaced (term 2 > 1): it exits with status 5 and writes
+  // no step. B finishes the job on the failure-free trajectory. The job runs long enough after B
+  // adopted it (hundreds of steps, seconds) for A to wake while the workers still run.
+  const auto c = make_job(4, 1, 1'500'000);
+  const int steps = 400;
+  const int checked = 20;  // the trajectory against one process (each step is still checked once)
+  const testing::temp_dir tmp("oobleck-standby-");
+  const auto& dir = tmp.path();
+  std::ofstream(dir / "job.toml") << c.text;
+  const auto job = (dir / "job.toml").string();
+  const auto token = (dir / "token").string();
+  auto coordinator = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> args{"--listen", "127.0.0.1:0", "--config", job, "--token-file", token, "--steps",
+                                  std::to_string(steps), "--metrics-out", (dir / (name + ".metrics")).string(),
+                                  "--events-out", (dir / (name + ".events")).string(), "--address-file",
+                                  (dir / (name + ".address")).string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return std::make_unique<background_process>(bin + "/oobleck-coordinator", args);
+  };
+  auto a = coordinator("a", {"--hang-self-at", "5:8"});
+  const auto address_a = wait_for_address((dir / "a.address").string());
+  auto b = coordinator("b", {});
+  const auto address_b = wait_for_address((dir / "b.address").string());
+  std::vector<std::unique_ptr<background_process>> workers;
+  for (int i = 0; i < 4; ++i)
+    workers.push_back(std::make_unique<background_process>(
+        bin + "/oobleck-worker", std::vector<std::string>{"--coordinator", address_a + "," + address_b, "--token-file",
+                                                          token, "--name", "node" + std::to_string(i)}));
+  const int status_b = b->wait_exit(std::chrono::seconds(200));
+  const int status_a = a->wait_exit(std::chrono::seconds(60));
+  std::string output = a->output() + b->output();
+  for (auto& w : workers) {
+    CHECK(w->wait_exit(std::chrono::seconds(30)) == 0);
+    output += w->output();
+  }
+  INFO(output);
+  CHECK(status_b == 0);
+  CHECK(status_a == 5);
+  run_result ra, rb;
+  read_metrics((dir / "a.metrics").string(), ra);
+  read_metrics((dir / "b.metrics").string(), rb);
+  // A committed steps 0-4 and nothing after it woke; B the rest, after adopting the job.
+  REQUIRE(ra.steps.size() == 5u);
+  const auto* rec = restored_record(rb);
+  REQUIRE(rec != nullptr);
+  CHECK((*rec)["term"] == 2);
+  CHECK(output.find("it was replaced: stopping: replaced") != std::string::npos);
+  run_result all = rb;
+  all.steps.insert(all.steps.begin(), ra.steps.begin(), ra.steps.end());
+  REQUIRE(all.steps.size() == static_cast<std::size_t>(steps));
+  for (int k = 0; k < steps; ++k) CHECK(all.steps[static_cast<std::size_t>(k)]["step"] == k);
+  all.steps.resize(checked);
+  reference_losses(checked);  // the failure-free run, this far
+  check_trajectory(c, all, checked, {});
 }
