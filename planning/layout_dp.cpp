@@ -18,12 +18,15 @@ std::uint64_t layout_dp::bytes_needed(const layer_costs& costs, int max_nodes, b
   const double R = std::min(L, G);
   const double widths = static_cast<double>(stage_widths(costs.gpus_per_node()).size());
   const double cell_bytes = (L + 1) * sizeof(double) * (with_after ? 2 : 1);
-  double rows = 1;
+  // rows = 1 + sum_{g=1..G} (min(g, R) - ceil(g/M) + 1), in closed form (G may be huge). Rows of
+  // g > L M are empty (more than L stages), and below it every term is >= 1.
   const double budget = static_cast<double>(std::numeric_limits<std::uint64_t>::max());
-  for (double g = 1; g <= G; ++g) {
-    rows += std::max(0.0, std::min(g, R) - std::ceil(g / M) + 1);
-    if (rows * cell_bytes > budget) return std::numeric_limits<std::uint64_t>::max();
-  }
+  const double top = std::min(G, L * M);
+  const double below_r = std::min(top, R);
+  const double sum_min = below_r * (below_r + 1) / 2 + (top - below_r) * R;
+  const double q = std::floor(top / M), rem = top - q * M;
+  const double sum_ceil = M * q * (q + 1) / 2 + rem * (q + 1);
+  const double rows = 1 + sum_min - sum_ceil + top;
   const double bytes = rows * cell_bytes + (G + 1) * 4 * sizeof(int) + widths * (R + 1) * L * 2 +
                        2 * widths * L * 2 + (L + 2) * sizeof(window_entry);
   return bytes >= budget ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(bytes);

@@ -168,3 +168,40 @@ TEST_CASE("a search stopped by the work limit returns proven lower bounds on ran
   CHECK(checked > 100);
   CHECK(inexact > 5);  // the limit did stop searches, so the bounds above were exercised
 }
+
+TEST_CASE("a profile at validation's limits is refused at once with its estimate, nothing allocated") {
+  // 4,096 layers (validation's maximum) on nodes of 1,024 GPUs: the tables would take far more than
+  // any machine has; the estimate is computed in closed form and the refusal comes before them.
+  profile p;
+  p.model = "huge";
+  p.microbatch_size = 1;
+  p.gpus_per_node = 1024;
+  p.device_memory_bytes = 80LL << 30;
+  for (int l = 0; l < 4096; ++l) {
+    layer_profile layer;
+    layer.name = "layer" + std::to_string(l);
+    for (int d = 1; d <= p.gpus_per_node; d *= 2) {
+      layer.forward_ms.push_back(1.0 / d);
+      layer.backward_ms.push_back(2.0 / d);
+    }
+    layer.param_bytes = 1 << 20;
+    layer.activation_bytes = 1 << 20;
+    p.layers.push_back(std::move(layer));
+  }
+  job_config job{.nodes = 100000, .fault_tolerance = 1, .global_batch = 4096, .microbatch = 1};
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  const auto used = peak_bytes_of([&] {
+    try {
+      plan_job(p, job);
+    } catch (const planning_error& e) {
+      message = e.what();
+    }
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CAPTURE(message);
+  CHECK(message.find("this profile needs ~") != std::string::npos);
+  CHECK(message.find("up to 4096 nodes") != std::string::npos);
+  CHECK(seconds < 2.0);
+  CHECK(used < (64 << 20));  // the profile's prefix sums, not the tables
+}
