@@ -41,13 +41,10 @@ layout_dp::layout_dp(const layer_costs& costs, int max_nodes)
       widths_(stage_widths(costs.gpus_per_node())) {
   // Only (g, r) pairs some layout can reach get a row: r in [ceil(g/M), min(g, L)], stored by g.
   row_start_.assign(max_gpus_ + 1, 0);
-  rows_through_.assign(max_gpus_ + 1, 0);
   rows_ = 1;  // row 0: (0, 0)
-  rows_through_[0] = rows_;
   for (int g = 1; g <= max_gpus_; ++g) {
     row_start_[g] = rows_;
     rows_ += std::max(0, max_stages_for(g) - min_stages(g) + 1);
-    rows_through_[g] = rows_;
   }
   r_lo_.assign(max_gpus_ + 1, 0);
   r_hi_.assign(max_gpus_ + 1, -1);

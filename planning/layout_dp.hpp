@@ -95,7 +95,6 @@ class layout_dp {
   int max_r_;
   std::vector<int> widths_;
   std::vector<int> row_start_;     // [g]: first row of g
-  std::vector<int> rows_through_;  // [g]: rows of all g' <= g
   int rows_ = 0;
   std::vector<double> after_, before_;
   enum class last_run { none, sum, full } last_ = last_run::none;
