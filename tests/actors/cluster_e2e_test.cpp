@@ -244,16 +244,20 @@ TEST_CASE("cluster: a hung worker is declared lost by the heartbeat timeout") {
   CHECK(s["nodes"][1]["state"] == "lost");
 }
 
-TEST_CASE("cluster: a worker whose coordinator dies says so and exits 3") {
+TEST_CASE("cluster: a worker whose coordinator dies and does not come back within its grace says so and exits 3") {
   cluster_dir d;
   coordinator_process c(d, 1);
-  auto w0 = worker(d, c, "w0");
+  auto w0 = worker(d, c, "w0", "token", {"--coordinator-grace", "2"});
   c.admitted(0, "w0");
   c.p->signal(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
   CHECK(c.p->wait_exit() == 128 + SIGKILL);
-  CHECK(w0->wait_exit() == 3);  // 3: lost contact with the coordinator
+  CHECK(w0->wait_exit() == 3);  // 3: lost contact with the coordinator, and none came back
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  CHECK(waited >= 1.9);  // it kept its state and looked for a coordinator for the grace period
   // What the worker tells its user on purpose.
   CHECK(w0->output().find("lost contact with the coordinator") != std::string::npos);
+  CHECK(w0->output().find("no coordinator came back within") != std::string::npos);
 }
 
 TEST_CASE("cluster: bad flags and unreachable coordinators are one clear error") {

@@ -120,7 +120,10 @@ std::string run_partition(int worker_silence_ms, bool cut_worker_exits_while_cut
                       {"--coordinator", address, "--token-file", path("token"), "--name", "w" + std::to_string(i),
                        "--config", path("job.toml"), "--data-host", lan.address(worker_host(i)), "--connect-timeout",
                        "60", "--heartbeat-interval-ms", std::to_string(heartbeat_ms), "--connection-timeout-ms",
-                       std::to_string(worker_silence_ms)})));
+                       std::to_string(worker_silence_ms),
+                       // These tests are about a worker cut off and dropped: it exits once it loses the
+                       // coordinator, as before workers outlived their coordinator (issue 25).
+                       "--coordinator-grace", "0"})));
 
   // Node ids are the coordinator's (registration order); the workers start at once, so learn
   // which is which from the node_joined events.

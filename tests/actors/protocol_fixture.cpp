@@ -81,6 +81,15 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         }
         return out;
       },
+      // What a worker kept for a replacement coordinator: its stages' layers, one update per commit.
+      [rec](memory_atom) -> node_memory {
+        node_memory m;
+        m.views_epoch = rec->assignment().epoch;
+        for (const auto& s : rec->assignment().stages)
+          for (int l = s.first_layer.value; l < s.end_layer.value; ++l)
+            m.layers.push_back({layer_index{l}, 7u, static_cast<std::int64_t>(rec->commits.size())});
+        return m;
+      },
   };
 }
 

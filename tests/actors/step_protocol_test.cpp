@@ -121,6 +121,7 @@ TEST_CASE("slots: an epoch that gives a node more stages than it has slots is a 
   const auto dropped = f.status().dropped_messages;
   epoch_assignment a;
   a.epoch = 99;
+  a.term = 1;  // the coordinator's (an assignment of an older term is refused before anything else)
   a.rank = oobleck::planning::rank{0};
   a.peers = {{"127.0.0.1", 5000}};
   a.stages.resize(3);
@@ -246,4 +247,27 @@ TEST_CASE("recovery: a commit decided before the loss stands, and the next step 
     if (!rec.steps.empty()) CHECK(rec.runs_of(1) == 1);
     CHECK(rec.commits_of(1) == 1);
   }
+}
+
+TEST_CASE("terms: a monitor refuses an epoch assignment of an older coordinator term than it has seen") {
+  // Admitted by a coordinator of term 1: an assignment of term 0 (a coordinator that was replaced)
+  // never reaches the node's stages; the same assignment with the term it knows does.
+  fixture f(fixture::roomy(2, 2, 2));
+  auto& w = f.add_worker({.name = "w0", .slots = 2});
+  f.sched.run();
+  REQUIRE(w.node == 0);
+  epoch_assignment a;
+  a.epoch = 99;
+  a.term = 0;
+  a.rank = oobleck::planning::rank{0};
+  a.peers = {{"127.0.0.1", 5000}};
+  a.stages.resize(3);  // more than its slots: a node fault if it were taken
+  caf::anon_send(w.handle, a);
+  f.sched.run();
+  const auto dropped = f.status().dropped_messages;
+  CHECK(f.stages.at(0)->epochs().empty());
+  a.term = 1;
+  caf::anon_send(w.handle, a);
+  f.sched.run();
+  CHECK(f.status().dropped_messages == dropped + 1);  // its node_fault reached the coordinator this time
 }

@@ -178,7 +178,7 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: errors carry their category, code
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: every type of the block has a distinct registered name") {
   const auto begin = caf::id_block::oobleck::begin;
   const auto end = caf::id_block::oobleck::end;
-  CHECK(end - begin == 33);
+  CHECK(end - begin == 36);
   CHECK(std::string(caf::type_name<register_node>::value) == "oobleck::messages::register_node");
   CHECK(std::string(caf::type_name<stall_report>::value) == "oobleck::messages::stall_report");
   CHECK(caf::type_id<coordinator_deadline>::value == end - 1);
