@@ -319,9 +319,13 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   coord_args.insert(coord_args.end(), tls_forward.begin(), tls_forward.end());
   // The coordinator's own faults go to its first incarnation only.
   std::vector<std::string> first_args = coord_args;
-  if (o.kill_coordinator_at)
-    first_args.insert(first_args.end(), {o.kill_coordinator_after_commit ? "--partial-commit-at" : "--kill-self-at",
-                                         std::to_string(*o.kill_coordinator_at)});
+  // The Nth --kill-coordinator-at goes to the Nth coordinator.
+  auto add_kill = [&o](std::vector<std::string>& to, std::size_t incarnation) {
+    if (incarnation >= o.kill_coordinator_at.size()) return;
+    const auto& [step, after_commit] = o.kill_coordinator_at[incarnation];
+    to.insert(to.end(), {after_commit ? "--partial-commit-at" : "--kill-self-at", std::to_string(step)});
+  };
+  add_kill(first_args, 0);
   if (!o.hang_coordinator_at.empty()) first_args.insert(first_args.end(), {"--hang-self-at", o.hang_coordinator_at});
   runtime::child_process coordinator((bin / "oobleck-coordinator").string(), first_args,
                                      {.out = runtime::child_output::descriptor(coordinator_out.write_end())});
@@ -459,6 +463,7 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     std::vector<std::string> again = coord_args;
     for (std::size_t k = 0; k + 1 < again.size(); ++k)
       if (again[k] == "--listen") again[k + 1] = address;
+    add_kill(again, static_cast<std::size_t>(restarts));
     auto& pipe = replacement_out.emplace_back(std::make_unique<runtime::output_pipe>());
     coordinator.kill_and_reap();
     coordinator = runtime::child_process((bin / "oobleck-coordinator").string(), again,

@@ -131,11 +131,12 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
               "with --trace: at most N workers at once (default: --nodes, else the job's cluster.nodes); the trace's "
               "nodes take free slots in the order they are added, the rest wait as spares")
       ->type_name("N");
-  std::string kill_coordinator;
+  std::vector<std::string> kill_coordinator;
   app.add_option("--kill-coordinator-at", kill_coordinator,
                  "STEP[:commit]: the coordinator kills itself (SIGKILL) in the middle of step STEP (with :commit, once "
                  "it decided the step's commit and told one node only); oobleck-local starts a replacement at the same "
-                 "address, which adopts the job from the workers' memory")
+                 "address, which adopts the job from the workers' memory (repeatable: the Nth goes to the Nth "
+                 "coordinator)")
       ->type_name("STEP");
   app.add_option("--hang-coordinator-at", o.hang_coordinator_at,
                  "STEP:SECONDS: the coordinator freezes (SIGSTOP) in the middle of step STEP for SECONDS (longer than "
@@ -159,18 +160,20 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
   for (const auto& e : error_at) add_faults(o.faults, "--error-at", e, messages::fault_kind::error);
   for (const auto& s : stall_at) add_faults(o.faults, "--stall-at", s, messages::fault_kind::stall);
   for (const auto& j : join_at) o.joins.push_back(join_of(j));
-  if (!kill_coordinator.empty()) {
-    std::string step = kill_coordinator;
+  for (const auto& k : kill_coordinator) {
+    std::string step = k;
+    bool after_commit = false;
     if (step.size() > 7 && step.substr(step.size() - 7) == ":commit") {
-      o.kill_coordinator_after_commit = true;
+      after_commit = true;
       step.resize(step.size() - 7);
     }
     try {
       std::size_t used = 0;
-      o.kill_coordinator_at = std::stoll(step, &used);
-      if (used != step.size() || *o.kill_coordinator_at < 0) throw std::invalid_argument("not a step");
+      const std::int64_t at = std::stoll(step, &used);
+      if (used != step.size() || at < 0) throw std::invalid_argument("not a step");
+      o.kill_coordinator_at.push_back({at, after_commit});
     } catch (const std::exception&) {
-      throw messages::input_error("--kill-coordinator-at: expected STEP or STEP:commit, got '" + kill_coordinator + "'");
+      throw messages::input_error("--kill-coordinator-at: expected STEP or STEP:commit, got '" + k + "'");
     }
   }
   if (!o.hang_coordinator_at.empty()) {

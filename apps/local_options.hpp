@@ -38,8 +38,8 @@ struct local_options {
   tls_flags tls;  ///< --tls-*: replace the job's [tls] keys; handed on to the coordinator and workers
   /// The coordinator's own faults (its first incarnation): --kill-coordinator-at STEP[:commit] and
   /// --hang-coordinator-at STEP:SECONDS. oobleck-local restarts a coordinator that dies.
-  std::optional<std::int64_t> kill_coordinator_at;
-  bool kill_coordinator_after_commit = false;  ///< ":commit": once its commit reached one node
+  /// One per coordinator incarnation, in order: (step, ":commit" = once its commit reached one node).
+  std::vector<std::pair<std::int64_t, bool>> kill_coordinator_at;
   std::string hang_coordinator_at;             ///< "STEP:SECONDS", checked here
   double coordinator_grace_s = 60;             ///< --coordinator-grace, for every worker
 };
