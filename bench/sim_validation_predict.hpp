@@ -41,6 +41,9 @@ struct measured_replay {
   std::vector<nlohmann::json> steps, records;
   std::vector<std::string> progress;  ///< for people: the job events of the window (losses, joins, epochs)
   std::string load_before, load_after;
+  /// Why the replay could not be measured (it stopped, formed no epoch): the case is reported as
+  /// failed and the other cases still run. Empty when it was measured.
+  std::string failure;
 };
 
 /// Predicts the case and prints the prediction against the measurement; its JSON, and its row of
