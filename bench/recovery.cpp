@@ -110,7 +110,8 @@ int main(int argc, char** argv) try {
   auto* kinds_flag = add_text(app, "--coordinator-faults", coordinator_kinds,
                               "the coordinator faults, a comma-separated list of kill (SIGKILL in the middle of a step), "
                               "commit (killed once it decided a commit that reached one node) and hang (frozen for "
-                              "--coordinator-hang-s); default kill,commit,hang; --quick: kill");
+                              "--coordinator-hang-s); default kill,commit,hang; --quick: kill")
+                        ->type_name("LIST");
   add_number(app, "--coordinator-hang-s", coordinator_hang_s, 0,
              "seconds a hang freezes the coordinator, above the job's connection timeout (default 3)");
   app.add_flag("--coordinator-only", coordinator_only,
