@@ -141,10 +141,13 @@ void finish_adoption(coordinator_pointer self, phase::adopting& ph) {
                     "cannot plan the adopted job on " + std::to_string(everyone.size()) + " node(s): " + e.what());
   }
 
-  std::int64_t since_commit = 0;
-  for (const auto& [id, m] : ph.memories) since_commit = std::max(since_commit, m.ms_since_commit);
-  const auto before = st.deps.now() - std::chrono::milliseconds(since_commit) -
-                      std::chrono::duration_cast<std::chrono::milliseconds>(st.deps.now() - ph.started);
+  // The nodes' last commit, in this clock: each memory says how long before its arrival it was;
+  // the latest estimate is the closest (every node at step K applied it at about the same time).
+  auto before = ph.started - std::chrono::hours(24);
+  for (const auto& [id, m] : ph.memories)
+    if (const auto at = ph.arrived.find(id); at != ph.arrived.end() && m.committed_step == k)
+      before = std::max(before, at->second - std::chrono::milliseconds(m.ms_since_commit));
+  if (before > st.deps.now()) before = st.deps.now();
   st.formed = std::move(formed);
   st.formed_once = true;
   st.lost_since_formed = lost;
@@ -257,6 +260,7 @@ caf::result<admission> adopt_node(coordinator_pointer self, register_node& r, mo
   auto& ph = std::get<phase::adopting>(st.phase);
   if (ph.waiting && ph.memories.empty()) arm_adopt_deadline(self, ph, st.deps.adopt_wait_ms);  // the first is back
   ph.memories[id] = m;
+  ph.arrived[id] = st.deps.now();
   ph.expected = std::max(ph.expected, m.job_nodes);
   st.term = std::max(st.term, m.term + 1);
   st.deps.log(to_string(id) + " came back: " + r.name + " (was node " + std::to_string(m.node) + " of term " +
@@ -286,6 +290,7 @@ void superseded(coordinator_pointer self, std::uint64_t newer_term, const std::s
 
 void adoption_lost(coordinator_pointer self, phase::adopting& ph, node_id node) {
   ph.memories.erase(node);
+  ph.arrived.erase(node);
   if (ph.deciding && ph.completing.erase(node) && ph.completing.empty()) finish_adoption(self, ph);
   (void)self;
 }

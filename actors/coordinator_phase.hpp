@@ -172,6 +172,8 @@ struct checkpointing {
 struct adopting {
   static constexpr std::string_view name = "adopting";
   std::map<node_id, messages::node_memory> memories;  ///< nodes that came back with the job's state
+  /// When each memory arrived: its ms_since_commit counts from there back to the node's last commit.
+  std::map<node_id, std::chrono::steady_clock::time_point> arrived;
   std::int32_t expected = 0;  ///< nodes of the newest epoch any of them was assigned
   bool deciding = false;      ///< the wait is over: nodes complete the decided commit
   std::int64_t committed_step = -1;

@@ -75,10 +75,14 @@ void admitted(monitor_pointer self, admission& a) {
 void start_registration(monitor_pointer self, node_memory memory = {}) {
   auto& d = self->state.deps;
   const bool rejoining = memory.present;
-  // Coming back, a reply may never come (a stale connection, a coordinator that froze again): the
+  // Coming back, a reply may never come: the connection the middleman hands out right after the
+  // loss can be the lost coordinator's, until it notices that one is gone (then a nonce, which a
+  // live coordinator answers at once, times out quickly), or the coordinator froze again. The
   // node then looks again.
   const caf::duration wait = rejoining ? caf::duration{std::chrono::seconds(5)} : caf::duration{caf::infinite};
-  self->request(d.coordinator, wait, nonce_request{protocol_version})
+  const caf::duration nonce_wait =
+      rejoining ? caf::duration{std::chrono::milliseconds(500)} : caf::duration{caf::infinite};
+  self->request(d.coordinator, nonce_wait, nonce_request{protocol_version})
       .then(
           [self, wait, memory = std::move(memory)](std::string& nonce) mutable {
             auto& d = self->state.deps;
@@ -143,7 +147,9 @@ void look_for_coordinator(monitor_pointer self) {
     retire_stage(self, "lost contact with the coordinator");
     return self->quit(caf::make_error(caf::exit_reason::remote_link_unreachable));
   }
-  self->delayed_send(self, std::chrono::milliseconds(250), reconnect_atom_v);
+  // Often at first (a replacement listens within tens of milliseconds of a crash), then calmly.
+  const bool early = std::chrono::steady_clock::now() - st.orphaned_at < std::chrono::seconds(2);
+  self->delayed_send(self, std::chrono::milliseconds(early ? 50 : 250), reconnect_atom_v);
 }
 
 void retire_stage(monitor_pointer self, const std::string& why) {
@@ -331,6 +337,7 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
     st.deps.log("lost contact with the coordinator (" + self->system().render(dm.reason) + "): keeping this node's " +
                 "state and looking for a coordinator for " + std::to_string(st.deps.grace_s) + " s");
     if (st.stage) st.stage->abort(st.epoch, "lost contact with the coordinator");
+    st.orphaned_at = std::chrono::steady_clock::now();
     st.orphaned_until = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(st.deps.grace_s));

@@ -83,6 +83,7 @@ struct monitor_state {
   std::chrono::steady_clock::time_point committed_at = std::chrono::steady_clock::now();
   /// Set while the coordinator is lost: until when to look for one.
   std::optional<std::chrono::steady_clock::time_point> orphaned_until;
+  std::chrono::steady_clock::time_point orphaned_at;  ///< when it lost the coordinator
   std::shared_ptr<failure_target> failures = std::make_shared<failure_target>();
   static inline const char* name = "oobleck.monitor";
 };

@@ -35,6 +35,26 @@ const nlohmann::json* restored_record(const run_result& r) {
   return nullptr;
 }
 
+/// Every step but `missing` (its record died with the coordinator that decided it) committed once,
+/// on B samples, with every layer's holders in agreement and the failure-free run's loss: had any
+/// node not applied step `missing` (or applied it twice), the digests or the losses after it would
+/// differ.
+void check_all_steps_but(const job_case& c, const run_result& r, int steps, int missing) {
+  std::set<int> seen;
+  for (const auto& m : r.steps) {
+    const int k = m["step"].get<int>();
+    CAPTURE(k);
+    CHECK(seen.insert(k).second);
+    CHECK(m["samples"] == c.job.training.global_batch);
+    for (const auto& [layer, digests] : m["layer_digests"].items())
+      for (const auto& d : digests) CHECK(d == digests[0]);
+    const double want = reference_losses(steps)[static_cast<std::size_t>(k)];
+    CHECK(std::abs(m["loss"].get<double>() - want) <= 1e-4 * std::abs(want));
+  }
+  for (int k = 0; k < steps; ++k)
+    if (k != missing) CHECK(seen.count(k) == 1u);
+}
+
 }  // namespace
 
 TEST_CASE("coordinator loss e2e: kill -9 in the middle of a step with no checkpoint folder: a replacement adopts the job") {
@@ -72,22 +92,8 @@ TEST_CASE("coordinator loss e2e: killed right after deciding a commit that reach
   REQUIRE(rec != nullptr);
   CHECK((*rec)["step"] == 6);
   CHECK((*rec)["completed"] == 3);
-  // Step 5's loss died with the coordinator (its record was never written); every other step is
-  // there, once, on the failure-free trajectory, and after step 5 every layer's holders agree: had
-  // any node not applied step 5 (or applied it twice), the digests or the losses would differ.
-  std::set<int> seen;
-  for (const auto& m : r.steps) {
-    const int k = m["step"].get<int>();
-    CAPTURE(k);
-    CHECK(seen.insert(k).second);
-    CHECK(m["samples"] == c.job.training.global_batch);
-    for (const auto& [layer, digests] : m["layer_digests"].items())
-      for (const auto& d : digests) CHECK(d == digests[0]);
-    const double want = reference_losses()[static_cast<std::size_t>(k)];
-    CHECK(std::abs(m["loss"].get<double>() - want) <= 1e-4 * std::abs(want));
-  }
-  for (int k = 0; k < steps; ++k)
-    if (k != 5) CHECK(seen.count(k) == 1u);
+  // Step 5's loss died with the coordinator (its record was never written).
+  check_all_steps_but(c, r, steps, 5);
 }
 
 TEST_CASE("coordinator loss e2e: frozen beyond the timeout with no replacement: the workers wait and it adopts them back") {
@@ -217,21 +223,10 @@ TEST_CASE("coordinator loss e2e: two coordinator kills and a worker loss within 
   for (const auto& rec : r.records) restored += rec.value("event", "") == "coordinator_restored";
   CHECK(restored == 2);
   CHECK(r.output.find("adopted the job (term 3)") != std::string::npos);
-  // Step 9's record died with the second coordinator; every other step once, on the trajectory.
-  std::set<int> seen;
-  for (const auto& m : r.steps) {
-    const int k = m["step"].get<int>();
-    CAPTURE(k);
-    CHECK(seen.insert(k).second);
-    CHECK(m["samples"] == c.job.training.global_batch);
-    for (const auto& [layer, digests] : m["layer_digests"].items())
-      for (const auto& d : digests) CHECK(d == digests[0]);
-    const double want = reference_losses(steps)[static_cast<std::size_t>(k)];
-    CHECK(std::abs(m["loss"].get<double>() - want) <= 1e-4 * std::abs(want));
-    if (k >= 8)
+  // Step 9's record died with the second coordinator.
+  check_all_steps_but(c, r, steps, 9);
+  for (const auto& m : r.steps)
+    if (m["step"].get<int>() >= 8)
       for (const auto& p : m["pipelines"])
         for (const auto& n : p["nodes"]) CHECK(n.get<int>() != 4);
-  }
-  for (int k = 0; k < steps; ++k)
-    if (k != 9) CHECK(seen.count(k) == 1u);
 }
