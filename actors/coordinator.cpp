@@ -48,18 +48,11 @@ void dispatch(coordinator_pointer self, Message& m) {
   forget_old_losses(st);
 }
 
-std::int32_t alive_nodes(const coordinator_state& st) {
-  std::int32_t alive = 0;
-  for (const auto& [id, n] : st.nodes)
-    if (n.state != node_state::lost) ++alive;
-  return alive;
-}
-
 /// Before training: the job is ready once every expected node is admitted (and plans its first
 /// epoch at once when it has steps to run); a loss before that makes it wait again.
 void update_admission(coordinator_pointer self) {
   auto& st = self->state;
-  const std::int32_t alive = alive_nodes(st);
+  const std::int32_t alive = live_count_of(st);
   const bool enough = alive >= st.deps.expected_nodes;
   if (std::holds_alternative<phase::registering>(st.phase) && enough) {
     st.deps.log("ready: " + std::to_string(alive) + " node(s) admitted");
@@ -141,7 +134,7 @@ void check_reachable(coordinator_pointer self, node_id node) {
   auto& st = self->state;
   st.unhandled_losses.push_back(node);
   const auto coordinator = caf::actor_cast<coordinator_actor>(self);
-  if (alive_nodes(st) == 0)
+  if (live_count_of(st) == 0)
     return self->send(coordinator, coordinator_deadline{deadline_kind::losses, st.epoch, st.step, st.loss_checks});
   if (st.unhandled_losses.size() > 1) return;  // a round is under way
   const std::uint64_t round = ++st.loss_checks;

@@ -185,10 +185,8 @@ void decide(coordinator_pointer self, phase::adopting& ph) {
     // Nothing was committed anywhere: the job starts again from its beginning (layers from their
     // seed, or from the checkpoint it resumed from).
     st.deps.log("the adopted nodes committed no step yet: planning the job afresh");
-    for (const auto& [id, m] : ph.memories) {
-      (void)m;
-      self->send(st.nodes.at(id).monitor, abort_epoch{st.epoch, "the job is planned afresh"});
-    }
+    for (const auto& entry : ph.memories)
+      self->send(st.nodes.at(entry.first).monitor, abort_epoch{st.epoch, "the job is planned afresh"});
     return plan_first_epoch(self);
   }
   for (const auto& [id, m] : ph.memories) {
@@ -292,7 +290,6 @@ void adoption_lost(coordinator_pointer self, phase::adopting& ph, node_id node) 
   ph.memories.erase(node);
   ph.arrived.erase(node);
   if (ph.deciding && ph.completing.erase(node) && ph.completing.empty()) finish_adoption(self, ph);
-  (void)self;
 }
 
 bool handle(coordinator_pointer self, phase::adopting& ph, step_committed& c) {

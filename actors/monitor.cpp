@@ -260,6 +260,14 @@ void on_assignment(monitor_pointer self, epoch_assignment& a) {
           });
 }
 
+/// The node applied commit `c`: what a replacement coordinator will ask of it.
+void note_committed(monitor_state& st, const commit_step& c) {
+  st.committed_step = static_cast<std::int64_t>(c.step);
+  st.committed_epoch = c.epoch;
+  st.committed_scale = c.grad_scale.value;
+  st.committed_at = std::chrono::steady_clock::now();
+}
+
 void on_commit(monitor_pointer self, commit_step& c) {
   auto& st = self->state;
   if (c.epoch != st.epoch) {
@@ -267,21 +275,14 @@ void on_commit(monitor_pointer self, commit_step& c) {
     return;
   }
   if (!st.stage) {
-    st.committed_step = static_cast<std::int64_t>(c.step);
-    st.committed_epoch = c.epoch;
-    st.committed_scale = c.grad_scale.value;
-    st.committed_at = std::chrono::steady_clock::now();
+    note_committed(st, c);
     self->send(st.deps.coordinator, step_committed{c.epoch, c.step, st.node, {}});
     return;
   }
   self->request(st.stage->actor, caf::infinite, c)
       .then(
           [self, c](step_committed& done) {
-            auto& st = self->state;
-            st.committed_step = static_cast<std::int64_t>(c.step);
-            st.committed_epoch = c.epoch;
-            st.committed_scale = c.grad_scale.value;
-            st.committed_at = std::chrono::steady_clock::now();
+            note_committed(self->state, c);
             done.node = self->state.node;
             self->send(self->state.deps.coordinator, std::move(done));
           },

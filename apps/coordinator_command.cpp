@@ -306,15 +306,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.grace_ms = grace * 1000;
   deps.loss_window_ms = 2.0 * job.cluster.heartbeat_interval_ms;
   std::optional<std::pair<std::uint64_t, double>> hang;
-  if (!hang_self_at.empty()) {
-    const auto colon = hang_self_at.find(':');
-    try {
-      if (colon == std::string::npos) throw std::invalid_argument("no colon");
-      hang.emplace(std::stoull(hang_self_at.substr(0, colon)), std::stod(hang_self_at.substr(colon + 1)));
-    } catch (const std::exception&) {
-      throw messages::input_error("--hang-self-at: expected STEP:SECONDS, got '" + hang_self_at + "'");
-    }
-  }
+  if (!hang_self_at.empty()) hang = parse_step_seconds("--hang-self-at", hang_self_at);
   if (kill_self_at || hang) {
     // Once each: a step that runs again after the fault must not fire it again.
     deps.on_step_sent = [kill_at = kill_self_at, hang, log](std::uint64_t step) mutable {

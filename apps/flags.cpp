@@ -68,6 +68,20 @@ CLI::Option* add_text(CLI::App& app, const std::string& name, std::string& targe
   return last_wins(app.add_option(name, target, help))->type_name("PATH");
 }
 
+std::pair<std::uint64_t, double> parse_step_seconds(const std::string& flag, const std::string& text) {
+  const auto colon = text.find(':');
+  try {
+    if (colon == std::string::npos || colon == 0) throw std::invalid_argument("no STEP:");
+    std::size_t used = 0;
+    const long long step = std::stoll(text.substr(0, colon), &used);
+    const double seconds = std::stod(text.substr(colon + 1));
+    if (used != colon || step < 0 || !(seconds > 0)) throw std::invalid_argument("out of range");
+    return {static_cast<std::uint64_t>(step), seconds};
+  } catch (const std::exception&) {
+    throw messages::input_error(flag + ": expected STEP:SECONDS (a step >= 0, seconds > 0), got '" + text + "'");
+  }
+}
+
 std::vector<int> parse_id_list(const std::string& flag, const std::string& text) {
   std::vector<int> out;
   std::size_t start = 0;

@@ -14,6 +14,7 @@
 #include <ostream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace oobleck::apps {
@@ -42,6 +43,10 @@ CLI::Option* add_text(CLI::App& app, const std::string& name, std::string& targe
 
 /// "3,7,9" -> {3, 7, 9}: node ids, each in [0, INT_MAX].
 std::vector<int> parse_id_list(const std::string& flag, const std::string& text);
+
+/// "STEP:SECONDS" -> (STEP, SECONDS): a step >= 0 and seconds > 0 (--hang-coordinator-at,
+/// --hang-self-at); messages::input_error naming the flag otherwise.
+std::pair<std::uint64_t, double> parse_step_seconds(const std::string& flag, const std::string& text);
 
 /// Parses args (without the program name). Returns false when --help or -h is among them, after
 /// writing the help text to out. Throws CLI::ParseError or messages::input_error on bad flags;

@@ -176,16 +176,7 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
       throw messages::input_error("--kill-coordinator-at: expected STEP or STEP:commit, got '" + k + "'");
     }
   }
-  if (!o.hang_coordinator_at.empty()) {
-    const auto colon = o.hang_coordinator_at.find(':');
-    bool ok = colon != std::string::npos && colon > 0;
-    try {
-      ok = ok && std::stoll(o.hang_coordinator_at.substr(0, colon)) >= 0 && std::stod(o.hang_coordinator_at.substr(colon + 1)) > 0;
-    } catch (const std::exception&) {
-      ok = false;
-    }
-    if (!ok) throw messages::input_error("--hang-coordinator-at: expected STEP:SECONDS, got '" + o.hang_coordinator_at + "'");
-  }
+  if (!o.hang_coordinator_at.empty()) parse_step_seconds("--hang-coordinator-at", o.hang_coordinator_at);  // checked here
   const bool time_scale_given = app.get_option("--time-scale")->count() > 0;
   if (o.trace_path.empty()) {
     if (time_scale_given) throw messages::input_error("--time-scale goes with --trace");

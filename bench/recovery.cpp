@@ -307,14 +307,6 @@ int main(int argc, char** argv) try {
   measured["events"] = json::array();
   for (const auto& r : results) measured["events"].push_back(result_json(r));
   json summary;
-  auto stats = [](const std::vector<double>& v) {
-    json o;
-    o["median"] = median(v);
-    o["min"] = min_of(v);
-    o["max"] = max_of(v);
-    o["n"] = v.size();
-    return o;
-  };
   summary["crash_detect_ms"] = stats(figures.crash_detect);
   summary["crash_loss_notice_ms"] = stats(figures.crash_lost);
   summary["hang_detect_ms_default_1000_10000"] = stats(figures.hang_default);

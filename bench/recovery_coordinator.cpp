@@ -142,15 +142,6 @@ void time_events(const std::vector<timed_event>& ev, coordinator_result& r) {
   if (formed) r.rerun_ms = after->unix_ms - *formed;
 }
 
-json stats(const std::vector<double>& v) {
-  json o;
-  o["median"] = median(v);
-  o["min"] = min_of(v);
-  o["max"] = max_of(v);
-  o["n"] = v.size();
-  return o;
-}
-
 /// The kinds in the order they first appear.
 std::vector<std::string> kinds_of(const std::vector<coordinator_result>& results) {
   std::vector<std::string> kinds;

@@ -27,4 +27,14 @@ inline double median(std::vector<double> v) {
 inline double max_of(const std::vector<double>& v) { return v.empty() ? NAN : *std::max_element(v.begin(), v.end()); }
 inline double min_of(const std::vector<double>& v) { return v.empty() ? NAN : *std::min_element(v.begin(), v.end()); }
 
+/// {"median", "min", "max", "n"} of the samples, as the benchmark's JSON summaries write them.
+inline json stats(const std::vector<double>& v) {
+  json o;
+  o["median"] = median(v);
+  o["min"] = min_of(v);
+  o["max"] = max_of(v);
+  o["n"] = v.size();
+  return o;
+}
+
 }  // namespace oobleck::bench

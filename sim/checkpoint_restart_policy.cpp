@@ -16,14 +16,24 @@ grid fastest_template_grid(const job_templates& t, int nodes, int num_microbatch
   return fastest_grid(layouts, nodes, num_microbatches, *t.costs);
 }
 
+fixed_grid plan_fixed_grid(const sim_job& job) {
+  fixed_grid out;
+  out.planned = job.templates ? job.templates : plan_templates(job);
+  const int microbatches = planning::microbatches_per_step(job.global_batch, job.microbatch);
+  out.shape = fastest_template_grid(*out.planned, job.nodes, microbatches);
+  if (out.shape.depth == 0)
+    out.never_runs = "no grid of the job's templates fits on " + std::to_string(job.nodes) + " nodes";
+  return out;
+}
+
 checkpoint_restart_policy::checkpoint_restart_policy(const sim_job& job, const recovery_costs& costs, double start_ms,
                                                      double mttf_ms)
     : policy(start_ms), job_(job), rc_(costs) {
-  planned_ = job.templates ? job.templates : plan_templates(job);
-  const int microbatches = planning::microbatches_per_step(job.global_batch, job.microbatch);
-  grid_ = fastest_template_grid(*planned_, job.nodes, microbatches);
-  if (grid_.depth == 0) {
-    never_runs_ = "no grid of the job's templates fits on " + std::to_string(job.nodes) + " nodes";
+  auto fixed = plan_fixed_grid(job);
+  planned_ = std::move(fixed.planned);
+  grid_ = fixed.shape;
+  if (!fixed.never_runs.empty()) {
+    never_runs_ = std::move(fixed.never_runs);
     return;
   }
   const double state = state_bytes(job.profile, job.state_factor);

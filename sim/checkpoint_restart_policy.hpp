@@ -15,7 +15,9 @@
 //               (fallback), then detection_ms, then restart_fixed_ms + state / load_bytes_per_s.
 //   nodes join  nothing: the configuration is fixed; they wait as spares.
 
+#include <memory>
 #include <set>
+#include <string>
 
 #include "sim/policy.hpp"
 #include "sim/varuna_policy.hpp"
@@ -53,5 +55,15 @@ class checkpoint_restart_policy : public policy {
 
 /// The fastest grid on `nodes` nodes from a template set (depths: the templates' sizes).
 grid fastest_template_grid(const job_templates& t, int nodes, int num_microbatches);
+
+/// What a policy of one fixed shape (checkpoint-restart, replica groups) runs: the job's templates
+/// (shared, else planned now) and their fastest grid on all the job's nodes; `never_runs` says why
+/// when no grid fits (then `shape.depth` is 0).
+struct fixed_grid {
+  std::shared_ptr<const job_templates> planned;
+  grid shape;
+  std::string never_runs;
+};
+fixed_grid plan_fixed_grid(const sim_job& job);
 
 }  // namespace oobleck::sim

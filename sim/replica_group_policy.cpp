@@ -10,11 +10,11 @@ namespace oobleck::sim {
 
 replica_group_policy::replica_group_policy(const sim_job& job, const recovery_costs& costs, double start_ms)
     : policy(start_ms), job_(job), rc_(costs) {
-  planned_ = job.templates ? job.templates : plan_templates(job);
-  const int microbatches = planning::microbatches_per_step(job.global_batch, job.microbatch);
-  grid_ = fastest_template_grid(*planned_, job.nodes, microbatches);
-  if (grid_.depth == 0) {
-    never_runs_ = "no grid of the job's templates fits on " + std::to_string(job.nodes) + " nodes";
+  auto fixed = plan_fixed_grid(job);
+  planned_ = std::move(fixed.planned);
+  grid_ = fixed.shape;
+  if (!fixed.never_runs.empty()) {
+    never_runs_ = std::move(fixed.never_runs);
     return;
   }
   heal_ms_ = state_bytes(job.profile, job.state_factor) / grid_.depth / rc_.copy_bytes_per_s * 1e3;
