@@ -145,13 +145,13 @@ TEST_CASE("coordinator loss e2e: a worker lost while the coordinator is frozen i
 }
 
 TEST_CASE("coordinator loss e2e: frozen then replaced by a standby then woken: it exits 5 and changes nothing") {
-  // Coordinator A freezes for 8 s in the middle of step 5; a standby B (same job and token) waits
+  // Coordinator A freezes for 10 s (time for every worker to reach B on a loaded machine) in the middle of step 5; a standby B (same job and token) waits
   // at a second address; the workers know both (--coordinator A,B), go to B, which adopts the job;
   // when A wakes, a worker tells it it was replaced (term 2 > 1): it exits with status 5 and writes
   // no step. B finishes the job on the failure-free trajectory. The job runs long enough after B
-  // adopted it (hundreds of steps, seconds) for A to wake while the workers still run.
+  // adopted it (a thousand steps, tens of seconds) for A to wake while the workers still run.
   const auto c = make_job(4, 1, 1'500'000);
-  const int steps = 400;
+  const int steps = 1000;
   const int checked = 20;  // the trajectory against one process (each step is still checked once)
   const testing::temp_dir tmp("oobleck-standby-");
   const auto& dir = tmp.path();
@@ -166,7 +166,7 @@ TEST_CASE("coordinator loss e2e: frozen then replaced by a standby then woken: i
     args.insert(args.end(), extra.begin(), extra.end());
     return std::make_unique<background_process>(bin + "/oobleck-coordinator", args);
   };
-  auto a = coordinator("a", {"--hang-self-at", "5:8"});
+  auto a = coordinator("a", {"--hang-self-at", "5:10"});
   const auto address_a = wait_for_address((dir / "a.address").string());
   auto b = coordinator("b", {});
   const auto address_b = wait_for_address((dir / "b.address").string());
