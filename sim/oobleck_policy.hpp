@@ -1,11 +1,25 @@
 #pragma once
 // Oobleck: the real planner's templates, instantiation and reconfiguration policy with its copy
 // plan. A loss costs detection + planning + the copy plan's busiest link + the step in progress;
-// a join enters at a step boundary and costs planning + copies. Below (f + 1) n0 nodes the job
-// writes a checkpoint and stops; it restarts (fixed + load) when enough nodes are ready again.
+// a join enters at a step boundary and costs planning + copies.
+//
+// Below (f + 1) n0 nodes, or when a layer lost every holder, the policy says "checkpoint and
+// stop", and the job does what the coordinator does since issue 25 item 6: it writes a checkpoint
+// of the last committed step (when it has a checkpoint folder and every layer a holder), keeps the
+// survivors with their layers, and waits (no progress) until (f + 1) n0 nodes are there again; then
+// it resumes by itself:
+//   - from memory, where every layer of the last formed configuration still has a surviving
+//     holder: the reconfiguration policy over that configuration with every loss and join since,
+//     priced like a reconfiguration (planning + the copy plan's busiest link);
+//   - else from the checkpoint (the one written at the stop, or the last durable progress before
+//     it: what came after is lost): a fresh instantiation whose workers load the state, priced
+//     planning + state / load bandwidth (the processes stay up: no restart_fixed_ms).
+//
+//   running --(policy: checkpoint and stop)--> [checkpoint] --> waiting --(enough nodes)--> running
 
 #include <memory>
 #include <set>
+#include <vector>
 
 #include "planning/cost_model.hpp"
 #include "planning/planner.hpp"
@@ -28,9 +42,18 @@ class oobleck_policy : public policy {
   const planning::cluster_state& state() const { return state_; }
   /// ms the copy plan takes: the busiest link's bytes (in or out) / copy bandwidth.
   double copy_ms(const std::vector<planning::layer_copy>& copies) const;
+  /// ms a resume from a checkpoint takes: planning + the training state / load bandwidth.
+  double checkpoint_resume_ms() const;
 
  private:
   void start();
+  /// The policy said checkpoint and stop after losing `lost` (and admitting `joined`).
+  void stop(const std::vector<planning::node_id>& lost, const std::vector<planning::node_id>& joined,
+            const std::string& reason);
+  /// While waiting: resumes once (f + 1) n0 nodes are there.
+  void try_resume();
+  /// Whether every layer of the waiting configuration has a holder outside lost_since_formed_.
+  bool every_layer_held() const;
   int nodes_in_use() const;
   /// step_ms x the job's step_scale for `nodes` training nodes.
   double scaled(double step_ms, int nodes) const;
@@ -47,6 +70,14 @@ class oobleck_policy : public policy {
   std::set<int> alive_;
   bool running_ = false;
   bool started_once_ = false;
+  // While waiting below the minimum: the configuration that formed last, the nodes it lost and
+  // those that joined since, whether the survivors' memory still covers every layer, and whether
+  // a checkpoint was written at the stop.
+  bool waiting_ = false;
+  planning::cluster_state formed_;
+  std::vector<planning::node_id> lost_since_formed_, joined_since_formed_;
+  bool memory_ = false;
+  bool checkpointed_ = false;
 };
 
 }  // namespace oobleck::sim

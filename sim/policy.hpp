@@ -43,6 +43,11 @@ struct sim_job {
   /// planner does). Only to keep simulations of huge jobs affordable while the planner is slow at
   /// that size; reports say when it is set.
   int max_template_nodes = 0;
+  /// Oobleck below (f + 1) n0 nodes, or when a layer lost every holder: whether the job has a
+  /// checkpoint folder. The coordinator (issue 25, item 6) then writes a checkpoint of the last
+  /// committed step before it waits for nodes; without one (oobleck-local --trace with no
+  /// --checkpoint-dir, as bench/sim_validation replays) it waits with the survivors' memory only.
+  bool checkpoint_folder = true;
   /// Shared templates (plan_templates); empty: each policy plans its own.
   std::shared_ptr<const job_templates> templates;
 };
@@ -54,7 +59,7 @@ std::shared_ptr<const job_templates> plan_templates(const sim_job& job);
 /// One decision of a policy, for reports and tests.
 struct decision {
   double ms = 0;
-  std::string what;    ///< "start", "reconfigure", "takeover", "restart", "morph", "stop", "wait"
+  std::string what;    ///< "start", "reconfigure", "takeover", "restart", "morph", "stop", "wait", "resume"
   int nodes_in_use = 0;
   double step_ms = 0;  ///< of the new configuration (0 when not training)
   std::string detail;

@@ -84,7 +84,9 @@ void print_report(std::ostream& out, const run_description& d, const recovery_co
   for (const auto& r : results) {
     int counts[3] = {0, 0, 0};
     for (const auto& dec : r.decisions) {
-      if (dec.what == "reconfigure" || dec.what == "takeover" || dec.what == "shrink" || dec.what == "grow") ++counts[0];
+      if (dec.what == "reconfigure" || dec.what == "takeover" || dec.what == "shrink" || dec.what == "grow" ||
+          dec.what == "resume")
+        ++counts[0];
       else if (dec.what == "restart" || dec.what == "morph") ++counts[1];
       else if (dec.what == "stop") ++counts[2];
     }

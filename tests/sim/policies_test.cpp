@@ -51,22 +51,68 @@ TEST_CASE("oobleck: a loss costs detection, planning and the step in progress, t
   CHECK(r.decisions[1].step_ms == 6000);
 }
 
-TEST_CASE("oobleck: below (f+1) n0 nodes it checkpoints and stops, and restarts when a node is back") {
+TEST_CASE("oobleck: below (f+1) n0 nodes it checkpoints, waits, and resumes from memory when a node is back") {
   // 2 nodes, 2 microbatches each: 6000 ms steps. The loss at 5000 loses the first step; detection
-  // 500, checkpoint 1000, stopped until 10000, restart 3000, then steps of 6000 to 25000.
+  // 500, checkpoint 1000 (4000 bytes of state at 4000 B/s), waiting until c is ready at 10000; a
+  // still holds the layer, so the job resumes from memory as a reconfiguration: planning 1000 and
+  // the copy of the layer to c (3000 bytes at 4000 B/s: 750), then steps of 6000 to 23750.
   const auto trace = instant("0,add,a\n0,add,b\n5000,remove,b\n10000,add,c\n");
   oobleck_policy p(slow_job(2), round_costs(), 0);
-  const auto r = simulate(p, trace, 25000, 2);
+  const auto r = simulate(p, trace, 23750, 2);
   CHECK(r.samples == 8);
   CHECK(part(r, activity::fallback) == 5000);
-  CHECK(part(r, activity::reconfiguration) == 500);
+  CHECK(part(r, activity::reconfiguration) == 500 + 1750);
   CHECK(part(r, activity::checkpoint) == 1000);
   CHECK(part(r, activity::stopped) == 3500);
-  CHECK(part(r, activity::restart) == 3000);
+  CHECK(part(r, activity::restart) == 0);
   CHECK(part(r, activity::effective) == 12000);
   std::vector<std::string> what;
   for (const auto& d : r.decisions) what.push_back(d.what);
+  CHECK(what == std::vector<std::string>{"start", "stop", "wait", "resume"});
+  CHECK(r.decisions.back().nodes_in_use == 2);
+  CHECK(r.decisions.back().detail.find("from memory") == 0);
+
+  SUBCASE("without a checkpoint folder it waits from the detection on") {
+    sim_job job = slow_job(2);
+    job.checkpoint_folder = false;
+    oobleck_policy q(job, round_costs(), 0);
+    const auto s = simulate(q, trace, 23750, 2);
+    CHECK(s.samples == 8);
+    CHECK(part(s, activity::checkpoint) == 0);
+    CHECK(part(s, activity::stopped) == 4500);
+    CHECK(part(s, activity::reconfiguration) == 500 + 1750);
+  }
+}
+
+TEST_CASE("oobleck: when the last holder of a layer goes while it waits, it resumes from the checkpoint") {
+  // Steps of 6000 end at 6000 and 12000; b leaves at 14000 (2000 of the third step lost), the job
+  // stops (detection 500, checkpoint 14500-15500 of the 8 samples) and waits; a leaves at 16000,
+  // taking the last copy of the layer; c and d are ready at 20000: the workers load the checkpoint
+  // (planning 1000 + 4000 bytes at 4000 B/s = 2000), then steps from 22000 to 34000.
+  const auto trace = instant("0,add,a\n0,add,b\n14000,remove,b\n16000,remove,a\n20000,add,c\n20000,add,d\n");
+  oobleck_policy p(slow_job(2), round_costs(), 0);
+  CHECK(p.checkpoint_resume_ms() == 2000);
+  const auto r = simulate(p, trace, 34000, 2);
+  CHECK(r.samples == 16);
+  CHECK(part(r, activity::fallback) == 2000);
+  CHECK(part(r, activity::checkpoint) == 1000);
+  CHECK(part(r, activity::stopped) == 4500);  // 15500-20000
+  CHECK(part(r, activity::restart) == 2000);
+  CHECK(part(r, activity::effective) == 24000);
+  std::vector<std::string> what;
+  for (const auto& d : r.decisions) what.push_back(d.what);
   CHECK(what == std::vector<std::string>{"start", "stop", "wait", "restart"});
+
+  SUBCASE("without a checkpoint folder the steps before the stop are lost too") {
+    sim_job job = slow_job(2);
+    job.checkpoint_folder = false;
+    oobleck_policy q(job, round_costs(), 0);
+    const auto s = simulate(q, trace, 34000, 2);
+    CHECK(s.samples == 8);
+    CHECK(part(s, activity::fallback) == 12000 + 2000);
+    CHECK(part(s, activity::checkpoint) == 0);
+    CHECK(part(s, activity::restart) == 2000);
+  }
 }
 
 TEST_CASE("oobleck: the nodes it trains on and its step times are the planner's reconfiguration decisions") {
