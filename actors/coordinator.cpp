@@ -123,6 +123,7 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
     }
   }
   update_admission(self);
+  if (auto* waiting = std::get_if<phase::waiting>(&st.phase)) waiting_changed(self, *waiting);
   return promise;
 }
 
@@ -168,6 +169,7 @@ void on_down(coordinator_pointer self, const caf::down_msg& dm) {
                    [&](phase::ready&) { update_admission(self); },
                    [&](phase::stopped&) {},
                    [&](phase::adopting& ph) { adoption_lost(self, ph, node); },
+                   [&](phase::waiting& ph) { waiting_lost(self, ph, node); },
                    [&](auto&) {
                      if (!st.current.contains(node)) return;
                      check_reachable(self, node);
@@ -260,6 +262,7 @@ job_status make_status(const coordinator_state& st) {
   s.samples_per_second = st.samples_per_second;
   s.dropped_messages = st.dropped;
   s.refused_messages = st.refused_messages;
+  if (const auto* waiting = std::get_if<phase::waiting>(&st.phase)) s.nodes_needed = waiting->need;
   for (const auto& [id, n] : st.nodes) {
     std::int32_t rank = -1;
     for (std::size_t p = 0, r = 0; p < st.current.pipelines.size(); ++p)

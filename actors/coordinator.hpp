@@ -77,6 +77,25 @@ struct restore_record {
   double downtime_ms = 0;  ///< from the nodes' last commit before the loss to the first one after
 };
 
+/// The job is below its minimum and waits for nodes (ARCHITECTURE.md §10 "Waiting for nodes"):
+/// written when the wait begins and whenever the number of nodes changes during it.
+struct waiting_record {
+  std::int32_t have = 0;  ///< live nodes (survivors and nodes admitted since)
+  std::int32_t need = 0;  ///< (f + 1) x the smallest template's nodes
+  std::uint64_t step = 0;  ///< the next step (the committed state's)
+  std::string reason;      ///< why the policy could not go on
+  std::optional<std::string> checkpoint;  ///< the checkpoint it falls back to, if any
+};
+
+/// The job goes on after a wait: from the survivors' memory, or from a checkpoint.
+struct resumed_record {
+  std::string source;      ///< "memory" or "checkpoint"
+  std::string checkpoint;  ///< the checkpoint's directory (source "checkpoint")
+  std::uint64_t step = 0;  ///< the first step it runs
+  std::int32_t nodes = 0;
+  double waited_ms = 0;    ///< from the start of the wait
+};
+
 /// How the job stopped when the reconfiguration policy said "checkpoint and stop".
 struct checkpoint_stop_record {
   std::string reason;
@@ -183,6 +202,14 @@ struct coordinator_deps {
   /// means this coordinator was cut off or frozen (twice the heartbeat interval is enough).
   double loss_window_ms = 500;
   std::function<void(const restore_record&)> on_restored = [](const restore_record&) {};
+  /// Below the minimum (ARCHITECTURE.md §10 "Waiting for nodes"): when the reconfiguration policy
+  /// says "checkpoint and stop", write the checkpoint (when there is a folder) and wait for nodes
+  /// instead of stopping; resume by itself once (f + 1) x n0 nodes are there. false: stop (exit 4).
+  bool wait_below_minimum = false;
+  /// The longest such wait (0: unlimited); then the job stops as without waiting.
+  double wait_for_nodes_ms = 0;
+  std::function<void(const waiting_record&)> on_waiting = [](const waiting_record&) {};
+  std::function<void(const resumed_record&)> on_resumed = [](const resumed_record&) {};
   /// Fault injection into the coordinator itself (oobleck-local --kill-coordinator-at,
   /// --hang-coordinator-at): called as each step is sent to the pipelines.
   std::function<void(std::uint64_t step)> on_step_sent = [](std::uint64_t) {};

@@ -59,6 +59,13 @@ void finish_adoption(coordinator_pointer self, phase::adopting& ph) {
     at_k.insert(id);
     for (const auto& d : digests) holders[d.layer.value].push_back({id, d.digest});
   }
+  // The nodes' last commit, in this clock: each memory says how long before its arrival it was;
+  // the latest estimate is the closest (every node at step K applied it at about the same time).
+  auto before = ph.started - std::chrono::hours(24);
+  for (const auto& [id, m] : ph.memories)
+    if (const auto at = ph.arrived.find(id); at != ph.arrived.end() && m.committed_step == k)
+      before = std::max(before, at->second - std::chrono::milliseconds(m.ms_since_commit));
+  if (before > st.deps.now()) before = st.deps.now();
   std::string unreconciled;
   for (int l = 0; l < st.deps.profile.num_layers() && unreconciled.empty(); ++l) {
     const auto& h = holders[l];
@@ -72,12 +79,27 @@ void finish_adoption(coordinator_pointer self, phase::adopting& ph) {
                        to_string(h.front().first) + " and " + to_string(node) + ")";
   }
   if (!unreconciled.empty()) {
-    const std::string latest = st.deps.checkpoint.latest ? st.deps.checkpoint.latest() : std::string();
-    return stop_job(self, stop_outcome::failed,
-                    "cannot adopt the job from its nodes' memory: " + unreconciled +
-                        (latest.empty() ? "; no checkpoint to fall back to"
-                                        : "; resume from the newest checkpoint: " +
-                                              st.deps.checkpoint.resume_command(latest)));
+    std::string latest;
+    try {
+      latest = st.deps.checkpoint.latest ? st.deps.checkpoint.latest() : std::string();
+    } catch (const std::exception& e) {
+      st.deps.log(std::string("cannot list the checkpoints: ") + e.what());
+    }
+    const auto step = latest.empty() ? std::nullopt : checkpoint_step_of(latest);
+    if (!step)
+      return stop_job(self, stop_outcome::failed,
+                      "cannot adopt the job from its nodes' memory: " + unreconciled +
+                          (latest.empty() ? "; no checkpoint to fall back to"
+                                          : "; resume from the newest checkpoint: " +
+                                                st.deps.checkpoint.resume_command(latest)));
+    // The nodes' memory cannot be trusted as the job's state; the newest checkpoint can: the job
+    // goes on from it (the steps after it run again, on the same trajectory).
+    st.deps.log("cannot adopt the job from its nodes' memory: " + unreconciled + "; falling back to the newest checkpoint, " +
+                latest + " (step " + std::to_string(*step) + ")");
+    for (const auto& [id, m] : ph.memories) self->send(st.nodes.at(id).monitor, abort_epoch{st.epoch, "resuming from a checkpoint"});
+    st.restoring = restore_record{st.term, live_count_of(st), *step, 0, 0};
+    st.last_commit = before;
+    return resume_or_wait_from_checkpoint(self, latest, *step, "the nodes that came back do not hold every layer");
   }
 
   // The configuration that formed last (the committed epoch's), in this coordinator's ids; nodes of
@@ -141,13 +163,6 @@ void finish_adoption(coordinator_pointer self, phase::adopting& ph) {
                     "cannot plan the adopted job on " + std::to_string(everyone.size()) + " node(s): " + e.what());
   }
 
-  // The nodes' last commit, in this clock: each memory says how long before its arrival it was;
-  // the latest estimate is the closest (every node at step K applied it at about the same time).
-  auto before = ph.started - std::chrono::hours(24);
-  for (const auto& [id, m] : ph.memories)
-    if (const auto at = ph.arrived.find(id); at != ph.arrived.end() && m.committed_step == k)
-      before = std::max(before, at->second - std::chrono::milliseconds(m.ms_since_commit));
-  if (before > st.deps.now()) before = st.deps.now();
   st.formed = std::move(formed);
   st.formed_once = true;
   st.lost_since_formed = lost;
@@ -235,7 +250,9 @@ void handle_losses(coordinator_pointer self) {
   }
   for (node_id node : losses) {
     if (std::holds_alternative<phase::stopped>(st.phase)) return;
-    if (st.current.contains(node)) on_loss(self, node);
+    // An earlier loss of the batch may have left the job waiting for nodes (below its minimum).
+    if (auto* waiting = std::get_if<phase::waiting>(&st.phase)) waiting_lost(self, *waiting, node);
+    else if (st.current.contains(node)) on_loss(self, node);
   }
 }
 

@@ -122,6 +122,7 @@ void finish_stop(coordinator_pointer self, stop_outcome outcome, const std::stri
     }
   }
   if (outcome == stop_outcome::checkpoint_and_stop) {
+    if (wait_for_nodes(self, rec)) return;  // below the minimum, a job that waits for nodes instead
     ck.on_stop(rec);
     return stop_job(self, outcome, "checkpoint and stop: " + reason);
   }

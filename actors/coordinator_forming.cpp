@@ -198,6 +198,14 @@ bool node_failed(coordinator_pointer self, node_fault& f) {
 
 }  // namespace
 
+planning::reconfiguration reconfigure_now(const coordinator_state& st) {
+  const planning::layer_costs costs(st.deps.profile, planning::job_memory(st.deps.profile, st.deps.job));
+  const planning::reconfiguration_context ctx{st.templates, costs, st.deps.job.fault_tolerance,
+                                              st.deps.job.global_batch / st.deps.job.microbatch,
+                                              st.deps.job.microbatch};
+  return planning::reconfigure(ctx, st.formed, st.lost_since_formed, st.joining);
+}
+
 /// The shared step of every transition into `forming` after the first plan (a loss, a retry, a
 /// join): the survivors leave the epoch in force; the job ends when a commit that stood was its
 /// last step; otherwise the reconfiguration policy decides from the last
@@ -226,12 +234,8 @@ void enter_forming(coordinator_pointer self, std::optional<node_id> lost_node) {
 
   const auto started = st.deps.now();
   const double detect_ms = ms_between(st.step_started, started);
-  const planning::layer_costs costs(st.deps.profile, planning::job_memory(st.deps.profile, st.deps.job));
-  const planning::reconfiguration_context ctx{st.templates, costs, st.deps.job.fault_tolerance,
-                                              st.deps.job.global_batch / st.deps.job.microbatch,
-                                              st.deps.job.microbatch};
   const std::vector<node_id> lost = st.lost_since_formed, joined = st.joining;
-  const auto r = planning::reconfigure(ctx, st.formed, lost, joined);
+  const auto r = reconfigure_now(st);
   if (r.action == planning::reconfiguration_action::checkpoint_and_stop)
     return checkpoint_and_stop(self, "cannot continue after losing node(s)" + id_list(lost) + ": " + r.reason);
   const planning::epoch ep = planning::map_epoch(st.templates, r);

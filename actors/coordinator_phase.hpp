@@ -30,6 +30,12 @@
 //   training -> adopting          every node lost at once: wait for them to come back
 //   committing -> adopting        every node lost at once (the decided commit stands): wait for them to come back
 //   checkpointing -> adopting     every node lost at once during a periodic checkpoint (abandoned): wait for them
+//   checkpointing -> waiting      the checkpoint before stopping written (or impossible): the job waits for nodes
+//   forming -> waiting            the policy says "checkpoint and stop" with no checkpoint folder: the job waits
+//   training -> waiting           the same, a loss during a step
+//   committing -> waiting         the same, a loss during a commit (it stands)
+//   adopting -> waiting           an adopted job below its minimum (the policy says "checkpoint and stop")
+//   waiting -> forming            (f + 1) x n0 nodes again: from the survivors' memory or the checkpoint
 //   any -> stopped                training finished, an operator's shutdown, the fallback checkpoint
 //                                 written or impossible, failures that repeat, a job that cannot be planned
 // END PHASES
@@ -186,6 +192,21 @@ struct adopting {
   bool waiting = false;
 };
 
+/// Below the minimum (ARCHITECTURE.md §10 "Waiting for nodes"): the survivors keep their layers,
+/// joining nodes are admitted, and the job resumes once `need` nodes are there; the deadline, when
+/// there is one, stops it as "checkpoint and stop" would have.
+struct waiting {
+  static constexpr std::string_view name = "waiting";
+  std::int32_t have = 0;
+  std::int32_t need = 0;
+  std::string reason;
+  std::optional<std::string> checkpoint;  ///< written when the wait began, or the newest before it
+  std::uint64_t checkpoint_step = 0;
+  std::optional<std::string> written;  ///< the checkpoint written when the wait began (for the stop record)
+  std::chrono::steady_clock::time_point started;
+  std::uint64_t round = 0;  ///< the deadline in force
+};
+
 /// The job ended; the actor quits.
 struct stopped {
   static constexpr std::string_view name = "stopped";
@@ -196,7 +217,8 @@ struct stopped {
 }  // namespace phase
 
 using job_phase = std::variant<phase::registering, phase::ready, phase::forming, phase::training,
-                               phase::committing, phase::checkpointing, phase::adopting, phase::stopped>;
+                               phase::committing, phase::checkpointing, phase::adopting, phase::waiting,
+                               phase::stopped>;
 
 /// A visitor of several lambdas (`std::visit(overloaded{[](phase::ready&) {...}, ...}, phase)`).
 template <class... Fs>
@@ -228,7 +250,9 @@ inline constexpr phase_transition transitions[] = {
     {"training", "forming"},       {"committing", "training"},      {"committing", "forming"},
     {"committing", "checkpointing"}, {"checkpointing", "training"}, {"checkpointing", "forming"},
     {"forming", "checkpointing"},  {"training", "checkpointing"},   {"committing", "checkpointing"},
-    {"checkpointing", "checkpointing"}, {"training", "training"}, {"any", "stopped"},
+    {"checkpointing", "checkpointing"}, {"training", "training"}, {"checkpointing", "waiting"},
+    {"forming", "waiting"},        {"training", "waiting"},         {"committing", "waiting"},
+    {"adopting", "waiting"},       {"waiting", "forming"},          {"any", "stopped"},
 };
 
 /// Whether `transitions` allows from -> to.

@@ -56,6 +56,10 @@ void on_loss(coordinator_pointer self, node_id node);
 void on_retry(coordinator_pointer self, const std::string& what, std::optional<node_id> failed_node,
               bool published = false);
 
+/// What the reconfiguration policy says now: from the last formed configuration, with the nodes
+/// lost since and the joining nodes.
+planning::reconfiguration reconfigure_now(const coordinator_state& st);
+
 /// The shared step of every transition into `forming` after the first plan: a loss (`lost_node`),
 /// a retry or a join (nullopt).
 void enter_forming(coordinator_pointer self, std::optional<node_id> lost_node);
@@ -120,5 +124,24 @@ void handle_losses(coordinator_pointer self);
 void adoption_lost(coordinator_pointer self, phase::adopting& ph, node_id node);
 bool handle(coordinator_pointer self, phase::adopting& ph, messages::step_committed& c);
 bool handle(coordinator_pointer self, phase::adopting& ph, messages::coordinator_deadline& d);
+
+// Waiting for nodes below the minimum (coordinator_waiting.cpp).
+/// The policy said "checkpoint and stop" and the checkpoint was written (or could not be): with
+/// deps.wait_below_minimum, the job waits for nodes instead (returns true); false: it stops.
+bool wait_for_nodes(coordinator_pointer self, const checkpoint_stop_record& rec);
+/// A node joined or was lost while waiting: resume when enough are there, else report the count.
+void waiting_changed(coordinator_pointer self, phase::waiting& ph);
+/// The step of a checkpoint directory (runtime::checkpoint_dir_name: "step-N"); nullopt otherwise.
+std::optional<std::uint64_t> checkpoint_step_of(const std::string& dir);
+/// The job goes on from the checkpoint in `dir` (of step `step`): planned afresh over the live
+/// nodes, whose stages install their layers from it, as a resumed job's first epoch.
+void resume_from_checkpoint(coordinator_pointer self, const std::string& dir, std::uint64_t step);
+/// The same, unless fewer nodes than the job's minimum are live and the job waits for nodes: then
+/// it waits (the phase `waiting`, `reason` saying why) and resumes from `dir` once they are there.
+void resume_or_wait_from_checkpoint(coordinator_pointer self, const std::string& dir, std::uint64_t step,
+                                    const std::string& reason);
+/// A node lost while waiting (a survivor: its layers are gone from the job's memory).
+void waiting_lost(coordinator_pointer self, phase::waiting& ph, node_id node);
+bool handle(coordinator_pointer self, phase::waiting& ph, messages::coordinator_deadline& d);
 
 }  // namespace oobleck::actors

@@ -22,6 +22,7 @@
 #include "apps/cluster_commands.hpp"
 #include "apps/checkpoint_job.hpp"
 #include "apps/cluster_common.hpp"
+#include "apps/coordinator_metrics.hpp"
 #include "apps/flags.hpp"
 #include "apps/http_status.hpp"
 #include "apps/job_file.hpp"
@@ -108,59 +109,6 @@ planning::profile job_profile(const job_file& job) {
   return p;
 }
 
-/// One --metrics-out line.
-std::string step_json(const actors::step_record& r) {
-  nlohmann::json pipelines = nlohmann::json::array();
-  for (const auto& [nodes, microbatches] : r.pipelines)
-    pipelines.push_back({{"nodes", planning::numbers(nodes)}, {"microbatches", microbatches}});
-  nlohmann::json digests = nlohmann::json::object();
-  for (const auto& [layer, list] : r.layer_digests) {
-    nlohmann::json hex = nlohmann::json::array();
-    for (auto d : list) {
-      char buf[17];
-      std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(d));
-      hex.push_back(buf);
-    }
-    digests[std::to_string(layer.value)] = hex;
-  }
-  nlohmann::ordered_json j;
-  j["step"] = r.step;
-  j["epoch"] = r.epoch;
-  j["loss"] = r.loss;
-  j["samples"] = r.samples;
-  j["pipelines"] = pipelines;
-  j["layer_digests"] = digests;
-  if (!r.tied_digests.empty()) {
-    // The tied embedding's matrix in every holder of layer 0 and of the last layer: all equal.
-    nlohmann::json tied = nlohmann::json::array();
-    for (auto d : r.tied_digests) {
-      char buf[17];
-      std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(d));
-      tied.push_back(buf);
-    }
-    j["tied_digests"] = tied;
-  }
-  if (r.grad_norm > 0) {
-    j["grad_norm"] = r.grad_norm;
-    j["grad_scale"] = r.grad_scale;
-  }
-  j["wall_ms"] = r.wall_ms;
-  if (r.ideal_ms > 0) j["ideal_ms"] = r.ideal_ms;
-  const auto& b = r.breakdown;
-  nlohmann::ordered_json breakdown;
-  breakdown["compute_ms"] = b.compute_ms;
-  breakdown["p2p_wait_ms"] = b.p2p_wait_ms;
-  breakdown["allreduce_ms"] = b.allreduce_ms;
-  breakdown["optimizer_ms"] = b.optimizer_ms;
-  breakdown["control_ms"] = b.control_ms;
-  breakdown["other_ms"] = b.other_ms;
-  j["breakdown"] = breakdown;
-  // When the line is written (at the commit): throughput over time, and over a window, from the
-  // file alone (oobleck-local --trace, bench/sim_validation).
-  j["unix_ms"] = std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
-  return j.dump();
-}
-
 }  // namespace
 
 int run_coordinator_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
@@ -220,6 +168,17 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
              "a coordinator that lost every node at once (it was frozen or cut off, not they) waits this many seconds "
              "for them to come back with their state before it stops (default 60; the workers' --coordinator-grace "
              "should be the same)");
+  bool exit_below_minimum = false;
+  std::optional<double> wait_for_nodes;
+  app.add_flag("--exit-below-minimum", exit_below_minimum,
+               "when the reconfiguration policy says checkpoint and stop (fewer than (f+1)*n0 nodes, or a layer with no "
+               "surviving holder), write the checkpoint and exit with status 4 instead of waiting for nodes");
+  app.add_option("--wait-for-nodes", wait_for_nodes,
+                 "SECONDS: below the minimum, wait at most this many seconds for nodes to join before stopping as "
+                 "--exit-below-minimum does (0: no limit, the default). The job waits by default when it has a "
+                 "checkpoint directory; this flag makes it wait without one too (it resumes from the survivors' "
+                 "memory, which needs every layer to keep a holder)")
+      ->check(CLI::NonNegativeNumber);
   // Fault injection into the coordinator itself (oobleck-local --kill-coordinator-at and
   // --hang-coordinator-at pass these; hidden: not for operators).
   std::optional<std::int64_t> kill_self_at, partial_commit_at;
@@ -233,7 +192,8 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   add_tls_flags(app, tls_given);
   app.footer("Exit status: 0 finished (or stopped by an operator), 1 internal error, 2 bad input (flags, job "
              "file, TLS files, a checkpoint that is not valid for --resume), 4 the reconfiguration policy stopped the job "
-             "(fewer than (f+1)*n0 nodes, or a layer with no surviving holder): a checkpoint was written when "
+             "(fewer than (f+1)*n0 nodes, or a layer with no surviving holder) and it did not wait for nodes "
+             "(--exit-below-minimum, no checkpoint directory, or --wait-for-nodes ran out): a checkpoint was written when "
              "possible and its resume command printed; 5 a newer coordinator adopted the job (this one was frozen or cut off "
              "and replaced): it changed nothing.");
   if (!parse_flags(app, args, out)) return 0;
@@ -302,6 +262,10 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.checkpoint.resume_command = [prefix = resume_command, args](const std::string& dir) {
     return prefix.empty() ? resume_command_line("oobleck-coordinator", args, dir) : resume_command_line(prefix, {}, dir);
   };
+  if (exit_below_minimum && wait_for_nodes)
+    throw messages::input_error("--wait-for-nodes and --exit-below-minimum: choose one (wait for nodes, or exit)");
+  deps.wait_below_minimum = !exit_below_minimum && (!root.empty() || wait_for_nodes.has_value());
+  deps.wait_for_nodes_ms = wait_for_nodes.value_or(0) * 1000;
   deps.adopt_wait_ms = adopt_wait * 1000;
   deps.grace_ms = grace * 1000;
   deps.loss_window_ms = 2.0 * job.cluster.heartbeat_interval_ms;
@@ -344,39 +308,8 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   if (!metrics_out.empty()) {
     metrics = std::make_shared<std::ofstream>(metrics_out, std::ios::app);
     if (!*metrics) throw messages::input_error("--metrics-out: cannot write " + metrics_out);
-    deps.on_step = [metrics](const actors::step_record& r) { *metrics << step_json(r) << std::endl; };
-    deps.on_reconfigured = [metrics](const actors::reconfiguration_record& r) {
-      nlohmann::ordered_json j;
-      j["event"] = "reconfigured";
-      j["epoch"] = r.epoch;
-      j["lost"] = planning::numbers(r.lost);
-      j["joined"] = planning::numbers(r.joined);
-      j["action"] = r.action;
-      j["detect_ms"] = r.detect_ms;
-      j["plan_ms"] = r.plan_ms;
-      j["copy_bytes"] = r.copy_bytes;
-      j["copy_ms"] = r.copy_ms;
-      j["copy_wait_ms"] = r.copy_wait_ms;
-      j["connect_ms"] = r.connect_ms;
-      j["prepare_ms"] = r.prepare_ms;
-      j["views_ms"] = r.views_ms;
-      j["form_ms"] = r.form_ms;
-      j["resumed_step"] = r.resumed_step;
-      j["downtime_ms"] = r.downtime_ms;
-      *metrics << j.dump() << std::endl;
-    };
+    write_metrics_records(deps, metrics);
   }
-  deps.on_restored = [metrics](const actors::restore_record& r) {
-    if (!metrics) return;
-    nlohmann::ordered_json j;
-    j["event"] = "coordinator_restored";
-    j["term"] = r.term;
-    j["nodes"] = r.nodes;
-    j["step"] = r.step;
-    j["completed"] = r.completed;
-    j["downtime_ms"] = r.downtime_ms;
-    *metrics << j.dump() << std::endl;
-  };
   if (!events_out.empty()) {
     auto events = std::make_shared<std::ofstream>(events_out, std::ios::app);
     if (!*events) throw messages::input_error("--events-out: cannot write " + events_out);

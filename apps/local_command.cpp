@@ -168,6 +168,7 @@ class event_tail {
 struct job_progress {
   std::atomic<int> registered{0};              ///< node_joined events
   std::atomic<std::int64_t> last_step{-1};     ///< the newest committed step
+  std::atomic<int> waits{0};                   ///< waiting_for_nodes events (below the minimum)
   std::atomic<bool> formed{false};             ///< the first epoch formed (trace time 0) ...
   std::chrono::steady_clock::time_point formed_at{};  ///< ... then (set before `formed`)
   mutable std::mutex names_mutex;
@@ -188,6 +189,8 @@ struct job_progress {
       const auto age = std::chrono::duration<double, std::milli>(std::max(0.0, messages::unix_ms_now() - t.unix_ms));
       formed_at = std::chrono::steady_clock::now() - std::chrono::duration_cast<std::chrono::steady_clock::duration>(age);
       formed = true;
+    } else if (e.kind == event_kind::waiting_for_nodes) {
+      ++waits;
     } else if (e.kind == event_kind::step_committed) {
       last_step = std::max(last_step.load(), static_cast<std::int64_t>(e.step));
     }
@@ -316,6 +319,11 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   if (!o.resume.empty()) coord_args.insert(coord_args.end(), {"--resume", std::filesystem::absolute(o.resume).string()});
   coord_args.insert(coord_args.end(), {"--resume-command", local_resume_prefix(args)});
   coord_args.insert(coord_args.end(), {"--coordinator-grace", std::to_string(o.coordinator_grace_s)});
+  // Below the minimum: a trace replay always waits for its nodes to come back (as the simulator's
+  // Oobleck does); otherwise as the flags say (the coordinator waits when it has a checkpoint directory).
+  if (o.exit_below_minimum) coord_args.push_back("--exit-below-minimum");
+  else if (o.wait_for_nodes_s || replay)
+    coord_args.insert(coord_args.end(), {"--wait-for-nodes", std::to_string(o.wait_for_nodes_s.value_or(0))});
   coord_args.insert(coord_args.end(), tls_forward.begin(), tls_forward.end());
   // The coordinator's own faults go to its first incarnation only.
   std::vector<std::string> first_args = coord_args;
@@ -489,9 +497,10 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       }
     }
     for (auto it = joins.begin(); it != joins.end();)
-      if (progress.last_step >= it->first) {
-        say(local + "step " + std::to_string(it->first) + " committed: starting " + std::to_string(it->second) +
-            " more worker(s)");
+      if (it->first == join_when_waiting ? progress.waits > 0 : progress.last_step >= it->first) {
+        say(local + (it->first == join_when_waiting ? std::string("the job waits for nodes")
+                                                     : "step " + std::to_string(it->first) + " committed") +
+            ": starting " + std::to_string(it->second) + " more worker(s)");
         for (int k = 0; k < it->second; ++k) start_worker(next_worker++);
         it = joins.erase(it);
       } else {
@@ -527,8 +536,9 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   // pipe is at its end (every line echoed).
   tail.stop();
   for (const auto& [step, count] : joins)
-    say(local + "--join-at " + std::to_string(step) + ":" + std::to_string(count) +
-        " started no worker: the job ended before it saw step " + std::to_string(step) + " commit");
+    say(local + "--join-at " + (step == join_when_waiting ? std::string("waiting") : std::to_string(step)) + ":" +
+        std::to_string(count) + " started no worker: the job ended before " +
+        (step == join_when_waiting ? std::string("it waited for nodes") : "it saw step " + std::to_string(step) + " commit"));
   echo.join();
   // A worker that never registered (one started by --join-at or a trace near the end) would wait
   // for the coordinator until its own connect timeout: it holds nothing, so it goes now.

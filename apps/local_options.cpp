@@ -67,9 +67,14 @@ void add_faults(std::vector<messages::inject_fault>& faults, const std::string& 
   for (int id : parse_id_list(flag, spec.substr(colon + 1))) faults.push_back({id, kind, step[0], 0, attempts});
 }
 
-/// --join-at STEP:K.
+/// --join-at STEP:K, or waiting:K.
 std::pair<std::int64_t, int> join_of(const std::string& spec) {
   const auto colon = spec.find(':');
+  if (colon != std::string::npos && spec.substr(0, colon) == "waiting") {
+    const auto k = parse_id_list("--join-at", spec.substr(colon + 1));
+    if (k.size() != 1 || k[0] < 1) throw messages::input_error("--join-at: expected waiting:K with K >= 1, got '" + spec + "'");
+    return {join_when_waiting, k[0]};
+  }
   const auto parts = colon == std::string::npos
                          ? std::vector<int>{}
                          : parse_id_list("--join-at", spec.substr(0, colon) + "," + spec.substr(colon + 1));
@@ -118,7 +123,8 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
       ->type_name("STEP:IDS");
   app.add_option("--join-at", join_at,
                  "STEP:K: start K more worker processes when step STEP has committed; they join at the "
-                 "next step boundary and take the next node ids (repeatable)")
+                 "next step boundary and take the next node ids; waiting:K: when the job first waits for nodes "
+                 "(below its minimum) (repeatable)")
       ->type_name("STEP:K");
   add_text(app, "--trace", o.trace_path,
            "replay a node availability trace (lines 'ms,add|remove,nodeN', e.g. ../shared/traces/10m.csv): "
@@ -144,13 +150,20 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
       ->type_name("STEP:SECONDS");
   add_number(app, "--coordinator-grace", o.coordinator_grace_s, 0,
              "seconds a worker that lost its coordinator keeps its state and waits for one (default 60)");
+  app.add_flag("--exit-below-minimum", o.exit_below_minimum,
+               "when too few nodes are left (fewer than (f+1)*n0, or a layer without a holder), write the checkpoint "
+               "and exit with status 4 instead of waiting for nodes");
+  app.add_option("--wait-for-nodes", o.wait_for_nodes_s,
+                 "SECONDS: below the minimum, wait at most this long for nodes (0: no limit, the default), then exit 4; "
+                 "the job waits by default with a checkpoint directory, and always with --trace")
+      ->check(CLI::NonNegativeNumber);
   add_text(app, "--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (default: the job's [checkpoint] dir)");
   add_integer(app, "--checkpoint-every", o.checkpoint_every, 0, std::int64_t{1} << 40,
               "a checkpoint after every K committed steps (default: the job's [checkpoint] every)");
   add_text(app, "--resume", o.resume, "continue from the checkpoint in DIR (a step-N folder, or the checkpoint folder: then its newest complete checkpoint); validated against the job first");
   app.footer("Exit status: the coordinator's: 0 finished, 1 internal error, 2 bad input, 4 the reconfiguration "
-             "policy stopped the job (too few nodes left): a checkpoint was written when possible and the "
-             "command that resumes it printed. A coordinator that dies (a signal) is started again at the same "
+             "policy stopped the job (too few nodes left, and it did not wait for nodes): a checkpoint was written "
+             "when possible and the command that resumes it printed. A coordinator that dies (a signal) is started again at the same "
              "address, as systemd or a Slurm step would: the replacement adopts the job from the workers' memory.");
   add_tls_flags(app, o.tls);
   app.add_flag("--print-default-job", o.print_default_job, "print the default job file and exit (a start for your own)");
@@ -177,6 +190,8 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
     }
   }
   if (!o.hang_coordinator_at.empty()) parse_step_seconds("--hang-coordinator-at", o.hang_coordinator_at);  // checked here
+  if (o.exit_below_minimum && o.wait_for_nodes_s)
+    throw messages::input_error("--wait-for-nodes and --exit-below-minimum: choose one (wait for nodes, or exit)");
   const bool time_scale_given = app.get_option("--time-scale")->count() > 0;
   if (o.trace_path.empty()) {
     if (time_scale_given) throw messages::input_error("--time-scale goes with --trace");

@@ -29,7 +29,7 @@ struct local_options {
   bool print_default_job = false;
   /// --fail-at and --hang-at, one fault per node (node ids not yet checked against the job).
   std::vector<messages::inject_fault> faults;
-  std::vector<std::pair<std::int64_t, int>> joins;  ///< --join-at: (step, workers)
+  std::vector<std::pair<std::int64_t, int>> joins;  ///< --join-at: (step or join_when_waiting, workers)
   std::string trace_path;
   std::optional<int> trace_nodes;
   double time_scale = 1;
@@ -42,7 +42,14 @@ struct local_options {
   std::vector<std::pair<std::int64_t, bool>> kill_coordinator_at;
   std::string hang_coordinator_at;             ///< "STEP:SECONDS", checked here
   double coordinator_grace_s = 60;             ///< --coordinator-grace, for every worker
+  /// Below the minimum: --exit-below-minimum (exit 4), or wait (--wait-for-nodes SECONDS, 0: no
+  /// limit; the coordinator waits by default with a checkpoint directory, and always with --trace).
+  bool exit_below_minimum = false;
+  std::optional<double> wait_for_nodes_s;
 };
+
+/// The step of a `--join-at waiting:K`: the workers start when the job first waits for nodes.
+inline constexpr std::int64_t join_when_waiting = -1;
 
 /// Reads `args` (without the program name); none when --help was printed to `out`. Throws
 /// messages::input_error on a bad flag, value or combination (--time-scale without --trace,

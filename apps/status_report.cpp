@@ -52,7 +52,7 @@ nlohmann::json status_json(const job_status& s) {
   for (const auto& p : s.pipelines)
     pipelines.push_back(
         {{"nodes", p.nodes}, {"stage_layers", p.stage_layers}, {"microbatches", p.microbatches}});
-  return {{"state", s.state},
+  nlohmann::json out = {{"state", s.state},
           {"epoch", s.epoch},
           {"committed_steps", s.committed_steps},
           {"last_loss", static_cast<double>(s.last_loss)},
@@ -61,6 +61,9 @@ nlohmann::json status_json(const job_status& s) {
           {"refused_messages", s.refused_messages},
           {"nodes", nodes},
           {"pipelines", pipelines}};
+  // Below the minimum: how many nodes the job waits for ((f + 1) x n0).
+  if (s.state == "waiting") out["nodes_needed"] = s.nodes_needed;
+  return out;
 }
 
 std::string prometheus_metrics(const job_status& s) {
@@ -75,6 +78,9 @@ std::string prometheus_metrics(const job_status& s) {
   gauge(out, "oobleck_dropped_messages",
         "Messages dropped for a stale epoch or step, from a lost node, or refused.",
         static_cast<double>(s.dropped_messages));
+  gauge(out, "oobleck_nodes_needed",
+        "While the job waits for nodes (below its minimum): the nodes it needs to go on; 0 otherwise.",
+        static_cast<double>(s.nodes_needed));
   gauge(out, "oobleck_refused_messages",
         "Of the dropped messages, those refused: not sent by the actor admitted for the node they name, or malformed.",
         static_cast<double>(s.refused_messages));

@@ -71,7 +71,7 @@ typename Inspector::result_type inspect(Inspector& f, pipeline_status& x) {
 
 struct job_status {
   std::string state;  ///< the coordinator's phase: "registering", "ready", "forming", "training", "committing",
-                      ///< "checkpointing", "stopped"; or "failed" (stopped by a failure)
+                      ///< "checkpointing", "adopting", "waiting", "stopped"; or "failed" (stopped by a failure)
   std::uint64_t epoch = 0;
   std::uint64_t committed_steps = 0;
   wire_double last_loss = 0;
@@ -82,6 +82,8 @@ struct job_status {
   std::uint64_t refused_messages = 0;
   std::vector<node_status> nodes;
   std::vector<pipeline_status> pipelines;
+  /// While "waiting": the nodes the job needs to go on, (f + 1) x the smallest template's (0 otherwise).
+  std::int32_t nodes_needed = 0;
 
   bool operator==(const job_status&) const = default;
 };
@@ -89,7 +91,7 @@ struct job_status {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, job_status& x) {
   return f(caf::meta::type_name("job_status"), x.state, x.epoch, x.committed_steps, x.last_loss,
-           x.samples_per_second, x.dropped_messages, x.refused_messages, x.nodes, x.pipelines);
+           x.samples_per_second, x.dropped_messages, x.refused_messages, x.nodes, x.pipelines, x.nodes_needed);
 }
 
 /// What happened, as subscribers (and --events-out files) learn it. Programs, benchmarks and tests
@@ -106,6 +108,10 @@ enum class event_kind : std::uint8_t {
   step_failed,         ///< `step` failed without a lost node (node: who reported it; -1: a pipeline); detail
   checkpoint_written,  ///< a checkpoint of `step` is complete; detail: its directory
   node_refused,        ///< a registration was refused; detail: the worker's name and why
+  waiting_for_nodes,   ///< too few nodes to go on: the job waits for more (again at each change of
+                       ///< how many there are); detail: "have H, need N: why"
+  resumed,             ///< the job goes on after a wait; step: the step it runs first; detail: where its
+                       ///< state comes from ("memory", or "checkpoint DIR")
 };
 
 /// How a job ended (job_event::outcome of `stopped`).

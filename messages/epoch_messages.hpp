@@ -224,6 +224,7 @@ enum class deadline_kind : std::uint8_t {
   probe,   ///< the nodes had their time to answer the stall probe
   adopt,   ///< a replacement coordinator waited long enough for the nodes of the job it adopts
   losses,  ///< the node losses that arrived together are handled (every node lost at once: wait for them)
+  wait,    ///< a job below its minimum waited --wait-for-nodes for nodes: it stops
 };
 
 struct coordinator_deadline {

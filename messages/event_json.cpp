@@ -12,7 +12,7 @@ namespace {
 constexpr event_kind all_kinds[] = {event_kind::node_joined,    event_kind::node_lost,          event_kind::epoch_formed,
                                     event_kind::step_committed, event_kind::stopped,            event_kind::epoch_forming,
                                     event_kind::commit_stood,   event_kind::step_failed,        event_kind::checkpoint_written,
-                                    event_kind::node_refused};
+                                    event_kind::node_refused,   event_kind::waiting_for_nodes,  event_kind::resumed};
 constexpr stop_outcome all_outcomes[] = {stop_outcome::none, stop_outcome::finished, stop_outcome::shutdown,
                                          stop_outcome::failed, stop_outcome::checkpoint_and_stop,
                                          stop_outcome::superseded};

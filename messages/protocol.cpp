@@ -54,6 +54,8 @@ std::string to_string(event_kind x) {
     case event_kind::step_failed: return "step_failed";
     case event_kind::checkpoint_written: return "checkpoint_written";
     case event_kind::node_refused: return "node_refused";
+    case event_kind::waiting_for_nodes: return "waiting_for_nodes";
+    case event_kind::resumed: return "resumed";
   }
   return "event_kind(" + std::to_string(static_cast<int>(x)) + ")";
 }

@@ -51,6 +51,10 @@ std::string describe(const job_event& e) {
       return "checkpoint written: step " + std::to_string(e.step) + " in " + e.detail;
     case event_kind::node_refused:
       return "node refused: " + e.detail;
+    case event_kind::waiting_for_nodes:
+      return "waiting for nodes: " + e.detail;
+    case event_kind::resumed:
+      return "resumed at step " + std::to_string(e.step) + " from " + e.detail;
   }
   return "unknown event";
 }

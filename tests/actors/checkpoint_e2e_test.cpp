@@ -1,7 +1,8 @@
 // Checkpoints end to end (issue 8, item 5): oobleck-local with worker processes.
 //  - More losses than the policy absorbs (a whole pipeline of a 6-node f = 1 job killed with
 //    kill -9, leaving 3 < (f+1)·n0 = 4 nodes, every layer still held): the survivors write a
-//    checkpoint, the job exits with status 4, the metrics record says so; resuming it on another
+//    checkpoint, the job exits with status 4 (--exit-below-minimum: by default it would wait for
+//    nodes, tests/actors/wait_for_nodes_e2e_test.cpp), the metrics record says so; resuming it on another
 //    node count (4) continues the failure-free single-process run's loss curve within 1e-4, and
 //    its final state (parameters and AdamW moments, written by a periodic checkpoint) equals the
 //    single-process run's within 1e-4 relative.
@@ -178,13 +179,14 @@ std::string line_with(const std::string& output, const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("checkpoint e2e: a whole pipeline lost: the survivors checkpoint, exit 4, and a resume on 4 nodes continues") {
+TEST_CASE("checkpoint e2e: a whole pipeline lost with --exit-below-minimum: the survivors checkpoint, exit 4, and a resume on 4 nodes continues") {
   constexpr int steps = 7;
   const auto ref = reference(steps);
   scratch s;
   const auto victims = first_pipeline(job_text(6), 6);
   const auto root = s.dir / "ckpt";
-  const auto first = run_local(s.dir, job_text(6), steps, {"--checkpoint-dir", root.string()}, [&](running_local& local) {
+  const auto first = run_local(s.dir, job_text(6), steps, {"--checkpoint-dir", root.string(), "--exit-below-minimum"},
+                               [&](running_local& local) {
     std::vector<pid_t> pids;
     for (int v : victims) pids.push_back(local.worker_pid(v, std::chrono::seconds(60)));
     local.wait_for({.kind = event_kind::step_committed, .step = 1}, std::chrono::seconds(150));

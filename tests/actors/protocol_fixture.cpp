@@ -184,6 +184,10 @@ fixture::fixture(options o) : opts(o) {
   d.eval_every = o.eval_every;
   d.eval_windows = o.eval_windows;
   d.on_eval = [this](const eval_record& r) { evals.push_back(r); };
+  d.wait_below_minimum = o.wait_below_minimum;
+  d.wait_for_nodes_ms = o.wait_for_nodes_ms;
+  d.on_waiting = [this](const waiting_record& r) { waits.push_back(r); };
+  d.on_resumed = [this](const resumed_record& r) { resumes.push_back(r); };
   if (o.checkpoints || o.checkpoint_every > 0) {
     d.checkpoint.root = "/ckpt";
     d.checkpoint.every = o.checkpoint_every;

@@ -101,6 +101,8 @@ struct fixture {
     double clip_norm = 0;                 ///< coordinator_deps::clip_norm
     std::uint64_t eval_every = 0;         ///< coordinator_deps::eval_every
     std::int32_t eval_windows = 0;        ///< coordinator_deps::eval_windows
+    bool wait_below_minimum = false;      ///< coordinator_deps::wait_below_minimum
+    double wait_for_nodes_ms = 0;         ///< coordinator_deps::wait_for_nodes_ms
   };
   /// The step protocol tests' jobs: `nodes` nodes of `slots` slots, any of which holds the whole
   /// model, a global batch of 8 (4 microbatches).
@@ -149,6 +151,8 @@ struct fixture {
   std::vector<std::pair<std::uint64_t, std::vector<messages::checkpoint_layer_file>>> finished;  ///< step, files
   std::vector<std::string> discarded;
   std::vector<actors::checkpoint_stop_record> stops;
+  std::vector<actors::waiting_record> waits;     ///< coordinator_deps::on_waiting, in order
+  std::vector<actors::resumed_record> resumes;   ///< coordinator_deps::on_resumed, in order
 
   static constexpr int nodes = 6;  ///< of the default job
   static const std::string token;

@@ -98,6 +98,18 @@ TEST_CASE("status JSON: the fields of oobleck-ctl status --json") {
   REQUIRE(j["nodes"].size() == 3);
   CHECK(j["nodes"][2] == nlohmann::json{{"node", 2}, {"name", "w2"}, {"state", "lost"}, {"rank", -1}});
   CHECK(j["pipelines"][0] == nlohmann::json{{"nodes", {0, 1}}, {"stage_layers", {0, 3, 6}}, {"microbatches", 8}});
+  CHECK(!j.contains("nodes_needed"));  // only while waiting for nodes
+}
+
+TEST_CASE("status: a job waiting for nodes says how many it needs (JSON and Prometheus)") {
+  auto s = sample_status();
+  s.state = "waiting";
+  s.nodes_needed = 4;
+  CHECK(status_json(s)["nodes_needed"] == 4);
+  const std::string text = prometheus_metrics(s);
+  CHECK(text.find("\noobleck_nodes_needed 4\n") != std::string::npos);
+  CHECK(text.find("\noobleck_job_state{state=\"waiting\"} 1\n") != std::string::npos);
+  CHECK(prometheus_metrics(sample_status()).find("\noobleck_nodes_needed 0\n") != std::string::npos);
 }
 
 TEST_CASE("http: GET /status is JSON, GET /metrics Prometheus text, other paths 404, other methods 405") {

@@ -1,0 +1,22 @@
+#pragma once
+// oobleck-coordinator --metrics-out: one JSON line per committed step and per event of the job
+// (reconfigured, coordinator_restored, waiting_for_nodes, resumed), appended as they happen. The
+// records' fields are read by tools (oobleck-report, the benchmarks, the tests): spelled as the
+// README's "Metrics" section lists them.
+
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "actors/coordinator.hpp"
+
+namespace oobleck::apps {
+
+/// One step's line.
+std::string step_json(const actors::step_record& r);
+
+/// Points deps' step, reconfiguration, restore, waiting and resume callbacks at `metrics` (which
+/// must not be null), one line each.
+void write_metrics_records(actors::coordinator_deps& deps, std::shared_ptr<std::ostream> metrics);
+
+}  // namespace oobleck::apps

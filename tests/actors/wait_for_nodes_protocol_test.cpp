@@ -1,0 +1,119 @@
+// Waiting for nodes below the minimum in the protocol (fixture: protocol_fixture.hpp; ARCHITECTURE.md
+// §10 "Waiting for nodes"). The fixture's job: six nodes, two pipelines [0 1 2] and [3 4 5], n0 = 2,
+// f = 1, so (f + 1) x n0 = 4 nodes are needed. Losing pipeline [0 1 2] leaves three: the policy says
+// checkpoint and stop; a coordinator that waits writes the checkpoint, reports `waiting`, and goes
+// on by itself when a node joins: from the survivors' memory, or from the checkpoint when a
+// layer lost its last holder meanwhile.
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "actors/protocol_fixture.hpp"
+
+using namespace oobleck::testing;
+using oobleck::messages::event_kind;
+using oobleck::messages::stop_outcome;
+
+namespace {
+
+/// Steps 0 and 1 commit; step 2 never finishes on node 0 (so the losses land in it); then the
+/// whole first pipeline dies.
+void lose_first_pipeline(fixture& f) {
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 2u}; }}});
+  REQUIRE(f.records.size() == 2);
+  f.kill(0);
+  f.kill(1);
+  f.kill(2);
+  f.sched.run();
+}
+
+}  // namespace
+
+TEST_CASE("wait for nodes protocol: below the minimum the job checkpoints, waits, and resumes from memory when a node joins") {
+  fixture f({.steps = 6, .checkpoints = true, .wait_below_minimum = true});
+  lose_first_pipeline(f);
+  INFO(describe(f.events));
+  // The checkpoint was written, the job did not stop: it waits, saying how many nodes it has and needs.
+  CHECK(f.happened({.kind = event_kind::checkpoint_written, .step = 2, .detail = "/ckpt/step-2"}));
+  CHECK(f.stops.empty());
+  CHECK(!f.happened({.kind = event_kind::stopped}));
+  REQUIRE(f.waits.size() == 1);
+  CHECK(f.waits[0].have == 3);
+  CHECK(f.waits[0].need == 4);
+  CHECK(f.waits[0].step == 2);
+  CHECK(f.waits[0].checkpoint == std::optional<std::string>("/ckpt/step-2"));
+  CHECK(f.happened({.kind = event_kind::waiting_for_nodes, .step = 2}));
+  const auto s = f.status();
+  CHECK(s.state == "waiting");
+  CHECK(s.nodes_needed == 4);
+  // A node joins: four again. Training goes on from the survivors' memory at step 2 (nothing
+  // is installed from the checkpoint), and the job finishes.
+  f.add_worker(6);
+  f.sched.run();
+  REQUIRE(f.resumes.size() == 1);
+  CHECK(f.resumes[0].source == "memory");
+  CHECK(f.resumes[0].step == 2);
+  CHECK(f.resumes[0].nodes == 4);
+  CHECK(f.position({.kind = event_kind::waiting_for_nodes}) < f.position({.kind = event_kind::resumed, .step = 2}));
+  CHECK(f.stop().outcome == stop_outcome::finished);
+  f.check_steps(6);
+  for (const auto& [node, rec] : f.stages)
+    for (const auto& [epoch, a] : rec->assignments) CHECK(a.resume_dir.empty());
+}
+
+TEST_CASE("wait for nodes protocol: a layer loses its last holder while waiting: the job resumes from the checkpoint") {
+  fixture f({.steps = 6, .checkpoints = true, .wait_below_minimum = true});
+  lose_first_pipeline(f);
+  REQUIRE(f.waits.size() == 1);
+  // Node 3 (the first stage of [3 4 5]) dies too: its layers are only in the checkpoint now.
+  f.kill(3);
+  f.sched.run();
+  REQUIRE(f.waits.size() == 2);
+  CHECK(f.waits[1].have == 2);
+  CHECK(f.status().state == "waiting");
+  f.add_worker(6);
+  f.sched.run();
+  CHECK(f.resumes.empty());  // three of four
+  f.add_worker(7);
+  f.sched.run();
+  INFO(describe(f.events));
+  REQUIRE(f.resumes.size() == 1);
+  CHECK(f.resumes[0].source == "checkpoint");
+  CHECK(f.resumes[0].checkpoint == "/ckpt/step-2");
+  CHECK(f.resumes[0].step == 2);
+  CHECK(f.told("the nodes' memory cannot continue the job: layer "));
+  // The epoch after the wait installs every stage's layers from the checkpoint and runs step 2.
+  std::size_t installing = 0;
+  for (const auto& [node, rec] : f.stages)
+    for (const auto& [epoch, a] : rec->assignments)
+      if (a.resume_dir == "/ckpt/step-2") {
+        ++installing;
+        CHECK(a.next_step == 2);
+      }
+  CHECK(installing >= 4);
+  CHECK(f.stop().outcome == stop_outcome::finished);
+  f.check_steps(6);
+}
+
+TEST_CASE("wait for nodes protocol: a wait longer than wait_for_nodes stops the job as checkpoint and stop") {
+  fixture f({.steps = 6, .checkpoints = true, .wait_below_minimum = true, .wait_for_nodes_ms = 5000});
+  lose_first_pipeline(f);
+  REQUIRE(f.waits.size() == 1);
+  CHECK(f.stops.empty());
+  f.sched.advance_time(std::chrono::seconds(6));
+  f.sched.run();
+  REQUIRE(f.stops.size() == 1);
+  CHECK(f.stops[0].dir == std::optional<std::string>("/ckpt/step-2"));
+  CHECK(f.stop().outcome == stop_outcome::checkpoint_and_stop);
+  CHECK(f.told("waited 5 s for nodes: have 3, need 4"));
+  CHECK(f.told("resume with: --resume /ckpt/step-2"));
+}
+
+TEST_CASE("wait for nodes protocol: without wait_below_minimum the job stops as before") {
+  fixture f({.steps = 6, .checkpoints = true});
+  lose_first_pipeline(f);
+  CHECK(f.waits.empty());
+  REQUIRE(f.stops.size() == 1);
+  CHECK(f.stop().outcome == stop_outcome::checkpoint_and_stop);
+}
