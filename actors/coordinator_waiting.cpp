@@ -82,6 +82,21 @@ void resume_from_checkpoint(coordinator_pointer self, const std::string& dir, st
 
 namespace {
 
+/// Every node of the last formed configuration that is lost counts as lost since it formed (a loss
+/// during the fallback checkpoint, or in the batch that ended with the wait, was not handled as a
+/// reconfiguration).
+void note_formed_losses(coordinator_state& st) {
+  auto note = [&](node_id id) {
+    const auto it = st.nodes.find(id);
+    if ((it == st.nodes.end() || it->second.state == node_state::lost) &&
+        std::find(st.lost_since_formed.begin(), st.lost_since_formed.end(), id) == st.lost_since_formed.end())
+      st.lost_since_formed.push_back(id);
+  };
+  for (const auto& p : st.formed.pipelines)
+    for (node_id id : p.nodes) note(id);
+  for (node_id id : st.formed.idle_nodes) note(id);
+}
+
 std::string seconds(double ms) { return std::to_string(static_cast<long long>(ms / 1000)) + " s"; }
 
 /// Logs, publishes and records how many nodes there are.
@@ -163,6 +178,7 @@ void waiting_changed(coordinator_pointer self, phase::waiting& ph) {
   }
   // Enough nodes. From memory when the policy goes on from the last formed configuration.
   if (st.formed_once) {
+    note_formed_losses(st);
     const auto r = reconfigure_now(st);
     if (r.action == planning::reconfiguration_action::continue_training) {
       resumed(self, ph, "memory", {}, st.step);
@@ -181,13 +197,8 @@ void waiting_changed(coordinator_pointer self, phase::waiting& ph) {
   resume_from_checkpoint(self, dir, step);
 }
 
-void waiting_lost(coordinator_pointer self, phase::waiting& ph, node_id node) {
-  auto& st = self->state;
-  bool in_formed = std::find(st.formed.idle_nodes.begin(), st.formed.idle_nodes.end(), node) != st.formed.idle_nodes.end();
-  for (const auto& p : st.formed.pipelines)
-    in_formed = in_formed || std::find(p.nodes.begin(), p.nodes.end(), node) != p.nodes.end();
-  if (in_formed && std::find(st.lost_since_formed.begin(), st.lost_since_formed.end(), node) == st.lost_since_formed.end())
-    st.lost_since_formed.push_back(node);
+void waiting_lost(coordinator_pointer self, phase::waiting& ph, node_id) {
+  note_formed_losses(self->state);
   waiting_changed(self, ph);
 }
 
