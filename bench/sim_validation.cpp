@@ -23,7 +23,11 @@
 //     node_joined event), not the 45 s of the cloud simulators.
 // Nothing is fitted to the replay being predicted: every input comes from runs before it.
 //
-// usage: sim_validation [--quick] [--json PATH] [--bin DIR] [--traces DIR] [--recovery-costs FILE]
+// A case may replay with an f of its own (the mass-preemption case: f = 2, so that the trace's triple
+// removal leaves fewer than (f + 1) n0 nodes and the job waits for nodes, then resumes by itself);
+// its calibration runs use the same f.
+//
+// usage: sim_validation [--quick] [--case TEXT] [--json PATH] [--bin DIR] [--traces DIR] [--recovery-costs FILE]
 
 #include <algorithm>
 #include <chrono>
@@ -80,6 +84,7 @@ double mean_interval(const std::vector<nlohmann::json>& steps, std::size_t skip)
 
 int main(int argc, char** argv) try {
   bool quick = false;
+  std::string only;
   std::string json_path, bin = OOBLECK_APPS_DIR, traces_dir = OOBLECK_TRACES_DIR;
   std::string costs_path = std::string(OOBLECK_SOURCE_DIR) + "/bench/results/recovery.json";
   CLI::App app{"sim_validation: oobleck-local replays node subsets of the traces time-scaled; the simulator predicts\n"
@@ -87,6 +92,7 @@ int main(int argc, char** argv) try {
                "calibration runs (contention per node count, join readiness).",
                "sim_validation"};
   app.add_flag("--quick", quick, "one short case (a smoke run)");
+  add_text(app, "--case", only, "only the cases whose name contains TEXT (e.g. 'mass')");
   add_text(app, "--json", json_path, "write every figure to PATH");
   add_text(app, "--bin", bin, "the folder of oobleck-local, oobleck-profile and the cluster programs (default: the build's)");
   add_text(app, "--traces", traces_dir, "the folder of the node availability traces (default " OOBLECK_TRACES_DIR ")");
@@ -134,46 +140,63 @@ int main(int argc, char** argv) try {
     // 8 slots: the f = 1 job runs 4 pipelines of 2, so the trace's double removals (3060, 5100 and
     // 8460 s) leave every layer a holder; its triple removal at 10,680 s is beyond the window.
     if (fs::exists(traces / "bamboo-p3-trace.csv")) cases.push_back(bamboo_case(traces, dir, 8, 10000e3, 0.01));
+    // Simultaneous removals beyond f (issue 25, item 7): from 4,000 s to 11,520 s, 8 slots at f = 2
+    // ((f + 1) n0 = 6 nodes): two single and two double removals the job goes through, then the
+    // triple removal at 10,680 s leaves 5 nodes: the coordinator waits for the spares the trace
+    // starts at once, and resumes when they have joined.
+    if (fs::exists(traces / "bamboo-p3-trace.csv"))
+      cases.push_back(bamboo_window_case(traces, dir, 8, 4000e3, 11520e3, 0.01, 2));
   }
-  // Which node counts the replays train on (the policy's decisions; they do not depend on step
-  // times), and whether any has joins: the calibration runs measure those.
-  std::set<int> counts;
+  if (!only.empty()) {
+    std::erase_if(cases, [&](const replay_case& c) { return c.name.find(only) == std::string::npos; });
+    if (cases.empty()) throw std::runtime_error("--case " + only + ": no case has that in its name");
+  }
+  // Which node counts the replays train on, with which f (the policy's decisions; they do not
+  // depend on step times), and whether any has joins: the calibration runs measure those.
+  std::set<std::pair<int, int>> counts;  // (f, nodes)
   int most = 0;
   bool any_joins = false;
   for (const auto& c : cases) {
     most = std::max(most, c.slots);
     const auto s = sim::make_replay_schedule(sim::read_trace(c.trace.string()), {.slots = c.slots});
     for (const auto& e : s.events) any_joins = any_joins || (!e.started.empty() && e.ms < s.end_ms);
-    const auto ct = cluster_trace_of(c, s, 0);
-    sim::oobleck_policy p(validated.sim_job_for(c, {}), costs, ct.start_ms);
-    for (const auto& d : sim::simulate(p, ct, ct.start_ms + s.end_ms * c.scale, c.slots).decisions)
-      if (d.nodes_in_use > 0) counts.insert(d.nodes_in_use);
+    // A started worker trains only once it has joined, so the cluster shrinks first: with joins
+    // ready at the removals' time, a removal and the join replacing it would be one change and
+    // the counts between them (7 of 8 nodes, ...) never seen. The join readiness is measured
+    // later; the counts do not depend on it beyond whether changes overlap, so a few delays.
+    for (double ready_ms : {1.0, 1000.0, 3000.0}) {
+      const auto ct = cluster_trace_of(c, s, ready_ms);
+      sim::oobleck_policy p(validated.sim_job_for(c, {}), costs, ct.start_ms);
+      for (const auto& d : sim::simulate(p, ct, ct.start_ms + s.end_ms * c.scale, c.slots).decisions)
+        if (d.nodes_in_use > 0) counts.insert({validated.fault_tolerance(c), d.nodes_in_use});
+    }
   }
 
   // --- calibration: failure-free runs, one per node count, before the replays and again after
   // them (the machine is shared: the mean of the two is the figure used, their spread is shown)
   const int calibration_steps = quick ? 25 : 60;
-  std::map<int, std::vector<double>> measured_steps;  // nodes -> mean step ms of each pass
+  std::map<std::pair<int, int>, std::vector<double>> measured_steps;  // (f, nodes) -> mean step ms of each pass
   json calibration = json::array();
   auto calibrate = [&](const char* pass) {
     std::cout << "\ncalibration " << pass << " (failure-free runs on the node counts the replays train on, "
               << calibration_steps << " steps each, mean commit interval after step 5):\n";
-    std::printf("%6s %12s %12s %10s %12s\n", "nodes", "planned ms", "measured ms", "factor", "load");
-    for (int n : counts) {
-      const auto metrics = dir / ("calibration-" + std::to_string(n) + ".jsonl");
+    std::printf("%3s %6s %12s %12s %10s %12s\n", "f", "nodes", "planned ms", "measured ms", "factor", "load");
+    for (const auto& [f, n] : counts) {
+      const auto metrics = dir / ("calibration-" + std::to_string(f) + "-" + std::to_string(n) + ".jsonl");
       const auto r = run_program(bin + "/oobleck-local", {"--config", job_path.string(), "--nodes", std::to_string(n),
-                                                          "--steps", std::to_string(calibration_steps), "--metrics-out",
+                                                          "--fault-tolerance", std::to_string(f), "--steps",
+                                                          std::to_string(calibration_steps), "--metrics-out",
                                                           metrics.string()},
                                  300);
       if (r.status != 0)
         throw std::runtime_error("calibration run on " + std::to_string(n) + " nodes failed:\n" + r.transcript());
       const double measured = mean_interval(read_steps(metrics), 5);
-      const double planned = planning::plan_job(profile, validated.planner_config(n)).step_ms;
-      measured_steps[n].push_back(measured);
+      const double planned = planning::plan_job(profile, validated.planner_config(n, f)).step_ms;
+      measured_steps[{f, n}].push_back(measured);
       const std::string load = load_average();
-      std::printf("%6d %12.3f %12.1f %10.1f %12s\n", n, planned, measured, measured / planned, load.c_str());
-      calibration.push_back({{"pass", pass}, {"nodes", n}, {"planned_step_ms", planned}, {"measured_step_ms", measured},
-                             {"factor", measured / planned}, {"load_average", load}});
+      std::printf("%3d %6d %12.3f %12.1f %10.1f %12s\n", f, n, planned, measured, measured / planned, load.c_str());
+      calibration.push_back({{"pass", pass}, {"fault_tolerance", f}, {"nodes", n}, {"planned_step_ms", planned},
+                             {"measured_step_ms", measured}, {"factor", measured / planned}, {"load_average", load}});
     }
   };
   calibrate("before the replays");
@@ -228,8 +251,9 @@ int main(int argc, char** argv) try {
     m.load_before = load_average();
     const auto r = run_program(bin + "/oobleck-local", {"--config", job_path.string(), "--trace", c.trace.string(),
                                                         "--time-scale", fmt("%.17g", c.scale), "--trace-nodes",
-                                                        std::to_string(c.slots), "--metrics-out", metrics.string(),
-                                                        "--events-out", events_path.string()},
+                                                        std::to_string(c.slots), "--fault-tolerance",
+                                                        std::to_string(validated.fault_tolerance(c)), "--metrics-out",
+                                                        metrics.string(), "--events-out", events_path.string()},
                                m.window_ms / 1000 + 300);
     m.load_after = load_average();
     if (r.status != 0)
@@ -249,10 +273,27 @@ int main(int argc, char** argv) try {
     }
     m.measured = m.samples / (m.window_ms / 1000);
     m.records = read_records(metrics);
-    // What the replay did, for people: the job's losses, joins and epochs from the window's start.
+    // The coordinator's waits below the minimum and its resumes (issue 25, item 6); a wait writes a
+    // waiting_for_nodes record each time its node count changes.
+    bool waiting = false;
+    for (const auto& rec : m.records) {
+      const auto what = rec.value("event", std::string());
+      if (what == "waiting_for_nodes" && !waiting) {
+        ++m.waits;
+        waiting = true;
+      }
+      if (what == "resumed") {
+        ++m.resumes;
+        m.waited_ms += rec.value("waited_ms", 0.0);
+        waiting = false;
+      }
+    }
+    // What the replay did, for people: the job's losses, joins, epochs, waits and resumes from the
+    // window's start.
     for (const auto& e : events)
       if (e.unix_ms >= m.t0 && (e.event.kind == event_kind::node_lost || e.event.kind == event_kind::node_joined ||
-                                e.event.kind == event_kind::epoch_formed || e.event.kind == event_kind::stopped))
+                                e.event.kind == event_kind::epoch_formed || e.event.kind == event_kind::stopped ||
+                                e.event.kind == event_kind::waiting_for_nodes || e.event.kind == event_kind::resumed))
         m.progress.push_back(fmt("%.2f s: ", (e.unix_ms - m.t0) / 1000) + describe(e));
     std::cout << "  measured " << fmt("%.1f", m.measured) << " samples/s (" << m.samples << " samples in "
               << fmt("%.1f", m.window_ms / 1000) << " s; " << m.records.size() << " recovery record(s); load "
@@ -265,13 +306,16 @@ int main(int argc, char** argv) try {
     runs.push_back(std::move(m));
   }
   calibrate("after the replays");
-  std::vector<double> step_scale(static_cast<std::size_t>(most + 1), 0.0);
+  std::map<int, std::vector<double>> step_scale;  // f -> by node count
   std::cout << "\ncontention model (measured / planned step, mean of the two passes):";
-  for (const auto& [n, v] : measured_steps) {
+  for (const auto& [key, v] : measured_steps) {
+    const auto [f, n] = key;
     double mean = 0;
     for (double x : v) mean += x / static_cast<double>(v.size());
-    step_scale[static_cast<std::size_t>(n)] = mean / planning::plan_job(profile, validated.planner_config(n)).step_ms;
-    std::cout << " " << n << " nodes x" << fmt("%.2f", step_scale[static_cast<std::size_t>(n)]) << " ("
+    auto& scale = step_scale[f];
+    scale.resize(static_cast<std::size_t>(most + 1), 0.0);
+    scale[static_cast<std::size_t>(n)] = mean / planning::plan_job(profile, validated.planner_config(n, f)).step_ms;
+    std::cout << " f=" << f << " " << n << " nodes x" << fmt("%.2f", scale[static_cast<std::size_t>(n)]) << " ("
               << fmt("%.1f", mean) << " ms)";
   }
   std::cout << "\n";
@@ -290,12 +334,18 @@ int main(int argc, char** argv) try {
       table.push_back(name + " FAILED: " + runs[i].failure.substr(0, runs[i].failure.find('\n')));
       continue;
     }
-    results.push_back(predict_case(validated, cases[i], runs[i], step_scale, join_ms, row));
+    results.push_back(
+        predict_case(validated, cases[i], runs[i], step_scale[validated.fault_tolerance(cases[i])], join_ms, row));
     table.push_back(row);
   }
-  json model = json::object();
-  for (std::size_t n = 0; n < step_scale.size(); ++n)
-    if (step_scale[n] > 0) model[std::to_string(n)] = step_scale[n];
+  json model = json::object(), model_by_f = json::object();
+  for (const auto& [f, scale] : step_scale) {
+    json by_nodes = json::object();
+    for (std::size_t n = 0; n < scale.size(); ++n)
+      if (scale[n] > 0) by_nodes[std::to_string(n)] = scale[n];
+    if (f == job.cluster.fault_tolerance) model = by_nodes;
+    model_by_f[std::to_string(f)] = by_nodes;
+  }
   std::cout << "\n";
   std::printf("%-28s %6s %8s %9s %7s %11s %11s %9s\n", "case", "nodes", "scale", "window s", "events", "measured/s",
               "predicted/s", "error");
@@ -317,9 +367,11 @@ int main(int argc, char** argv) try {
         "(sim::replay_trace), profile from oobleck-profile here, recovery costs from the file, step time x "
         "measured/planned per node count from failure-free calibration runs, join readiness from a --join-at run";
     out["recovery_costs"] = costs_path;
-    out["profile_step_ms_6_nodes"] = planning::plan_job(profile, validated.planner_config(6)).step_ms;
+    out["profile_step_ms_6_nodes"] =
+        planning::plan_job(profile, validated.planner_config(6, job.cluster.fault_tolerance)).step_ms;
     out["calibration"] = calibration;
     out["step_scale_by_nodes"] = model;
+    out["step_scale_by_fault_tolerance"] = model_by_f;
     out["join"] = join_json;
     out["cases"] = results;
     out["within_10_percent"] = within;

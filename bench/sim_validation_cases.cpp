@@ -1,5 +1,6 @@
 #include "bench/sim_validation_cases.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -78,6 +79,37 @@ replay_case bamboo_case(const fs::path& traces, const fs::path& dir, int slots, 
   c.slots = slots;
   c.scale = scale;
   write_trace(c.trace, out);
+  return c;
+}
+
+replay_case bamboo_window_case(const fs::path& traces, const fs::path& dir, int slots, double from_ms,
+                               double until_ms, double scale, int fault_tolerance) {
+  const auto events = sim::read_trace((traces / "bamboo-p3-trace.csv").string());
+  std::vector<std::string> present;  // at from_ms, in the order they were added
+  std::vector<sim::trace_event> out;
+  for (const auto& e : events) {
+    if (e.ms <= from_ms) {
+      if (e.action == sim::trace_action::add) present.push_back(e.node);
+      else std::erase(present, e.node);
+    } else if (e.ms <= until_ms) {
+      out.push_back({e.ms - from_ms, e.action, e.node, e.line});
+    }
+  }
+  if (present.empty() || out.empty()) throw std::runtime_error("bamboo-p3-trace.csv: nothing in the window");
+  std::vector<sim::trace_event> window;
+  for (const auto& name : present) window.push_back({0, sim::trace_action::add, name, 0});
+  window.insert(window.end(), out.begin(), out.end());
+  replay_case c;
+  c.name = "bamboo-p3 mass preemption";
+  c.source = (traces / "bamboo-p3-trace.csv").string();
+  c.how = "its nodes present at " + fmt("%.0f", from_ms / 1000) + " s and its events up to " +
+          fmt("%.0f", (from_ms + out.back().ms) / 1000) + " s, on " + std::to_string(slots) + " slots with f = " +
+          std::to_string(fault_tolerance) + " (spares join when a slot frees)";
+  c.trace = dir / "bamboo-mass-preemption.csv";
+  c.slots = slots;
+  c.scale = scale;
+  c.fault_tolerance = fault_tolerance;
+  write_trace(c.trace, window);
   return c;
 }
 

@@ -16,6 +16,7 @@ struct replay_case {
   std::filesystem::path trace;  ///< the file both replay
   int slots = 0;
   double scale = 0;
+  int fault_tolerance = 0;  ///< f of the replay and the prediction; 0: the job's
 };
 
 /// 10m.csv (no adds after the start): the first `removed` nodes it removes and `kept` nodes it
@@ -28,5 +29,12 @@ replay_case ten_minute_case(const std::filesystem::path& traces, const std::file
 /// slot frees (oobleck-local --trace-nodes).
 replay_case bamboo_case(const std::filesystem::path& traces, const std::filesystem::path& dir, int slots,
                         double until_ms, double scale);
+
+/// bamboo-p3-trace.csv from `from_ms` to `until_ms` (its last event at or before it ends the
+/// window): the nodes present at from_ms are the starting cluster (in the order the trace added
+/// them), its events after from_ms follow at their times minus from_ms; replayed on `slots`
+/// workers (spares join when a slot frees) with f = `fault_tolerance`.
+replay_case bamboo_window_case(const std::filesystem::path& traces, const std::filesystem::path& dir, int slots,
+                               double from_ms, double until_ms, double scale, int fault_tolerance);
 
 }  // namespace oobleck::bench

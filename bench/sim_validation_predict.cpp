@@ -13,8 +13,12 @@ namespace oobleck::bench {
 
 using json = nlohmann::ordered_json;
 
-planning::job_config validation_job::planner_config(int nodes) const {
-  return apps::planner_job(job, nodes, job.cluster.fault_tolerance);
+int validation_job::fault_tolerance(const replay_case& c) const {
+  return c.fault_tolerance > 0 ? c.fault_tolerance : job.cluster.fault_tolerance;
+}
+
+planning::job_config validation_job::planner_config(int nodes, int fault_tolerance) const {
+  return apps::planner_job(job, nodes, fault_tolerance);
 }
 
 sim::sim_job validation_job::sim_job_for(const replay_case& c, const std::vector<double>& step_scale) const {
@@ -22,7 +26,8 @@ sim::sim_job validation_job::sim_job_for(const replay_case& c, const std::vector
   sj.profile = profile;
   sj.bamboo_profile = profile;
   sj.nodes = c.slots;
-  sj.fault_tolerance = job.cluster.fault_tolerance;
+  sj.fault_tolerance = fault_tolerance(c);
+  sj.checkpoint_folder = false;
   sj.global_batch = job.training.global_batch;
   sj.microbatch = job.training.microbatch;
   sj.bamboo_microbatch = job.training.microbatch;
@@ -48,6 +53,11 @@ json predict_case(const validation_job& v, const replay_case& c, const measured_
   std::cout << "\n" << c.name << ": measured " << fmt("%.1f", m.measured) << " samples/s, predicted "
             << fmt("%.1f", p.samples_per_s) << ": error " << fmt("%+.1f", 100 * error)
             << "% (without the contention model: " << fmt("%.0f", q.samples_per_s) << " samples/s)\n";
+  const double stopped_ms = p.breakdown_ms[static_cast<std::size_t>(sim::activity::stopped)];
+  if (m.waits > 0 || m.resumes > 0 || stopped_ms > 0)
+    std::cout << "  below the minimum: the coordinator waited " << m.waits << " time(s) and resumed " << m.resumes
+              << " time(s), " << fmt("%.0f", m.waited_ms) << " ms waiting; the simulator waited "
+              << fmt("%.0f", stopped_ms) << " ms\n";
   for (const auto& d : p.decisions)
     std::cout << "  sim " << fmt("%.2f", (d.ms - ct.start_ms) / 1000) << " s: " << d.what << " on " << d.nodes_in_use
               << " nodes, step " << fmt("%.1f", d.step_ms) << " ms" << (d.detail.empty() ? "" : " (" + d.detail + ")")
@@ -95,7 +105,12 @@ json predict_case(const validation_job& v, const replay_case& c, const measured_
           {"replayed", m.progress},
           {"measured_samples_per_s", m.measured},
           {"measured_samples", m.samples},
+          {"fault_tolerance", v.fault_tolerance(c)},
           {"recovery_records", recs},
+          {"measured_waits", m.waits},
+          {"measured_resumes", m.resumes},
+          {"measured_waited_ms", m.waited_ms},
+          {"predicted_waited_ms", stopped_ms},
           {"predicted_samples_per_s", p.samples_per_s},
           {"relative_error", error},
           {"predicted_without_contention_model", q.samples_per_s},

@@ -25,8 +25,12 @@ struct validation_job {
   planning::profile profile;  ///< measured here by oobleck-profile
   sim::recovery_costs costs;
 
-  [[nodiscard]] planning::job_config planner_config(int nodes) const;
-  /// The simulated job of a case (step_scale: the contention model, empty for none).
+  /// f of a case: its own, else the job's.
+  [[nodiscard]] int fault_tolerance(const replay_case& c) const;
+  [[nodiscard]] planning::job_config planner_config(int nodes, int fault_tolerance) const;
+  /// The simulated job of a case (step_scale: the contention model, empty for none). Like the
+  /// replay (oobleck-local --trace without --checkpoint-dir), it has no checkpoint folder: below
+  /// its minimum it waits with the survivors' memory only.
   [[nodiscard]] sim::sim_job sim_job_for(const replay_case& c, const std::vector<double>& step_scale) const;
 };
 
@@ -40,6 +44,8 @@ struct measured_replay {
   std::size_t replayed_events = 0;  // those before the end (the run ends at the trace's last time)
   std::vector<nlohmann::json> steps, records;
   std::vector<std::string> progress;  ///< for people: the job events of the window (losses, joins, epochs)
+  double waited_ms = 0;               ///< the coordinator's waits below the minimum (its resumed records)
+  int waits = 0, resumes = 0;         ///< its waiting_for_nodes and resumed records
   std::string load_before, load_after;
   /// Why the replay could not be measured (it stopped, formed no epoch): the case is reported as
   /// failed and the other cases still run. Empty when it was measured.

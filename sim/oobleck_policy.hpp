@@ -13,7 +13,14 @@
 //     priced like a reconfiguration (planning + the copy plan's busiest link);
 //   - else from the checkpoint (the one written at the stop, or the last durable progress before
 //     it: what came after is lost): a fresh instantiation whose workers load the state, priced
-//     planning + state / load bandwidth (the processes stay up: no restart_fixed_ms).
+//     planning + state / load bandwidth (the processes stay up: no restart_fixed_ms). Where no
+//     checkpoint exists the coordinator stops the job (exit 4) for an operator; the simulator
+//     restarts it from its last durable point (the start at worst) instead.
+// The constants: detection, planning and the copy bandwidth are measured on the local cluster by
+// bench/recovery (bench/results/recovery.json, what bench/sim_validation predicts with); the
+// checkpoint write and the load bandwidth are documented defaults (sim/recovery_costs.hpp), which
+// no benchmark measures. The wait itself is not a constant: it lasts until the trace's nodes are
+// ready again (their readiness delay: measured by bench/sim_validation's --join-at run).
 //
 //   running --(policy: checkpoint and stop)--> [checkpoint] --> waiting --(enough nodes)--> running
 
