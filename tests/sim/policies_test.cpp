@@ -168,6 +168,55 @@ TEST_CASE("oobleck: the nodes it trains on and its step times are the planner's 
   CHECK(expected[3].first > expected[2].first);
 }
 
+TEST_CASE("oobleck: a resume from memory is the planner's reconfiguration over the last formed configuration") {
+  // At exactly (f + 1) n0 nodes, one node of each of two pipelines leaves at once: the job stops
+  // and waits (every layer still has a holder). One new node is not enough; with the second the
+  // job resumes as the coordinator does: planning::reconfigure from the configuration that formed
+  // last with both losses and both joins, priced planning + the copy plan's busiest link.
+  using namespace oobleck::planning;
+  profile prof = synthetic_gpt_profile({.layers = 10, .hidden = 1024, .heads = 16, .sequence = 512,
+                                        .microbatch = 1, .gpus_per_node = 1, .device_memory_bytes = 2LL << 30});
+  prof.link = {.latency_ms = 0.05, .bytes_per_ms = 1e6};
+  for (auto& l : prof.layers) l.optimizer_ms = 2.0;
+  const int n0 = plan_job(prof, {.nodes = 12, .fault_tolerance = 1, .global_batch = 64, .microbatch = 1}).spec.n0;
+  const int nodes = 2 * n0;
+  const job_config config{.nodes = nodes, .fault_tolerance = 1, .global_batch = 64, .microbatch = 1};
+  const job_plan plan = plan_job(prof, config);
+  REQUIRE(plan.pipelines.size() == 2u);
+  const int v0 = static_cast<int>(plan.pipelines[0].nodes.front().value);
+  const int v1 = static_cast<int>(plan.pipelines[1].nodes.back().value);
+  std::string text;
+  for (int i = 0; i < nodes; ++i) text += "0,add,a" + std::to_string(i) + "\n";
+  text += "100000,remove,a" + std::to_string(v0) + "\n100000,remove,a" + std::to_string(v1) + "\n";
+  text += "200000,add,b0\n300000,add,b1\n";
+  sim_job job{.profile = prof, .bamboo_profile = prof, .nodes = nodes, .fault_tolerance = 1, .global_batch = 64,
+              .microbatch = 1, .bamboo_microbatch = 1};
+  oobleck_policy p(job, {}, 0);
+  REQUIRE(p.n0() == n0);
+  const auto r = simulate(p, instant(text), 400000, nodes);
+
+  const layer_costs costs(prof, job_memory(prof, config));
+  const reconfiguration_context ctx{plan.templates, costs, 1, plan.num_microbatches, 1};
+  // a0.. are ids 0..nodes-1 in the trace's order, b0 and b1 the next two.
+  const auto next = reconfigure(ctx, {plan.pipelines, plan.idle_nodes}, node_ids({v0, v1}), node_ids({nodes, nodes + 1}));
+  REQUIRE(next.action == reconfiguration_action::continue_training);
+  REQUIRE(!next.copies.empty());
+  std::vector<std::string> what;
+  for (const auto& d : r.decisions) what.push_back(d.what);
+  CHECK(what == std::vector<std::string>{"start", "stop", "wait", "resume"});
+  const auto& resumed = r.decisions.back();
+  CHECK(resumed.ms == 300000);
+  int used = 0;
+  for (const auto& q : next.pipelines) used += static_cast<int>(q.nodes.size());
+  CHECK(resumed.nodes_in_use == used);
+  CHECK(resumed.step_ms == next.step_ms);
+  const recovery_costs rc;
+  CHECK(part(r, activity::reconfiguration) == doctest::Approx(rc.detection_ms + rc.planning_ms + p.copy_ms(next.copies)));
+  CHECK(part(r, activity::restart) == 0);
+  CHECK(part(r, activity::checkpoint) > 0);  // a checkpoint folder by default
+  CHECK(part(r, activity::stopped) > 0);
+}
+
 TEST_CASE("varuna: every loss falls back to the last checkpoint and restarts on the best grid") {
   // Checkpoint every 2 steps (1000 ms). Steps 0-3000, 3000-6000, checkpoint to 7000, step 3 ends
   // at 10000 when n4 leaves: it is lost (no checkpoint after it). Detection 500 + restart 3000,
