@@ -30,6 +30,9 @@
 #include <thread>
 #include <vector>
 
+#include <caf/after.hpp>
+#include <caf/scoped_actor.hpp>
+
 #include "actors/admission.hpp"
 #include "actors/injector.hpp"
 #include "apps/cluster_commands.hpp"
@@ -393,6 +396,14 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   std::unique_ptr<cluster_config> caf_cfg;
   std::unique_ptr<caf::actor_system> caf_sys;
   std::shared_ptr<std::atomic<int>> unfired;
+  // The injector looks for a lost coordinator for the grace period: on every way out it is ended
+  // first (the actor system's destructor waits for it).
+  struct end_injector {
+    caf::actor injector;
+    ~end_injector() {
+      if (injector) caf::anon_send_exit(injector, caf::exit_reason::user_shutdown);
+    }
+  } injector_stop;
   if (!faults.empty()) {
     caf_cfg = std::make_unique<cluster_config>();
     // The injector only listens: without heartbeats the coordinator would drop its silent
@@ -403,9 +414,15 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     const auto coord = connect_coordinator(*caf_sys, parse_host_port("coordinator", address), 10,
                                            [](const std::string&) {});
     actors::injector_deps d{coord, actors::read_token_file(token), faults, progress_printer("injector")};
+    // A coordinator restarted below listens at the same address: the injector follows it there and
+    // hands it the faults the lost one still held (detached: each attempt blocks up to 1 s).
+    d.find_coordinator = [sys = caf_sys.get(), at = parse_host_port("coordinator", address)] {
+      return try_coordinator(*sys, at, std::chrono::milliseconds(1000));
+    };
+    d.grace_s = o.coordinator_grace_s;
     unfired = d.unfired;
     const auto handed_over = d.handed_over;
-    caf_sys->spawn(actors::injector, d);
+    injector_stop.injector = caf_sys->spawn<caf::detached>(actors::injector, d);
     // Workers start once the coordinator holds every fault: each is then delivered to its node
     // on admission, before the node's first epoch, so no step passes before its fault is armed.
     const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -556,8 +573,18 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   if (*coordinator_status == 0 && unfired) {
-    // The injector counts the faults whose node was never lost once the job has stopped.
-    caf_sys.reset();  // waits for the injector, which ends on the job's stop
+    // The injector counts the faults whose node was never lost once the job has stopped: it ends
+    // on the job's stop event; one that missed it (looking for the coordinator when the job
+    // ended) is ended here.
+    {
+      caf::scoped_actor self{*caf_sys};
+      self->monitor(injector_stop.injector);
+      self->receive([](caf::down_msg&) {}, caf::after(std::chrono::seconds(5)) >> [&] {
+        caf::anon_send_exit(injector_stop.injector, caf::exit_reason::user_shutdown);
+      });
+    }
+    injector_stop.injector = nullptr;
+    caf_sys.reset();  // waits for the injector
     if (*unfired > 0) {
       error() << "error: " << *unfired << " injected fault(s) did not fire; the job ran without them\n";
       return 1;
