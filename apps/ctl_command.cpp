@@ -1,4 +1,10 @@
+#include <algorithm>
+#include <chrono>
 #include <iomanip>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include <caf/scoped_actor.hpp>
 
@@ -37,19 +43,74 @@ void print_status(std::ostream& out, const job_status& s) {
   }
 }
 
+/// The coordinator went away (its connection ended, or it did not answer), as opposed to a
+/// coordinator that answered with a refusal (messages::input_error).
+struct coordinator_gone : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// Sends `xs...` with a fresh proof; returns the reply or throws with the coordinator's error.
 template <class Reply, class... Ts>
-Reply ask(caf::actor_system& sys, const coordinator_actor& c, const std::string& token, Ts&&... xs) {
-  const control_proof proof = operator_proof(sys, c, token);
+Reply ask(caf::actor_system& sys, const coordinator_actor& c, const std::string& token, const Ts&... xs) {
   caf::scoped_actor self{sys};
+  auto failed = [&sys](const std::string& what, const caf::error& e) {
+    if (is_protocol_error(e)) throw input_error("the coordinator refused" + what + ": " + describe(e));
+    throw coordinator_gone("the coordinator did not answer" + what + ": " + sys.render(e));
+  };
+  // (A connection that the middleman still held for a coordinator that went away answers nothing:
+  // a nonce is quick, so a short wait tells.)
+  control_proof proof;
+  self->request(c, std::chrono::seconds(5), nonce_request{protocol_version})
+      .receive([&](std::string& nonce) { proof = {nonce, actors::control_proof_of(token, nonce)}; },
+               [&](caf::error& e) { failed(" a nonce", e); });
   Reply reply{};
-  self->request(c, std::chrono::seconds(30), std::forward<Ts>(xs)..., proof)
-      .receive([&](Reply& r) { reply = std::move(r); },
-               [&](caf::error& e) {
-                 if (is_protocol_error(e)) throw input_error("the coordinator refused: " + describe(e));
-                 throw std::runtime_error("the coordinator did not answer: " + sys.render(e));
-               });
+  self->request(c, std::chrono::seconds(30), xs..., proof)
+      .receive([&](Reply& r) { reply = std::move(r); }, [&](caf::error& e) { failed("", e); });
   return reply;
+}
+
+/// "HOST:PORT" or a list "HOST:PORT,HOST:PORT" (a coordinator and its standbys, as workers take).
+std::vector<host_port> parse_coordinators(const std::string& text) {
+  std::vector<host_port> out;
+  for (std::size_t from = 0; from <= text.size();) {
+    const auto comma = std::min(text.find(',', from), text.size());
+    out.push_back(parse_host_port("--coordinator", text.substr(from, comma - from)));
+    from = comma + 1;
+  }
+  return out;
+}
+
+double seconds_until(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(t - std::chrono::steady_clock::now()).count();
+}
+
+/// The first coordinator of `addresses` that completes CAF's handshake, each tried in turn until
+/// `deadline` (one address: for all the time left; several: up to 1 s each, then the next). A
+/// handshake that fails twice in a row at one address is a coordinator that speaks another way
+/// (TLS on one side only): connect_coordinator's messages::input_error. Once, it may be a
+/// coordinator that went away during it (killed, or frozen then replaced): tried again.
+coordinator_actor reach(caf::actor_system& sys, const std::vector<host_port>& addresses,
+                        std::chrono::steady_clock::time_point deadline, const std::string& listed) {
+  std::vector<int> handshake_failures(addresses.size(), 0);
+  std::string last;
+  for (;;) {
+    for (std::size_t i = 0; i < addresses.size(); ++i) {
+      const double left = std::max(0.2, seconds_until(deadline));
+      try {
+        return connect_coordinator(sys, addresses[i], addresses.size() == 1 ? left : std::min(left, 1.0),
+                                   [](const std::string&) {});
+      } catch (const input_error& e) {
+        if (++handshake_failures[i] >= 2 || seconds_until(deadline) <= 0) throw;
+        last = e.what();
+      } catch (const std::runtime_error& e) {  // nothing listens there (yet)
+        handshake_failures[i] = 0;
+        last = e.what();
+      }
+    }
+    if (seconds_until(deadline) <= 0)
+      throw std::runtime_error("cannot reach a coordinator at " + listed + " within --connect-timeout: " + last);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 }  // namespace
@@ -63,9 +124,15 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
   int node = -1;
   double seconds = 0, timeout = 10;
   tls_flags tls_given;
-  add_text(app, "--coordinator", coordinator, "HOST:PORT of the coordinator")->required();
+  add_text(app, "--coordinator", coordinator,
+           "HOST:PORT of the coordinator, or a list HOST:PORT,HOST:PORT (a coordinator and its standbys): each is "
+           "tried in turn")
+      ->required();
   add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")->required();
-  add_number(app, "--connect-timeout", timeout, 0, "seconds to keep trying to reach the coordinator (default 10)");
+  add_number(app, "--connect-timeout", timeout, 0,
+             "seconds to keep trying to reach a coordinator (default 10); a coordinator that goes away before it "
+             "answered (killed, frozen) is looked for again at every address until then, so a replacement or a "
+             "standby answers (a request whose answer was lost is sent again)");
   add_tls_flags(app, tls_given, false);  // no job file: flags only
   auto* status = app.add_subcommand("status", "nodes, pipelines, epoch, step, loss, samples/s");
   status->add_flag("--json", json, "print JSON instead of a table");
@@ -90,27 +157,43 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
   app.require_subcommand(1);
   if (!parse_flags(app, args, out)) return 0;
 
-  const host_port at = parse_host_port("--coordinator", coordinator);
+  const auto addresses = parse_coordinators(coordinator);
   const std::string token = actors::read_token_file(token_file);
   const tls_section tls = resolve_tls({}, tls_given);
   cluster_config cfg;
   use_tls(cfg, tls);
   caf::actor_system sys{cfg};
-  auto c = connect_coordinator(sys, at, timeout, [](const std::string&) {});
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout));
+  // The request, at the first coordinator that answers; again at the next one found when the one
+  // asked went away first (a refusal is final: messages::input_error).
+  auto at_coordinator = [&](const auto& request) {
+    for (;;) {
+      const auto c = reach(sys, addresses, deadline, coordinator);
+      try {
+        return request(c);
+      } catch (const coordinator_gone& e) {
+        if (seconds_until(deadline) <= 0) throw std::runtime_error(e.what());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  };
   if (status->parsed()) {
-    const auto s = ask<job_status>(sys, c, token, status_atom_v);
+    const auto s = at_coordinator([&](const coordinator_actor& c) { return ask<job_status>(sys, c, token, status_atom_v); });
     if (json)
       out << status_json(s).dump(2) << "\n";
     else
       print_status(out, s);
   } else if (kill->parsed() || hang->parsed()) {
     inject_fault f{node, kill->parsed() ? fault_kind::kill : fault_kind::hang, -1, seconds};
-    out << ask<std::string>(sys, c, token, f) << "\n";
+    out << at_coordinator([&](const coordinator_actor& c) { return ask<std::string>(sys, c, token, f); }) << "\n";
   } else if (error->parsed()) {
     inject_fault f{node, fault_kind::error, -1, 0, attempts};
-    out << ask<std::string>(sys, c, token, f) << "\n";
+    out << at_coordinator([&](const coordinator_actor& c) { return ask<std::string>(sys, c, token, f); }) << "\n";
   } else {
-    out << ask<std::string>(sys, c, token, shutdown_atom_v, reason, checkpoint) << "\n";
+    out << at_coordinator([&](const coordinator_actor& c) {
+      return ask<std::string>(sys, c, token, shutdown_atom_v, reason, checkpoint);
+    }) << "\n";
   }
   return 0;
 }
