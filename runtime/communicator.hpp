@@ -48,6 +48,15 @@ class communicator {
   virtual void send(const torch::Tensor& t, int peer, int tag) = 0;
   /// Fills `t` (shape and dtype known to both sides) with the next message from `peer` on `tag`.
   virtual void recv(torch::Tensor& t, int peer, int tag) = 0;
+  /// The next message from `peer` on `tag` as a tensor of `shape` and `options` that the caller
+  /// owns: by default a fresh one filled by recv; where the communicator can hand over the sent
+  /// tensor itself (two stages of one node, loopback_communicator), that tensor, without a copy.
+  /// The caller may read it and attach autograd to it, never write it in place.
+  virtual torch::Tensor recv_owned(at::IntArrayRef shape, const torch::TensorOptions& options, int peer, int tag) {
+    auto t = torch::empty(shape, options);
+    recv(t, peer, tag);
+    return t;
+  }
   /// In-place sum over `group` (ranks, this one included); bitwise identical on every member.
   virtual void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) = 0;
   /// Copies `t` of `root` into `t` of every member of `group`.

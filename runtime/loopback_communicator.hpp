@@ -27,6 +27,9 @@ class loopback_communicator final : public communicator {
   /// From this very rank: waits for the next message on `tag` and copies it into `t`; a size or
   /// dtype that differs is comm_failure::mismatch.
   void recv(torch::Tensor& t, int peer, int tag) override;
+  /// From this very rank: the sent tensor itself, reshaped (no copy: an activation or a gradient
+  /// handed between two stages of the node); from another rank, as the wrapped communicator.
+  torch::Tensor recv_owned(at::IntArrayRef shape, const torch::TensorOptions& options, int peer, int tag) override;
   void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) override {
     base_.all_reduce_sum(t, group, tag);
   }
@@ -42,6 +45,9 @@ class loopback_communicator final : public communicator {
   std::condition_variable arrived_;
   std::map<int, std::deque<torch::Tensor>> queued_;  // by tag
   bool aborted_ = false;
+
+  /// The next message to this rank on `tag` (waits), checked against `numel` elements of `dtype`.
+  torch::Tensor take(int tag, std::int64_t numel, at::ScalarType dtype, std::int64_t expected_bytes);
 };
 
 }  // namespace oobleck::runtime

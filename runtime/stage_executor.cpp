@@ -182,8 +182,8 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
       switch (op.kind) {
         case op_kind::recv_activation: {
           timed t(timing_.p2p_wait_ms);
-          mb.input = torch::empty({b, model.seq_len, model.d_model}, activation);
-          comm_.recv(mb.input, position_.prev_rank, tag);
+          // Owned: from a stage of this node, the sender's tensor itself (no copy).
+          mb.input = comm_.recv_owned({b, model.seq_len, model.d_model}, activation, position_.prev_rank, tag);
           mb.input.requires_grad_(true);
           break;
         }
@@ -209,8 +209,7 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
         }
         case op_kind::recv_gradient: {
           timed t(timing_.p2p_wait_ms);
-          mb.gradient = torch::empty({b, model.seq_len, model.d_model}, activation);
-          comm_.recv(mb.gradient, position_.next_rank, tag);
+          mb.gradient = comm_.recv_owned({b, model.seq_len, model.d_model}, activation, position_.next_rank, tag);
           break;
         }
         case op_kind::backward: {

@@ -63,3 +63,29 @@ TEST_CASE("loopback: a size mismatch is an error, and abort wakes a receiver wai
   CHECK(waiting.get() == runtime::comm_failure::aborted);
   CHECK_THROWS_AS(node.send(torch::zeros({1}), 0, 3), runtime::comm_error);
 }
+
+TEST_CASE("loopback: recv_owned hands a message to this rank over without a copy, and copies from other ranks") {
+  testing::fake_hub hub(2);
+  runtime::loopback_communicator node0(hub.at(0));
+  const auto sent = torch::arange(12, torch::kFloat32);
+  node0.send(sent, 0, 3);
+  const auto got = node0.recv_owned({3, 4}, torch::kFloat32, 0, 3);
+  CHECK(got.sizes() == at::IntArrayRef({3, 4}));
+  CHECK(got.data_ptr() == sent.data_ptr());  // the sender's storage itself: no copy
+  CHECK(torch::equal(got.reshape({12}), sent));
+  CHECK(!got.requires_grad());
+  // Its autograd is the receiver's own: a leaf, whatever graph the sent tensor came from.
+  auto leaf = got.requires_grad_(true);
+  CHECK(leaf.is_leaf());
+  // A size or dtype that differs is a mismatch, as for recv.
+  node0.send(torch::zeros({5}), 0, 4);
+  CHECK_THROWS_AS(node0.recv_owned({4}, torch::kFloat32, 0, 4), runtime::comm_error);
+  node0.send(torch::zeros({4}, torch::kFloat64), 0, 5);
+  CHECK_THROWS_AS(node0.recv_owned({4}, torch::kFloat32, 0, 5), runtime::comm_error);
+  // From another rank: through the wrapped communicator, into a fresh tensor.
+  const auto remote = torch::full({2, 3}, 2.0f);
+  hub.at(1).send(remote, 0, 9);
+  const auto copied = node0.recv_owned({2, 3}, torch::kFloat32, 1, 9);
+  CHECK(torch::equal(copied, torch::full({2, 3}, 2.0f)));
+  CHECK(copied.data_ptr() != remote.data_ptr());
+}
