@@ -28,6 +28,11 @@ void print_status(std::ostream& out, const job_status& s) {
   if (s.committed_steps > 0)
     out << ", loss " << s.last_loss << ", " << std::fixed << std::setprecision(1)
         << s.samples_per_second << " samples/s";
+  if (s.state == "waiting") {
+    // Below its minimum: how many live nodes it has, and how many it waits for.
+    const auto live = std::count_if(s.nodes.begin(), s.nodes.end(), [](const node_status& n) { return n.state != "lost"; });
+    out << "\nwaiting for nodes: " << live << " live, " << s.nodes_needed << " needed to go on";
+  }
   out << "\nnodes:\n";
   for (const auto& n : s.nodes) {
     out << "  " << std::setw(4) << n.node << "  " << std::left << std::setw(24) << n.name
