@@ -40,6 +40,7 @@
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
 #include "apps/job_file.hpp"
+#include "apps/local_events.hpp"
 #include "apps/local_options.hpp"
 #include "apps/progress_bar.hpp"
 #include "apps/tls.hpp"
@@ -51,20 +52,6 @@
 namespace oobleck::apps {
 
 namespace {
-
-/// Whether the events file records the registration of worker `name` (read whole, now).
-bool registered_in(const std::string& events_path, const std::string& name) {
-  std::ifstream in(events_path);
-  std::string line;
-  while (std::getline(in, line)) {
-    try {
-      const auto e = messages::parse_event_line(line);
-      if (e && e->event.kind == messages::event_kind::node_joined && e->event.detail == name) return true;
-    } catch (const messages::input_error&) {  // a line still being written
-    }
-  }
-  return false;
-}
 
 std::atomic<int> stop_signal{0};
 extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
@@ -96,120 +83,6 @@ std::string replay_step(const sim::replay_event& e, double local_s, const std::v
 
 std::filesystem::path own_directory() {
   return std::filesystem::read_symlink("/proc/self/exe").parent_path();
-}
-
-/// Follows the coordinator's --events-out file as it grows, on a thread of its own: every complete
-/// line that is an event goes to `on_event`, in order; a line still being written waits for its
-/// newline. The thread polls (every 10 ms) until stop(), which reads what is left first, so every
-/// event the coordinator wrote before it exited is seen.
-class event_tail {
- public:
-  event_tail(const std::string& path, std::function<void(const messages::timed_event&)> on_event, std::ostream& err)
-      : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), on_event_(std::move(on_event)), err_(err) {
-    if (fd_ < 0) throw std::runtime_error("cannot read the events file " + path + ": " + std::strerror(errno));
-    thread_ = std::thread([this] {
-      std::unique_lock lock(mutex_);
-      while (!stopping_) {
-        lock.unlock();
-        read_available();
-        lock.lock();
-        wake_.wait_for(lock, std::chrono::milliseconds(10), [this] { return stopping_; });
-      }
-    });
-  }
-  ~event_tail() {
-    stop();
-    ::close(fd_);
-  }
-  event_tail(const event_tail&) = delete;
-  event_tail& operator=(const event_tail&) = delete;
-
-  /// Reads the file to its end (the events written so far), then ends the thread.
-  void stop() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-    read_available();
-  }
-
- private:
-  void read_available() {
-    char chunk[4096];
-    for (;;) {
-      const ssize_t n = ::read(fd_, chunk, sizeof chunk);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      partial_.append(chunk, static_cast<std::size_t>(n));
-    }
-    std::vector<messages::timed_event> events;
-    for (;;) {
-      try {
-        messages::take_complete_events(partial_, events);
-        break;
-      } catch (const messages::input_error& e) {
-        err_ << "warning: " << e.what() << "\n";  // a bug of the coordinator's: skip the line, read on
-      }
-    }
-    for (const auto& e : events) on_event_(e);
-  }
-
-  int fd_;
-  std::function<void(const messages::timed_event&)> on_event_;
-  std::ostream& err_;
-  std::string partial_;  ///< read, not yet a whole line
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
-
-/// What oobleck-local knows about its job, from the coordinator's events.
-struct job_progress {
-  std::atomic<int> registered{0};              ///< node_joined events
-  std::atomic<std::int64_t> last_step{-1};     ///< the newest committed step
-  std::atomic<int> waits{0};                   ///< waiting_for_nodes events (below the minimum)
-  std::atomic<bool> formed{false};             ///< the first epoch formed (trace time 0) ...
-  std::chrono::steady_clock::time_point formed_at{};  ///< ... then (set before `formed`)
-  mutable std::mutex names_mutex;
-  std::set<std::string> registered_names;      ///< their worker names
-
-  void on_event(const messages::timed_event& t) {
-    using messages::event_kind;
-    const auto& e = t.event;
-    if (e.kind == event_kind::node_joined) {
-      {
-        std::lock_guard lock(names_mutex);
-        registered_names.insert(e.detail);
-      }
-      ++registered;
-    } else if (e.kind == event_kind::epoch_formed && !formed) {
-      // When it happened, not when this thread read it: the wall-clock age of the event, on the
-      // steady clock the trace replay runs on.
-      const auto age = std::chrono::duration<double, std::milli>(std::max(0.0, messages::unix_ms_now() - t.unix_ms));
-      formed_at = std::chrono::steady_clock::now() - std::chrono::duration_cast<std::chrono::steady_clock::duration>(age);
-      formed = true;
-    } else if (e.kind == event_kind::waiting_for_nodes) {
-      ++waits;
-    } else if (e.kind == event_kind::step_committed) {
-      last_step = std::max(last_step.load(), static_cast<std::int64_t>(e.step));
-    }
-  }
-  bool has_registered(const std::string& name) const {
-    std::lock_guard lock(names_mutex);
-    return registered_names.count(name) > 0;
-  }
-};
-
-/// The address in the coordinator's --address-file, once it exists (written whole, by a rename).
-std::optional<std::string> read_address(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  std::string address;
-  if (in && std::getline(in, address) && !address.empty()) return address;
-  return std::nullopt;
 }
 
 }  // namespace
