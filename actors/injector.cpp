@@ -107,7 +107,9 @@ void catch_up(injector_pointer self) {
 /// the faults it should hold. A coordinator found after a loss that does not answer in time (the
 /// lost one's connection, still cached by the middleman) sends the injector looking again.
 void subscribe(injector_pointer self, bool found_again) {
-  const auto wait = found_again ? std::chrono::milliseconds(2000) : std::chrono::milliseconds(30000);
+  // (Right after a loss the middleman may still hand out the lost coordinator's connection, which
+  // answers nothing: a short wait, and the next attempt usually reaches the coordinator.)
+  const auto wait = found_again ? std::chrono::milliseconds(500) : std::chrono::milliseconds(30000);
   ask<std::string>(
       self, wait,
       [self, found_again](std::string&) {
@@ -118,6 +120,8 @@ void subscribe(injector_pointer self, bool found_again) {
       },
       [self, found_again](const caf::error& e) {
         if (!found_again) return self->state.deps.log("the coordinator refused the subscription: " + describe(e));
+        if (self->state.failed_attempts++ % 20 == 0)
+          self->state.deps.log("the coordinator found did not take the subscription (" + describe(e) + "): looking again");
         self->delayed_send(self, std::chrono::milliseconds(100), reconnect_atom_v);
       },
       subscribe_atom_v, caf::actor_cast<caf::actor>(self));

@@ -76,6 +76,7 @@ struct injector_state {
   /// Looking for a coordinator until then (set from the down_msg until one is subscribed to).
   std::optional<std::chrono::steady_clock::time_point> looking_until;
   bool stopped = false;
+  int failed_attempts = 0;  ///< subscriptions a coordinator found did not take (logged now and then)
   static inline const char* name = "oobleck.injector";
 };
 

@@ -447,11 +447,18 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   }
   if (*coordinator_status == 0 && unfired) {
     // The injector counts the faults whose node was never lost once the job has stopped: it ends
-    // on the job's stop event; one that missed it (looking for the coordinator when the job
-    // ended) is ended here.
+    // on the job's stop event. A subscription misses what a coordinator published before it (a
+    // replacement trains on within milliseconds, and a connection to a coordinator that went away
+    // can answer nothing for seconds), and the job may end first: the events file, which every
+    // coordinator of the job wrote, is handed to it whole, in order, ending with the stop.
     {
       caf::scoped_actor self{*caf_sys};
       self->monitor(injector_stop.injector);
+      std::ifstream in(events_path);
+      for (std::string line; std::getline(in, line);) try {
+          if (const auto e = messages::parse_event_line(line)) self->send(injector_stop.injector, e->event);
+        } catch (const messages::input_error&) {  // (the coordinators are gone: every line is whole)
+        }
       self->receive([](caf::down_msg&) {}, caf::after(std::chrono::seconds(5)) >> [&] {
         caf::anon_send_exit(injector_stop.injector, caf::exit_reason::user_shutdown);
       });

@@ -45,9 +45,11 @@ TEST_CASE("coordinator clients e2e: a worker fault due after a coordinator kill 
   // Six nodes, f = 1 (two pipelines of three): the coordinator dies in the middle of step 3; its
   // replacement trains on, and node 2 kills itself in the middle of step 4, right after the
   // adoption (the injector may learn of the loss from the replacement's status, having missed
-  // the event). The whole run is checked as every recovery run is.
+  // the event). The whole run is checked as every recovery run is. (40 steps: the injector's
+  // connection to the lost coordinator can answer nothing for up to the connection timeout before
+  // it reaches the replacement; oobleck-local hands it the events file at the end regardless.)
   const auto c = make_job(6, 1, 1'500'000);
-  const int steps = 8;
+  const int steps = 40;
   const auto [r, summary] = run_faults(c, steps, {"--kill-coordinator-at", "3", "--fail-at", "4:2"}, {2});
   INFO(r.output);
   CHECK(r.output.find("starting a replacement") != std::string::npos);
@@ -64,7 +66,7 @@ TEST_CASE("coordinator clients e2e: a worker fault due after a coordinator freez
   // them back under new ids. Node 2's kill at step 6 fires in its worker, which the injector
   // follows by name, so the run ends with status 0.
   const auto c = make_job(6, 1, 1'500'000);
-  const int steps = 10;
+  const int steps = 40;
   const auto r = run_local(c, steps, {"--hang-coordinator-at", "3:4", "--fail-at", "6:2"});
   INFO(r.output);
   REQUIRE(r.status == 0);
@@ -73,6 +75,7 @@ TEST_CASE("coordinator clients e2e: a worker fault due after a coordinator freez
   CHECK(r.output.find("injected fault: kill (step 6)") != std::string::npos);
   CHECK(r.output.find("did not fire") == std::string::npos);
   CHECK(restored(r) == 1);
+  reference_losses(steps);  // the failure-free run, this far
   check_trajectory(c, r, steps, {});
 }
 
