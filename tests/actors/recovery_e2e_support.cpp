@@ -37,6 +37,49 @@ std::set<int> lost_nodes(const run_result& r) {
 
 std::vector<int> ints(const std::vector<std::int64_t>& ids) { return {ids.begin(), ids.end()}; }
 
+/// The run with every node named by the id its worker first had. A coordinator fault changes
+/// what the ids show, not what happened: a coordinator frozen past the heartbeat timeout loses
+/// every node at once (node_lost events), then adopts them back under new ids (each worker's
+/// node_joined again, with its name). Here each id is mapped to its worker's first one, and a
+/// loss followed by the same worker's return is dropped. Without a coordinator fault no worker
+/// registers twice, and the run is unchanged.
+run_result in_first_ids(const run_result& r) {
+  using messages::event_kind;
+  std::map<std::int64_t, std::int64_t> first;  // id -> the first id of its worker
+  std::map<std::string, std::int64_t> by_name;
+  std::map<std::string, std::size_t> last_joined;  // worker -> its last node_joined's position
+  std::map<std::int64_t, std::string> name_of;
+  for (std::size_t i = 0; i < r.events.size(); ++i) {
+    const auto& e = r.events[i];
+    if (e.kind != event_kind::node_joined) continue;
+    first[e.node] = by_name.emplace(e.detail, e.node).first->second;
+    name_of[e.node] = e.detail;
+    last_joined[e.detail] = i;
+  }
+  auto id = [&](std::int64_t n) { return first.count(n) ? first.at(n) : n; };
+  auto ids = [&](std::vector<std::int64_t> v) {
+    for (auto& n : v) n = id(n);
+    return v;
+  };
+  run_result out = r;
+  out.events.clear();
+  for (std::size_t i = 0; i < r.events.size(); ++i) {
+    auto e = r.events[i];
+    if (e.kind == event_kind::node_lost && name_of.count(e.node) && last_joined.at(name_of.at(e.node)) > i)
+      continue;  // it came back
+    if (e.node >= 0) e.node = id(e.node);
+    e.lost = ids(e.lost);
+    e.joined = ids(e.joined);
+    out.events.push_back(std::move(e));
+  }
+  for (auto& m : out.steps)
+    for (auto& p : m["pipelines"]) p["nodes"] = ids(p["nodes"].get<std::vector<std::int64_t>>());
+  for (auto& rec : out.records)
+    for (const char* key : {"lost", "joined"})
+      if (rec.contains(key)) rec[key] = ids(rec[key].get<std::vector<std::int64_t>>());
+  return out;
+}
+
 }  // namespace
 
 job_case make_job(int nodes, int f, std::int64_t memory, const job_keys& more) {
@@ -69,8 +112,10 @@ run_result run_local(const job_case& c, int steps, const std::vector<std::string
                     during);
 }
 
-run_summary check_run(const job_case& c, const run_result& r, int steps, const std::set<int>& victims, bool stopped) {
+run_summary check_run(const job_case& c, const run_result& run, int steps, const std::set<int>& victims, bool stopped,
+                      const std::set<int>& records_lost) {
   using messages::event_kind;
+  const run_result r = in_first_ids(run);
   INFO("output of the run:\n" << r.output);
   INFO("events of the run:\n" << describe(r.events));
   run_summary summary;
@@ -78,7 +123,7 @@ run_summary check_run(const job_case& c, const run_result& r, int steps, const s
   REQUIRE(count(r.events, {.kind = event_kind::stopped}) == 1);
   const auto& stop = stop_of(r.events);
   if (stopped)  // at a trace's end, by oobleck-local: the steps committed so far stand
-    CHECK(event_match{.outcome = messages::stop_outcome::shutdown, .committed = r.steps.size()}(stop));
+    CHECK(event_match{.outcome = messages::stop_outcome::shutdown, .committed = r.steps.size() + records_lost.size()}(stop));
   else
     CHECK(finished(static_cast<std::uint64_t>(steps))(stop));
   // (Replicas that disagree after a commit are caught below, from every holder's digest.)
@@ -127,11 +172,15 @@ run_summary check_run(const job_case& c, const run_result& r, int steps, const s
   // follows (its node_joined event, then that step's commit), alone or with a loss.
   {
     std::set<int> admitted, due, waiting;
+    std::set<std::pair<int, std::string>> registered;  // (node, worker name)
     for (const auto& pr : summary.reconfigurations) admitted.insert(pr.joined.begin(), pr.joined.end());
     bool training = false;
     for (const auto& e : r.events) {
       if (e.kind == event_kind::epoch_forming) training = true;
-      if (e.kind == event_kind::node_joined && training) waiting.insert(static_cast<int>(e.node));
+      // The same node and worker again: it came back to a coordinator that adopted the job (with
+      // its state, at its place), not a join. (Without a coordinator loss no node registers twice.)
+      const bool again = e.kind == event_kind::node_joined && !registered.insert({static_cast<int>(e.node), e.detail}).second;
+      if (e.kind == event_kind::node_joined && training && !again) waiting.insert(static_cast<int>(e.node));
       if (e.kind == event_kind::step_committed && static_cast<int>(e.step) + 1 < steps) {
         due.insert(waiting.begin(), waiting.end());
         waiting.clear();
@@ -147,10 +196,17 @@ run_summary check_run(const job_case& c, const run_result& r, int steps, const s
   // the failure-free run's loss.
   const auto& reference = reference_losses(steps);
   REQUIRE(static_cast<int>(reference.size()) >= steps);
-  REQUIRE(static_cast<int>(r.steps.size()) == steps);
+  // Each step once, in order; only a step of `records_lost` may be missing (its record died with
+  // the coordinator that decided it).
+  std::vector<int> expected_steps;
+  for (int k = 0; k < steps; ++k)
+    if (!records_lost.count(k) || std::any_of(r.steps.begin(), r.steps.end(), [k](const auto& m) { return m["step"] == k; }))
+      expected_steps.push_back(k);
+  REQUIRE(r.steps.size() == expected_steps.size());
   const auto layers = static_cast<std::size_t>(c.job.model.num_layers());
-  for (int k = 0; k < steps; ++k) {
-    const auto& m = r.steps[static_cast<std::size_t>(k)];
+  for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    const int k = expected_steps[i];
+    const auto& m = r.steps[i];
     CAPTURE(k);
     CAPTURE(m.dump());
     CHECK(m["step"] == k);
@@ -187,8 +243,8 @@ run_summary check_run(const job_case& c, const run_result& r, int steps, const s
   }
   // Every committed step was published too, once each, in order.
   const auto committed = all_of(r.events, {.kind = event_kind::step_committed});
-  REQUIRE(committed.size() == static_cast<std::size_t>(steps));
-  for (int k = 0; k < steps; ++k) CHECK(committed[static_cast<std::size_t>(k)].step == static_cast<std::uint64_t>(k));
+  REQUIRE(committed.size() == expected_steps.size());
+  for (std::size_t i = 0; i < committed.size(); ++i) CHECK(committed[i].step == static_cast<std::uint64_t>(expected_steps[i]));
   // A lost node is in no pipeline of any epoch formed after its loss.
   for (const auto& pr : summary.reconfigurations)
     for (const auto& [epoch, config] : configuration)
@@ -198,11 +254,15 @@ run_summary check_run(const job_case& c, const run_result& r, int steps, const s
   // The metrics' recovery records: each one is a reconfiguration the events show, with its lost
   // nodes and the policy's rules; at least one whenever nodes were lost; without a loss, only
   // epochs formed again unchanged (a step that failed and ran again).
-  if (!victims.empty()) CHECK(!r.records.empty());
+  // (A coordinator_restored record is a coordinator loss's, which the caller counts.)
+  std::vector<nlohmann::json> records;
+  for (const auto& e : r.records)
+    if (e.value("event", "") != "coordinator_restored") records.push_back(e);
+  if (!victims.empty()) CHECK(!records.empty());
   if (victims.empty())
-    for (const auto& e : r.records) CHECK(e["action"] == "unchanged");
-  CHECK(r.records.size() <= summary.reconfigurations.size());
-  for (const auto& e : r.records) {
+    for (const auto& e : records) CHECK(e["action"] == "unchanged");
+  CHECK(records.size() <= summary.reconfigurations.size());
+  for (const auto& e : records) {
     CAPTURE(e.dump());
     CHECK(e["event"] == "reconfigured");
     const auto epoch = e["epoch"].get<std::uint64_t>();
@@ -224,16 +284,16 @@ run_summary check_run(const job_case& c, const run_result& r, int steps, const s
 }
 
 checked_run run_faults(const job_case& c, int steps, const std::vector<std::string>& args, const std::set<int>& scheduled,
-                       const std::function<void(running_local&)>& during) {
+                       const std::function<void(running_local&)>& during, const std::set<int>& records_lost) {
   auto r = run_local(c, steps, args, during);
   // A fault fired when its node was declared lost: oobleck-local's injector exits 1 when one's node
   // never was; and a node lost without a fault of its own is a failure too.
-  const auto fired = lost_nodes(r);
+  const auto fired = lost_nodes(in_first_ids(r));
   INFO("output of the run:\n" << r.output);
   INFO("events of the run:\n" << describe(r.events));
   CHECK_MESSAGE(fired == scheduled, "the nodes lost were " << ids_list({fired.begin(), fired.end()})
                                         << ", the faults were for " << ids_list({scheduled.begin(), scheduled.end()}));
-  auto s = check_run(c, r, steps, fired);
+  auto s = check_run(c, r, steps, fired, false, records_lost);
   return {std::move(r), std::move(s)};
 }
 

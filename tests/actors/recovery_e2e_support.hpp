@@ -73,8 +73,13 @@ struct run_summary {
 
 /// Every invariant of one run (see this header's comment). `victims`: the nodes the run killed.
 /// `stopped`: the run was stopped (at a trace's end) rather than finishing its steps.
+/// `records_lost`: steps whose metrics record and step_committed event died with a coordinator
+/// killed right after deciding their commit (the one thing a coordinator loss may hide: every
+/// later step's digests and loss still show that every node applied it once). A coordinator that
+/// adopted the job (a coordinator_restored record) is expected: its nodes register again with it,
+/// and those registrations are not joins.
 run_summary check_run(const job_case& c, const run_result& r, int steps, const std::set<int>& victims,
-                      bool stopped = false);
+                      bool stopped = false, const std::set<int>& records_lost = {});
 
 /// A run with faults, checked in full. oobleck-local arms every fault before its step (the
 /// coordinator delivers a node's faults on its admission), so every scheduled fault fires.
@@ -83,7 +88,7 @@ struct checked_run {
   run_summary summary;
 };
 checked_run run_faults(const job_case& c, int steps, const std::vector<std::string>& args, const std::set<int>& scheduled,
-                       const std::function<void(running_local&)>& during = {});
+                       const std::function<void(running_local&)>& during = {}, const std::set<int>& records_lost = {});
 
 /// A job run as separate processes (oobleck-coordinator, then each oobleck-worker when the test
 /// starts it), for tests that act on one worker from its start (freeze it, limit its memory)

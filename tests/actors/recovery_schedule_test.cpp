@@ -1,6 +1,7 @@
 // The seeded chaos schedules of recovery_e2e_tests, drawn here without running them: the claim
 // that the suite's chaos covers hangs and joins as well as kills (issue 8: "seeded random
-// schedules of kills, hangs and joins (within f at a time)") is checked, and so is determinism
+// schedules of kills, hangs and joins (within f at a time)"), and the coordinator's own kills and
+// hangs mixed with them (issue 25), is checked, and so is determinism
 // per seed, in well under a second; the e2e cases run the same 20 seeds.
 
 #include <doctest/doctest.h>
@@ -18,9 +19,11 @@ namespace {
 const std::string bin = OOBLECK_APPS_DIR;
 }  // namespace
 
-TEST_CASE("recovery chaos: the 20 seeded schedules of the suite draw kills, hangs, stage errors, stalls and joins within f") {
+TEST_CASE("recovery chaos: the 20 seeded schedules of the suite draw kills, hangs, stage errors, stalls and joins within f, and coordinator faults") {
   int with_kills = 0, with_hangs = 0, with_joins = 0, joins_then_faults = 0, hangs_with_kills = 0;
   int with_errors = 0, with_stalls = 0, with_blips = 0;
+  int coordinator_kills = 0, commit_kills = 0, coordinator_hangs = 0, coordinator_with_joins = 0;
+  int coordinator_with_worker_hangs = 0, coordinator_with_stage_faults = 0;
   std::set<int> shapes;
   for (std::uint64_t seed = 0; seed < 20; ++seed) {
     const auto s = draw_schedule(bin, seed);
@@ -56,6 +59,36 @@ TEST_CASE("recovery chaos: the 20 seeded schedules of the suite draw kills, hang
       CHECK(s.join_step >= 0);
       CHECK(s.join_step < chaos_steps - 2);
     }
+    // The coordinator's own faults: at steps where no worker fault is due, each ending in an
+    // adoption; with joins, no later than the join step and before every worker fault.
+    std::set<int> coordinator_steps;
+    for (const auto& k : s.coordinator_kills) {
+      CHECK(coordinator_steps.insert(k.step).second);
+      commit_kills += k.after_commit;
+    }
+    if (s.coordinator_hang_step >= 0) {
+      CHECK(s.coordinator_kills.empty());  // (oobleck-local gives a hang to the first coordinator only)
+      coordinator_steps.insert(s.coordinator_hang_step);
+    }
+    CHECK(s.coordinator_faults() == static_cast<int>(coordinator_steps.size()));
+    for (int k : coordinator_steps) {
+      CAPTURE(k);
+      CHECK(k >= 1);
+      CHECK(k <= chaos_steps - 3);
+      CHECK(faults.count(k) == 0u);
+      CHECK(s.blips.count(k) == 0u);
+      if (s.join_count > 0) {
+        CHECK(k <= s.join_step);
+        CHECK(k < faults.begin()->first);
+      }
+    }
+    coordinator_kills += !s.coordinator_kills.empty();
+    coordinator_hangs += s.coordinator_hang_step >= 0;
+    if (s.coordinator_faults() > 0) {
+      coordinator_with_joins += s.join_count > 0;
+      coordinator_with_worker_hangs += !s.hangs.empty();
+      coordinator_with_stage_faults += !s.errors.empty() || !s.stalls.empty();
+    }
     shapes.insert(s.shape.nodes * 100 + s.shape.f * 10 + static_cast<int>(s.shape.memory / 500'000));
     const planner_model planner(make_job(bin, s.shape.nodes, s.shape.f, s.shape.memory, chaos_heartbeats));
     CHECK(survivable(planner, s.shape.nodes, faults, s.join_step, s.join_count));
@@ -70,9 +103,20 @@ TEST_CASE("recovery chaos: the 20 seeded schedules of the suite draw kills, hang
   CHECK(joins_then_faults >= 3);  // a joined node may enter before or with a later loss
   CHECK(hangs_with_kills >= 2);
   CHECK(shapes.size() == std::size(chaos_jobs));
+  // Coordinator faults (issue 25) in a good part of the seeds, mixed with the rest; few hangs, each
+  // costing chaos_coordinator_hang_s.
+  CHECK(coordinator_kills >= 6);
+  CHECK(commit_kills >= 2);
+  CHECK(coordinator_hangs >= 1);
+  CHECK(coordinator_hangs <= 3);
+  CHECK(coordinator_with_joins >= 3);
+  CHECK(coordinator_with_worker_hangs >= 3);
+  CHECK(coordinator_with_stage_faults >= 2);
   // The same schedule on every platform and build (splitmix64, no std distribution).
   CHECK(draw_schedule(bin, 4).text ==
         "seed 4: 8 nodes, f = 2, slot memory 1500000; --fail-at 25:6 --hang-at 26:3 --join-at 0:2");
+  CHECK(draw_schedule(bin, 7).text ==
+        "seed 7: 6 nodes, f = 1, slot memory 1000000; --fail-at 19:1 --join-at 3:2 --kill-coordinator-at 3:commit");
 }
 
 TEST_CASE("recovery chaos: survivable() refuses a schedule the policy cannot survive") {

@@ -159,6 +159,49 @@ bool survivable(const planner_model& planner, int nodes, const std::map<int, std
   return ok;
 }
 
+namespace {
+
+/// The coordinator's own faults, drawn after the rest (a seed's worker faults and joins stay those
+/// it drew before these existed): in two schedules of three, the coordinator is killed in the middle of
+/// a step (1/2), killed right after deciding a commit that reached one node (1/3; its metrics
+/// record dies with it), or frozen past the heartbeat timeout (1/6: each costs
+/// chaos_coordinator_hang_s, where a kill costs a fraction of a second); a kill is followed by a
+/// second one (of the replacement) with probability 1/4. The policy is not involved: a replacement adopts
+/// the configuration that formed last, with every node (nothing is lost), so survivable() holds.
+/// Each fault is at a step (1 or later) where no worker fault (nor a stage error that the step survives) is due: a worker lost while the coordinator is away
+/// comes back to nobody, and the replacement registers it under an id of its own (as lost), which
+/// these checks, naming nodes by their ids, cannot follow. With joins, the coordinator faults come
+/// no later than the join step: the joined workers start once it committed, so they register with
+/// the coordinator that is there (a fresh worker that reaches a replacement before the nodes it
+/// adopts takes the first ids, and the adopted nodes' ids change).
+void draw_coordinator_faults(seeded& rng, chaos_schedule& s) {
+  if (rng.below(3) == 0) return;
+  std::set<int> busy;
+  for (const auto& [step, ids] : s.faults()) busy.insert(step);
+  for (const auto& [step, ids] : s.blips) busy.insert(step);
+  // (And before every worker fault: a replacement numbers the workers that join it from the
+  // highest id it adopted, so a joined worker could take the id of a node lost before the kill.)
+  const int last = s.join_count > 0 ? std::min(s.join_step, busy.empty() ? s.join_step : *busy.begin() - 1) : chaos_steps - 3;
+  auto free_step = [&](int from) {
+    std::vector<int> free;
+    for (int k = from; k <= last; ++k)
+      if (!busy.count(k)) free.push_back(k);
+    return free.empty() ? -1 : free[static_cast<std::size_t>(rng.below(static_cast<int>(free.size())))];
+  };
+  const int kind = rng.below(6);
+  const int step = free_step(1);
+  if (step < 0) return;
+  if (kind == 5) {
+    s.coordinator_hang_step = step;
+    return;
+  }
+  s.coordinator_kills.push_back({step, kind >= 3});
+  if (rng.below(4) == 0)
+    if (const int again = free_step(step + 1); again >= 0) s.coordinator_kills.push_back({again, rng.below(2) == 0});
+}
+
+}  // namespace
+
 chaos_schedule draw_schedule(const std::string& apps_dir, std::uint64_t seed) {
   seeded rng{seed * 7919 + 17};
   for (;;) {
@@ -216,6 +259,7 @@ chaos_schedule draw_schedule(const std::string& apps_dir, std::uint64_t seed) {
     if (rng.below(3) == 0) s.blips[1].push_back(rng.below(s.shape.nodes));
     // A schedule the job cannot survive (in some order of events): draw again.
     if (!survivable(planner, s.shape.nodes, s.faults(), s.join_step, s.join_count)) continue;
+    draw_coordinator_faults(rng, s);
     std::ostringstream t;
     t << "seed " << seed << ": " << s.shape.nodes << " nodes, f = " << s.shape.f << ", slot memory " << s.shape.memory
       << ";";

@@ -1,14 +1,15 @@
 #pragma once
 // The model the recovery tests check runs against (issue 8): jobs of oobleck-local's default model
 // on chosen node counts, the reconfiguration policy exactly as the coordinator runs it, and the
-// seeded chaos schedules (kills, hangs and joins) with the check that the policy survives every
-// way the coordinator may see them. No process is started here except `oobleck-local
-// --print-default-job` (once): the e2e suites run the jobs, recovery_schedule_tests checks the
-// schedules themselves.
+// seeded chaos schedules (kills, hangs and joins; and the coordinator's own kills and hangs, issue
+// 25) with the check that the policy survives every way the coordinator may see them. No process
+// is started here except `oobleck-local --print-default-job` (once): the e2e suites run the jobs,
+// recovery_schedule_tests checks the schedules themselves.
 
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -116,6 +117,18 @@ inline const job_keys chaos_heartbeats{{"cluster", "heartbeat_interval_ms", "500
                                        {"faults", "first_step_deadline_ms", "8000"},
                                        {"faults", "form_deadline_ms", "8000"}};
 
+/// A coordinator hang in chaos: longer than chaos_heartbeats' connection timeout (5 s), so that
+/// every worker loses the coordinator and it adopts them back when it wakes (a shorter freeze
+/// would only delay the job).
+inline constexpr int chaos_coordinator_hang_s = 7;
+
+/// A coordinator kill: in the middle of `step`, or right after it decided `step`'s commit and told
+/// one node only (`after_commit`).
+struct coordinator_kill {
+  int step = 0;
+  bool after_commit = false;
+};
+
 struct chaos_schedule {
   chaos_job shape;
   std::map<int, std::vector<int>> kills;  ///< step -> nodes that kill themselves (SIGKILL) in its middle
@@ -128,7 +141,23 @@ struct chaos_schedule {
   std::map<int, std::vector<int>> blips;
   int join_step = -1;                     ///< --join-at join_step:join_count (none: -1)
   int join_count = 0;
+  /// The coordinator's own faults (oobleck-local restarts a killed one at the same address): the
+  /// Nth kill goes to the Nth coordinator; a hang (chaos_coordinator_hang_s) is the only one.
+  std::vector<coordinator_kill> coordinator_kills;
+  int coordinator_hang_step = -1;  ///< none: -1
   std::string text;
+
+  /// The coordinator faults, each ending in an adoption (a coordinator_restored record).
+  int coordinator_faults() const { return static_cast<int>(coordinator_kills.size()) + (coordinator_hang_step >= 0); }
+  /// Steps whose metrics record and step_committed event died with the coordinator: killed right
+  /// after deciding the commit, before writing either (its replacement completes the commit on
+  /// every node but does not write the step again).
+  std::set<int> records_lost() const {
+    std::set<int> out;
+    for (const auto& k : coordinator_kills)
+      if (k.after_commit) out.insert(k.step);
+    return out;
+  }
 
   /// Every node lost in a step: killed, frozen or evicted (errors, stalls).
   std::map<int, std::vector<int>> faults() const {
@@ -152,6 +181,14 @@ struct chaos_schedule {
     if (join_count > 0) {
       out.push_back("--join-at");
       out.push_back(std::to_string(join_step) + ":" + std::to_string(join_count));
+    }
+    for (const auto& k : coordinator_kills) {
+      out.push_back("--kill-coordinator-at");
+      out.push_back(std::to_string(k.step) + (k.after_commit ? ":commit" : ""));
+    }
+    if (coordinator_hang_step >= 0) {
+      out.push_back("--hang-coordinator-at");
+      out.push_back(std::to_string(coordinator_hang_step) + ":" + std::to_string(chaos_coordinator_hang_s));
     }
     return out;
   }
