@@ -6,7 +6,10 @@
 //   event_logger HOST:PORT TOKEN_FILE
 //
 // Exit status: 0 the job stopped; 1 the coordinator cannot be reached or refused; 2 bad
-// arguments or token file; 3 the coordinator went away without a stop.
+// arguments or token file; 3 the coordinator went away without a stop. It ends with its
+// coordinator: it does not follow a replacement (a killed coordinator started again, a standby)
+// nor the same one woken from a freeze; oobleck-local's failure injector (actors/injector.cpp)
+// shows a subscriber that does.
 
 #include <chrono>
 #include <iostream>
