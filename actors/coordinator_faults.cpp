@@ -6,11 +6,14 @@
 // stop a job that can go on without it.
 
 #include <algorithm>
+#include <memory>
 #include <sstream>
+#include <utility>
 
 #include <caf/actor_cast.hpp>
 #include <caf/send.hpp>
 
+#include "actors/coordinator_gate.hpp"
 #include "actors/coordinator_training.hpp"
 
 namespace oobleck::actors {
@@ -253,12 +256,32 @@ bool handle(coordinator_pointer self, phase::forming& ph, stall_report& r) { ret
 bool handle(coordinator_pointer self, phase::committing& ph, coordinator_deadline& d) {
   auto& st = self->state;
   if (d.kind != deadline_kind::commit || d.epoch != st.epoch || d.step != st.step) return false;
+  if (ph.pending.empty()) return true;
   // The commit was decided (every pipeline reported): it stands. A node that has not confirmed it
-  // in time may or may not have applied it: its layers cannot be trusted, so it goes.
-  const std::vector<node_id> late(ph.pending.begin(), ph.pending.end());
+  // in time may or may not have applied it: its layers cannot be trusted, so it goes, once a node
+  // answers a ping: this coordinator is still heard. When none answers within the loss window, it
+  // was cut off or frozen (a confirmation sent to it is stuck on the way): nobody is evicted, the
+  // deadline comes back, and the heartbeat timeout, when it passes first, has every node lost at
+  // once (the coordinator then waits for them with their state, §10 "Coordinator loss").
   const double deadline = step_deadline_ms(st);
-  for (node_id id : late)
-    evict(self, id, "it did not confirm the commit of step " + std::to_string(d.step) + " within " + ms_text(deadline));
+  auto heard = std::make_shared<bool>(false);
+  const auto evict_late = [self, epoch = d.epoch, step = d.step, deadline, heard](bool) {
+    if (std::exchange(*heard, true)) return;
+    guarded(self, "a commit's late nodes", [&] {
+      auto& st = self->state;
+      auto* ph = std::get_if<phase::committing>(&st.phase);
+      if (!ph || st.epoch != epoch || st.step != step) return;
+      const std::vector<node_id> late(ph->pending.begin(), ph->pending.end());
+      for (node_id id : late)
+        evict(self, id,
+              "it did not confirm the commit of step " + std::to_string(step) + " within " + ms_text(deadline));
+    });
+  };
+  const auto window = std::chrono::milliseconds(static_cast<std::int64_t>(st.deps.loss_window_ms));
+  for (node_id id : st.current.nodes)
+    if (const auto& n = st.nodes.at(id); n.state != node_state::lost)
+      self->request(n.monitor, window, ping_atom_v).then(evict_late, [](caf::error&) {});
+  set_deadline(self, st.deps.loss_window_ms, {deadline_kind::commit, st.epoch, st.step, d.probe + 1});
   return true;
 }
 
