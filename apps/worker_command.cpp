@@ -1,5 +1,9 @@
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -30,6 +34,47 @@ std::string default_name() {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   return std::string(host) + "-" + std::to_string(::getpid());
+}
+
+/// Whether a TCP connection to `at` opens within `wait` (then it is closed at once).
+///
+/// CAF 0.17's middleman connects with a blocking connect() on its own thread, and serves the
+/// process's connection requests one at a time. To an address that drops packets (a coordinator
+/// cut off, its host frozen or gone from a routed network) that connect() waits for SYN
+/// retransmissions, up to about two minutes, and every later request waits behind it: a worker
+/// looking for its lost coordinator would not reach it again until the kernel's next
+/// retransmission after the network heals (seconds to a minute later, past the grace period).
+/// So a worker asks the middleman only once a connection of its own opened: it waits at most
+/// `wait` here, without blocking anyone else.
+bool tcp_reachable(const host_port& at, std::chrono::milliseconds wait) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(at.host.c_str(), std::to_string(at.port).c_str(), &hints, &found) != 0 || !found) return false;
+  bool open = false;
+  for (addrinfo* a = found; a && !open; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      open = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      open = ::poll(&p, 1, static_cast<int>(wait.count())) == 1 &&
+             ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return open;
+}
+
+/// One attempt to reach a coordinator at `at` (see tcp_reachable): nullopt when none answered.
+std::optional<messages::coordinator_actor> reach_coordinator(caf::actor_system& sys, const host_port& at) {
+  if (!tcp_reachable(at, std::chrono::milliseconds(1000))) return std::nullopt;
+  return try_coordinator(sys, at, std::chrono::milliseconds(1000));
 }
 
 }  // namespace
@@ -150,7 +195,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
                std::find(done.begin(), done.end(), false) != done.end()) {
           for (std::size_t i = 0; i < addresses.size(); ++i) {
             if (done[i]) continue;
-            auto c = try_coordinator(sys, addresses[i], std::chrono::milliseconds(1000));
+            auto c = reach_coordinator(sys, addresses[i]);
             if (!c) continue;
             if (*c == current) {
               done[i] = true;
@@ -182,7 +227,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   if (grace > 0)
     deps.find_coordinator = [&sys, addresses]() -> std::optional<messages::coordinator_actor> {
       for (const auto& a : addresses)
-        if (auto c = try_coordinator(sys, a, std::chrono::milliseconds(1000))) return c;
+        if (auto c = reach_coordinator(sys, a)) return c;
       return std::nullopt;
     };
   deps.log = log;
