@@ -4,9 +4,12 @@
 // veth pair, with addresses on a private /24 that only these namespaces carry. A program runs on a
 // host with `ip netns exec`; cutting a host's link sets its bridge port down (a switch port
 // unplugged: the host keeps its address and its sockets, nothing it sends arrives and nothing
-// reaches it), healing sets it up again. Nothing outside the namespaces made here is touched or
-// addressed. Everything is removed by the destructor, however the test ends; namespaces left by an
-// earlier run that crashed (same naming pattern, a process id that no longer runs) are removed too.
+// reaches it), healing sets it up again. Hosts know each other's hardware addresses for good
+// (permanent neighbour entries), so a cut drops packets silently, as in a routed network, instead
+// of failing connections fast when ARP goes unanswered. Nothing outside the namespaces made here is
+// touched or addressed. Everything is removed by the destructor, however the test ends; namespaces
+// left by an earlier run that crashed (same naming pattern, a process id that no longer runs) are
+// removed too.
 
 #include <string>
 #include <vector>
