@@ -132,6 +132,7 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
   add_text(app, "--coordinator", coordinator,
            "HOST:PORT of the coordinator, or a list HOST:PORT,HOST:PORT (a coordinator and its standbys): each is "
            "tried in turn")
+      ->type_name("HOST:PORT[,HOST:PORT]")
       ->required();
   add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")->required();
   add_number(app, "--connect-timeout", timeout, 0,
