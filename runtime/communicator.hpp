@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,6 +42,14 @@ class comm_error : public std::runtime_error {
 /// different members (the gradient all-reduce and a layer copy, say). Collective tags and
 /// point-to-point tags are separate spaces. The NCCL communicator orders everything on one stream
 /// per group and does not give different tags independence yet (issue: the GPU path).
+/// A receive posted before its message is needed (communicator::post_recv_owned).
+class pending_recv {
+ public:
+  virtual ~pending_recv() = default;
+  /// Blocks until the message has arrived; returns it (a tensor the caller owns). Once only.
+  virtual torch::Tensor wait() = 0;
+};
+
 class communicator {
  public:
   virtual ~communicator() = default;
@@ -57,6 +67,12 @@ class communicator {
     recv(t, peer, tag);
     return t;
   }
+  /// recv_owned, posted now and waited for later: where the communicator can (the host
+  /// transport), the message is read straight into its final buffer when it arrives after the
+  /// posting; by default the receive happens at wait(). Receives of one (peer, tag) are answered
+  /// in posting order; destroying a pending_recv that was not waited for withdraws it.
+  virtual std::unique_ptr<pending_recv> post_recv_owned(at::IntArrayRef shape, const torch::TensorOptions& options,
+                                                        int peer, int tag);
   /// In-place sum over `group` (ranks, this one included); bitwise identical on every member.
   virtual void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) = 0;
   /// Copies `t` of `root` into `t` of every member of `group`.
@@ -64,5 +80,25 @@ class communicator {
   /// From any thread: every pending and later operation fails with comm_error.
   virtual void abort() = 0;
 };
+
+/// The default: the receive runs at wait().
+class deferred_recv final : public pending_recv {
+ public:
+  deferred_recv(communicator& comm, at::IntArrayRef shape, torch::TensorOptions options, int peer, int tag)
+      : comm_(comm), shape_(shape.vec()), options_(options), peer_(peer), tag_(tag) {}
+  torch::Tensor wait() override { return comm_.recv_owned(shape_, options_, peer_, tag_); }
+
+ private:
+  communicator& comm_;
+  std::vector<std::int64_t> shape_;
+  torch::TensorOptions options_;
+  int peer_, tag_;
+};
+
+inline std::unique_ptr<pending_recv> communicator::post_recv_owned(at::IntArrayRef shape,
+                                                                   const torch::TensorOptions& options, int peer,
+                                                                   int tag) {
+  return std::make_unique<deferred_recv>(*this, shape, options, peer, tag);
+}
 
 }  // namespace oobleck::runtime

@@ -44,6 +44,33 @@ void host_communicator::recv(torch::Tensor& t, int peer, int tag) {
   translated([&] { transport_.recv(peer, static_cast<std::uint32_t>(tag), bytes_of(t)); });
 }
 
+namespace {
+
+class posted_tensor final : public pending_recv {
+ public:
+  posted_tensor(torch::Tensor t, std::unique_ptr<host_transport::posted_recv> posted)
+      : t_(std::move(t)), posted_(std::move(posted)) {}
+  torch::Tensor wait() override {
+    translated([&] { posted_->wait(); });
+    return t_;
+  }
+
+ private:
+  torch::Tensor t_;  // declared first: destroyed after posted_, whose destructor may still read into it
+  std::unique_ptr<host_transport::posted_recv> posted_;
+};
+
+}  // namespace
+
+std::unique_ptr<pending_recv> host_communicator::post_recv_owned(at::IntArrayRef shape,
+                                                                 const torch::TensorOptions& options, int peer,
+                                                                 int tag) {
+  auto t = torch::empty(shape, options);
+  std::unique_ptr<host_transport::posted_recv> posted;
+  translated([&] { posted = transport_.post_recv(peer, static_cast<std::uint32_t>(tag), bytes_of(t)); });
+  return std::make_unique<posted_tensor>(std::move(t), std::move(posted));
+}
+
 void host_communicator::recv_all(const std::vector<tensor_recv>& items, const std::function<void(std::size_t)>& done,
                                  const std::function<void()>& posted) {
   std::vector<host_transport::recv_item> raw;

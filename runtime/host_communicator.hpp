@@ -17,6 +17,10 @@ class host_communicator final : public communicator {
   /// modified in place after the call (its storage may be freed by the caller, not changed).
   void send(const torch::Tensor& t, int peer, int tag) override;
   void recv(torch::Tensor& t, int peer, int tag) override;
+  /// Posted on the transport now (host_transport::post_recv): a message that arrives afterwards
+  /// is read straight from the socket into the returned tensor.
+  std::unique_ptr<pending_recv> post_recv_owned(at::IntArrayRef shape, const torch::TensorOptions& options, int peer,
+                                                int tag) override;
   /// One receive of recv_all: into `t` (contiguous, on the CPU; its storage must outlive the call).
   struct tensor_recv {
     torch::Tensor t;

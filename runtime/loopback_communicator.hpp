@@ -30,6 +30,13 @@ class loopback_communicator final : public communicator {
   /// From this very rank: the sent tensor itself, reshaped (no copy: an activation or a gradient
   /// handed between two stages of the node); from another rank, as the wrapped communicator.
   torch::Tensor recv_owned(at::IntArrayRef shape, const torch::TensorOptions& options, int peer, int tag) override;
+  /// From this very rank: received at wait() (the hand-off copies nothing anyway); from another
+  /// rank, posted on the wrapped communicator.
+  std::unique_ptr<pending_recv> post_recv_owned(at::IntArrayRef shape, const torch::TensorOptions& options, int peer,
+                                                int tag) override {
+    if (peer != rank()) return base_.post_recv_owned(shape, options, peer, tag);
+    return communicator::post_recv_owned(shape, options, peer, tag);
+  }
   void all_reduce_sum(torch::Tensor& t, const std::vector<int>& group, int tag) override {
     base_.all_reduce_sum(t, group, tag);
   }

@@ -1,6 +1,8 @@
 #include "runtime/stage_executor.hpp"
 
 #include <chrono>
+#include <map>
+#include <memory>
 #include <optional>
 
 #include "planning/schedule.hpp"
@@ -171,10 +173,37 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
     mb.boundaries.clear();
   };
   std::vector<in_flight> mbs(num_microbatches);
+  // Receives are posted ahead of their ops, so that a message that arrives before the schedule
+  // reaches its receive lands in its final buffer (the transport reads it straight from the
+  // socket) instead of a pooled one and a copy. At most `window` are posted at a time: the
+  // stage's 1F1B warm-up depth plus one, which bounds the extra buffers as 1F1B bounds the
+  // microbatches in flight.
+  std::vector<std::size_t> recv_ops;
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].kind == op_kind::recv_activation || ops[i].kind == op_kind::recv_gradient) recv_ops.push_back(i);
+  const std::size_t window = static_cast<std::size_t>(std::max(1, position_.num_stages - position_.stage));
+  std::map<std::size_t, std::unique_ptr<runtime::pending_recv>> posted;  // by op index; withdrawn when left
+  std::size_t next_post = 0;  // into recv_ops
+  auto post_ahead = [&] {
+    while (next_post < recv_ops.size() && posted.size() < window) {
+      const std::size_t i = recv_ops[next_post++];
+      const auto& op = ops[i];
+      const int peer = op.kind == op_kind::recv_activation ? position_.prev_rank : position_.next_rank;
+      posted[i] = comm_.post_recv_owned({b, model.seq_len, model.d_model}, activation, peer,
+                                        tag_of(op.kind, op.microbatch, position_.stage, position_.num_stages));
+    }
+  };
+  auto take_posted = [&](std::size_t i) {
+    post_ahead();  // op i is the oldest receive not waited for: it is posted by now
+    auto node = posted.extract(i);
+    if (node.empty()) throw std::logic_error("stage executor: receive of op " + std::to_string(i) + " was not posted");
+    return node.mapped()->wait();
+  };
   // The unscaled losses summed on the stage, in double as item() sums did, and read once per step:
   // an item() per microbatch would wait for the device at every forward.
   torch::Tensor loss_sum;
   try {
+    post_ahead();
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const auto& op = ops[i];
       auto& mb = mbs[op.microbatch];
@@ -182,8 +211,9 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
       switch (op.kind) {
         case op_kind::recv_activation: {
           timed t(timing_.p2p_wait_ms);
-          // Owned: from a stage of this node, the sender's tensor itself (no copy).
-          mb.input = comm_.recv_owned({b, model.seq_len, model.d_model}, activation, position_.prev_rank, tag);
+          // Owned: posted ahead (read straight into it), or from a stage of this node, the
+          // sender's tensor itself (no copy).
+          mb.input = take_posted(i);
           mb.input.requires_grad_(true);
           break;
         }
@@ -209,7 +239,7 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
         }
         case op_kind::recv_gradient: {
           timed t(timing_.p2p_wait_ms);
-          mb.gradient = comm_.recv_owned({b, model.seq_len, model.d_model}, activation, position_.next_rank, tag);
+          mb.gradient = take_posted(i);
           break;
         }
         case op_kind::backward: {

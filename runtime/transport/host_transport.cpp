@@ -187,6 +187,42 @@ void host_transport::recv(int peer, std::uint32_t tag, std::span<std::byte> out)
   state_->wait_recv(op, peer, frame_key(channel::p2p, tag), req, {});
 }
 
+struct host_transport::posted_recv::impl {
+  state* s = nullptr;
+  int peer = 0;
+  std::uint64_t key = 0;
+  std::string op;
+  recv_request req;
+  bool finished = false;  ///< waited for (or delivered at posting, and waited for)
+};
+
+host_transport::posted_recv::posted_recv(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+host_transport::posted_recv::~posted_recv() {
+  if (impl_ && !impl_->finished) impl_->s->cancel_recv(impl_->peer, impl_->key, impl_->req);
+}
+
+void host_transport::posted_recv::wait() {
+  if (impl_->finished) throw std::logic_error(impl_->op + ": waited for twice");
+  impl_->finished = true;  // whatever wait_posted does, nothing is left posted afterwards
+  if (impl_->req.stage == recv_stage::done) return;  // it had arrived when it was posted
+  impl_->s->wait_posted(impl_->op, impl_->peer, impl_->key, impl_->req, {});
+}
+
+std::unique_ptr<host_transport::posted_recv> host_transport::post_recv(int peer, std::uint32_t tag,
+                                                                        std::span<std::byte> out) {
+  auto p = std::make_unique<posted_recv::impl>();
+  p->s = state_.get();
+  p->peer = peer;
+  p->key = frame_key(channel::p2p, tag);
+  p->op = with_tag("recv from", peer, tag);
+  state_->check_peer(p->op, peer);
+  p->req.out = out;
+  p->req.direct = true;
+  state_->post_recv(p->op, peer, p->key, p->req, {});
+  return std::unique_ptr<posted_recv>(new posted_recv(std::move(p)));
+}
+
 void host_transport::recv_all(std::span<const recv_item> items, const std::function<void(std::size_t)>& done,
                               const std::function<void()>& posted) {
   state& s = *state_;

@@ -164,6 +164,30 @@ class host_transport {
   /// before the peer died are still delivered.
   void recv(int peer, std::uint32_t tag, std::span<std::byte> out);
 
+  /// A receive posted ahead of time (post_recv): its message is read straight from the socket
+  /// into `out` when it arrives after the posting (not through a pooled buffer and a copy).
+  /// wait() blocks until it has arrived and throws as recv() does; a receive that was not
+  /// waited for is withdrawn by the destructor (which waits for a read already under way into
+  /// `out`, bounded as in recv_all). Posted receives of one (peer, tag) are answered in posting
+  /// order, before any recv() posted after them. The transport must outlive it.
+  class posted_recv {
+   public:
+    ~posted_recv();
+    posted_recv(const posted_recv&) = delete;
+    posted_recv& operator=(const posted_recv&) = delete;
+    void wait();
+
+   private:
+    friend class host_transport;
+    struct impl;
+    explicit posted_recv(std::unique_ptr<impl> p);
+    std::unique_ptr<impl> impl_;
+  };
+  /// Posts a receive of the next message with `tag` from `peer` into `out` (which must stay
+  /// valid until wait() returned or the posted_recv is destroyed). Throws as recv() does when
+  /// the transport is aborted or the peer already failed.
+  std::unique_ptr<posted_recv> post_recv(int peer, std::uint32_t tag, std::span<std::byte> out);
+
   /// One receive of recv_all.
   struct recv_item {
     int peer = 0;

@@ -453,3 +453,57 @@ TEST_CASE("p2p: wait_connected fails when connect() gives up") {
   REQUIRE(waited);
   CHECK_THROWS_AS(std::rethrow_exception(waited), transport_error);
 }
+
+TEST_CASE("p2p: a posted receive takes its message whenever it comes, a later recv the next one, and one never waited for is withdrawn") {
+  const std::vector<std::byte> one = pattern(2 * mib, 11), two = pattern(64, 12), three = pattern(mib, 13);
+  std::vector<std::byte> got_one(2 * mib), got_two(64), withdrawn(mib), got_three(mib);
+  run_ranks(2, [&](int rank, host_transport& t) {
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // after rank 0 posted
+      t.send(0, 5, one);
+      t.send(0, 5, two);
+      t.send(0, 6, three);
+    } else {
+      auto first = t.post_recv(1, 5, got_one);  // posted before its message exists: read straight into place
+      {
+        auto never = t.post_recv(1, 6, withdrawn);
+        never.reset();  // withdrawn: tag 6's message goes to the recv below instead
+      }
+      first->wait();
+      t.recv(1, 5, got_two);  // posted after `first`: the second message of tag 5
+      t.recv(1, 6, got_three);
+      CHECK_THROWS_AS(first->wait(), std::logic_error);  // once only
+    }
+  });
+  CHECK(same(got_one, one));
+  CHECK(same(got_two, two));
+  CHECK(same(got_three, three));
+  CHECK(std::all_of(withdrawn.begin(), withdrawn.end(), [](std::byte b) { return b == std::byte{0}; }));
+}
+
+TEST_CASE("p2p: a receive posted after its message arrived takes it from the mailbox, and a lost peer fails a posted one") {
+  auto ts = make_transports(3, 1);
+  std::string what;
+  std::vector<std::byte> early(4096);
+  run_ranks(ts, [&](int rank, host_transport& t) {
+    if (rank == 2) {
+      t.send(0, 3, pattern(4096, 21));
+    } else if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      ts[1].reset();  // gone without sending: rank 0's posted receive from it fails
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));  // rank 2's message is in
+      auto arrived = t.post_recv(2, 3, early);
+      arrived->wait();
+      std::vector<std::byte> never(16);
+      auto lost = t.post_recv(1, 4, never);
+      try {
+        lost->wait();
+      } catch (const transport_error& e) {
+        what = e.what();
+      }
+    }
+  });
+  CHECK(same(early, pattern(4096, 21)));
+  CHECK(what.find("recv from peer 1 (tag 4)") == 0);
+}
