@@ -160,7 +160,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(connect_timeout);
     for (bool said = false;;) {
       for (const auto& a : addresses)
-        if (auto c = try_coordinator(sys, a, std::chrono::milliseconds(1000))) {
+        if (auto c = reach_coordinator(sys, a)) {
           coord = *c;
           break;
         }
