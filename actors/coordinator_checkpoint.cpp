@@ -117,6 +117,8 @@ void finish_stop(coordinator_pointer self, stop_outcome outcome, const std::stri
       rec.latest = latest;
       st.deps.log("the latest checkpoint is " + latest + " (the steps after it run again): resume with: " +
                   ck.resume_command(latest));
+    } else if (outcome == stop_outcome::checkpoint_and_stop && st.deps.wait_below_minimum && every_layer_held(st)) {
+      st.deps.log("there is no earlier checkpoint either: the survivors' memory holds the job's state");
     } else {
       st.deps.log("there is no earlier checkpoint either: the job's trained state is lost");
     }

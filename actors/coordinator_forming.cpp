@@ -234,6 +234,9 @@ void enter_forming(coordinator_pointer self, std::optional<node_id> lost_node) {
 
   const auto started = st.deps.now();
   const double detect_ms = ms_between(st.step_started, started);
+  // A node already known lost is never planned on, even when its loss is still being checked
+  // (check_reachable) and a step failure re-forms the epoch first.
+  note_formed_losses(st);
   const std::vector<node_id> lost = st.lost_since_formed, joined = st.joining;
   const auto r = reconfigure_now(st);
   if (r.action == planning::reconfiguration_action::checkpoint_and_stop)

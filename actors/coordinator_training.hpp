@@ -131,6 +131,12 @@ bool handle(coordinator_pointer self, phase::adopting& ph, messages::coordinator
 bool wait_for_nodes(coordinator_pointer self, const checkpoint_stop_record& rec);
 /// A node joined or was lost while waiting: resume when enough are there, else report the count.
 void waiting_changed(coordinator_pointer self, phase::waiting& ph);
+/// Every layer of the last formed configuration has a live holder (their memory is the committed state).
+bool every_layer_held(const coordinator_state& st);
+/// Every node of the last formed configuration that is lost counts as lost since it formed (a loss
+/// not handled as a reconfiguration yet: during the fallback checkpoint, in the batch that ended
+/// with a wait, or still in its ping round when a step failure re-forms the epoch).
+void note_formed_losses(coordinator_state& st);
 /// The step of a checkpoint directory (runtime::checkpoint_dir_name: "step-N"); nullopt otherwise.
 std::optional<std::uint64_t> checkpoint_step_of(const std::string& dir);
 /// The job goes on from the checkpoint in `dir` (of step `step`): planned afresh over the live

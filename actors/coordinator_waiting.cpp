@@ -38,7 +38,8 @@ std::int32_t nodes_needed(const coordinator_state& st) {
   return (st.deps.job.fault_tolerance + 1) * std::max(1, n0);
 }
 
-/// Every layer of the last formed configuration has a live holder (its memory is the committed state).
+}  // namespace
+
 bool every_layer_held(const coordinator_state& st) {
   if (!st.formed_once || st.formed.pipelines.empty()) return false;
   const auto ep = planning::map_epoch(st.templates, st.formed.pipelines, {});
@@ -52,8 +53,6 @@ bool every_layer_held(const coordinator_state& st) {
   }
   return true;
 }
-
-}  // namespace
 
 std::optional<std::uint64_t> checkpoint_step_of(const std::string& dir) {
   const std::string name = std::filesystem::path(dir).lexically_normal().filename().string();
@@ -80,11 +79,6 @@ void resume_from_checkpoint(coordinator_pointer self, const std::string& dir, st
   plan_first_epoch(self);
 }
 
-namespace {
-
-/// Every node of the last formed configuration that is lost counts as lost since it formed (a loss
-/// during the fallback checkpoint, or in the batch that ended with the wait, was not handled as a
-/// reconfiguration).
 void note_formed_losses(coordinator_state& st) {
   auto note = [&](node_id id) {
     const auto it = st.nodes.find(id);
@@ -96,6 +90,8 @@ void note_formed_losses(coordinator_state& st) {
     for (node_id id : p.nodes) note(id);
   for (node_id id : st.formed.idle_nodes) note(id);
 }
+
+namespace {
 
 std::string seconds(double ms) { return std::to_string(static_cast<long long>(ms / 1000)) + " s"; }
 
