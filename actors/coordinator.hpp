@@ -213,6 +213,10 @@ struct coordinator_deps {
   /// Fault injection into the coordinator itself (oobleck-local --kill-coordinator-at,
   /// --hang-coordinator-at): called as each step is sent to the pipelines.
   std::function<void(std::uint64_t step)> on_step_sent = [](std::uint64_t) {};
+  /// Called when the first pipeline of a step reports it done: the step is under way everywhere
+  /// and its commit not decided (--kill-coordinator-at kills the coordinator here, a point in the
+  /// middle of the step that no scheduling delay can move).
+  std::function<void(std::uint64_t step)> on_first_pipeline_done = [](std::uint64_t) {};
   /// Testing: at this step's commit, commit_step goes to the first node only, then `die` runs.
   std::optional<std::uint64_t> partial_commit_at;
   std::function<void()> die = [] {};

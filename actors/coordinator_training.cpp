@@ -187,6 +187,7 @@ bool handle(coordinator_pointer self, phase::training& ph, pipeline_done& d) {
   if (d.ideal_ms.value > 0) ph.step.ideal_pipeline_ms = std::max(ph.step.ideal_pipeline_ms, d.ideal_ms.value);
   else ph.step.ideal_known = false;
   ph.step.timing.on_pipeline_done(d, st.deps.now());
+  if (!ph.eval && ph.pipelines_pending == st.current.pipelines.size()) st.deps.on_first_pipeline_done(st.step);
   if (--ph.pipelines_pending > 0) return true;
   if (ph.eval) {
     eval_record r;

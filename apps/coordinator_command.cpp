@@ -183,7 +183,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   // --hang-coordinator-at pass these; hidden: not for operators).
   std::optional<std::int64_t> kill_self_at, partial_commit_at;
   std::string hang_self_at;
-  app.add_option("--kill-self-at", kill_self_at, "SIGKILL this coordinator as step STEP is sent")->group("");
+  app.add_option("--kill-self-at", kill_self_at, "SIGKILL this coordinator in the middle of step STEP (when its first pipeline reports done)")->group("");
   app.add_option("--hang-self-at", hang_self_at, "STEP:SECONDS: freeze this coordinator as step STEP is sent")
       ->group("");
   app.add_option("--partial-commit-at", partial_commit_at,
@@ -271,27 +271,27 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.loss_window_ms = 2.0 * job.cluster.heartbeat_interval_ms;
   std::optional<std::pair<std::uint64_t, double>> hang;
   if (!hang_self_at.empty()) hang = parse_step_seconds("--hang-self-at", hang_self_at);
-  if (kill_self_at || hang) {
-    // Once each: a step that runs again after the fault must not fire it again.
-    deps.on_step_sent = [kill_at = kill_self_at, hang, log](std::uint64_t step) mutable {
-      if (kill_at && static_cast<std::int64_t>(step) == *kill_at) {
-        log("injected fault: the coordinator kills itself (SIGKILL) in the middle of step " + std::to_string(step));
-        // A few milliseconds on: the step's orders are out and its stages compute.
-        std::thread([] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-          std::fflush(nullptr);
-          ::kill(::getpid(), SIGKILL);
-        }).detach();
-      }
-      if (hang && hang->first == step) {
-        log("injected fault: the coordinator freezes for " + std::to_string(hang->second) + " s in the middle of step " +
-            std::to_string(step));
-        messages::inject_fault f;
-        f.kind = messages::fault_kind::hang;
-        f.seconds = hang->second;
-        hang.reset();
-        actors::signal_own_process(f);
-      }
+  if (kill_self_at) {
+    // When the first pipeline of step K reports it done: the step's orders are out, its stages
+    // compute, and its commit is not decided, however late this process is scheduled.
+    deps.on_first_pipeline_done = [kill_at = *kill_self_at, log](std::uint64_t step) {
+      if (static_cast<std::int64_t>(step) != kill_at) return;
+      log("injected fault: the coordinator kills itself (SIGKILL) in the middle of step " + std::to_string(step));
+      std::fflush(nullptr);
+      ::kill(::getpid(), SIGKILL);
+    };
+  }
+  if (hang) {
+    // Once: a step that runs again after the freeze must not freeze it again.
+    deps.on_step_sent = [hang, log](std::uint64_t step) mutable {
+      if (!hang || hang->first != step) return;
+      log("injected fault: the coordinator freezes for " + std::to_string(hang->second) + " s in the middle of step " +
+          std::to_string(step));
+      messages::inject_fault f;
+      f.kind = messages::fault_kind::hang;
+      f.seconds = hang->second;
+      hang.reset();
+      actors::signal_own_process(f);
     };
   }
   if (partial_commit_at) {
