@@ -279,6 +279,13 @@ void on_retry(coordinator_pointer self, const std::string& what, std::optional<n
   auto& st = self->state;
   if (!published)
     publish(self, {event_kind::step_failed, st.epoch, st.step, failed_node ? failed_node->value : -1, 0, what});
+  if (!st.unhandled_losses.empty()) {
+    // A loss is being checked (check_reachable): its handling re-forms the epoch, or, when every
+    // node was lost at once, waits for them. The failure is its consequence; re-forming now would
+    // plan as if this coordinator had not been cut off.
+    st.deps.log(what + "; a node loss is being checked, which decides what comes next");
+    return;
+  }
   ++st.failures_without_loss;
   if (failures_stop_the_job(st))
     return stop_after_checkpoint(self, stop_outcome::failed,
