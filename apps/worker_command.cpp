@@ -225,9 +225,21 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
       }).detach();
     };
   if (grace > 0)
-    deps.find_coordinator = [&sys, addresses]() -> std::optional<messages::coordinator_actor> {
-      for (const auto& a : addresses)
-        if (auto c = reach_coordinator(sys, a)) return c;
+    deps.find_coordinator = [&sys, addresses,
+                             silent = std::vector<bool>(addresses.size(), false)]() mutable
+        -> std::optional<messages::coordinator_actor> {
+      // In the list's order, but an address that did not answer the last time goes after those
+      // that did: a frozen coordinator's kernel still completes TCP handshakes, so each try of it
+      // costs a full handshake wait, and once it wakes it would win over a standby that was ready
+      // all along (which then waits for nodes that never come). A live coordinator that declared
+      // this node lost still answers, and is asked first (it tells the node it was removed).
+      for (const bool answered_before : {true, false})
+        for (std::size_t i = 0; i < addresses.size(); ++i) {
+          if (silent[i] == answered_before) continue;
+          auto c = reach_coordinator(sys, addresses[i]);
+          silent[i] = !c;
+          if (c) return c;
+        }
       return std::nullopt;
     };
   deps.log = log;

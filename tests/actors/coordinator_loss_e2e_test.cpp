@@ -175,8 +175,19 @@ TEST_CASE("coordinator loss e2e: frozen then replaced by a standby then woken: i
     workers.push_back(std::make_unique<background_process>(
         bin + "/oobleck-worker", std::vector<std::string>{"--coordinator", address_a + "," + address_b, "--token-file",
                                                           token, "--name", "node" + std::to_string(i)}));
-  const int status_b = b->wait_exit(std::chrono::seconds(200));
-  const int status_a = a->wait_exit(std::chrono::seconds(60));
+  auto everyone = [&] {
+    std::string all = "--- coordinator A:\n" + a->output() + "--- coordinator B:\n" + b->output();
+    for (std::size_t i = 0; i < workers.size(); ++i)
+      all += "--- worker " + std::to_string(i) + ":\n" + workers[i]->output();
+    return all;
+  };
+  int status_b = -1, status_a = -1;
+  try {
+    status_b = b->wait_exit(std::chrono::seconds(200));
+    status_a = a->wait_exit(std::chrono::seconds(60));
+  } catch (const std::exception& e) {
+    FAIL(e.what() << "\n" << everyone());
+  }
   std::string output = a->output() + b->output();
   for (auto& w : workers) {
     CHECK(w->wait_exit(std::chrono::seconds(30)) == 0);
