@@ -157,6 +157,10 @@ struct fault_policy {
   double form_bytes_per_ms = 10'000;  ///< 10 MB/s: a floor, not an estimate
   /// After a deadline, how long the nodes have to answer the stall probe.
   double probe_ms = 1'000;
+  /// Replicas' digests are computed and compared on steps that are multiples of this, on the first
+  /// commit of every epoch (after every reconfiguration) and on the job's last step ([faults]
+  /// digest_every; 1: every step).
+  std::uint64_t digest_every = 1;
 };
 
 /// What the coordinator is built with (the composition root fills it).
@@ -303,6 +307,7 @@ struct coordinator_state {
   std::uint64_t probes = 0;        ///< stall probe rounds so far
   std::uint64_t evicted = 0;       ///< nodes evicted so far
   std::uint64_t first_step_of_epoch = 0;  ///< the step the epoch in force started training with
+  std::uint64_t digested_epoch = 0;       ///< the last epoch a commit with digests was sent in
   std::vector<double> recent_step_ms;     ///< wall times of the last committed steps (at most 20)
 
   // The epoch in force and where the layers are.

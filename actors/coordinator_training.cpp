@@ -216,18 +216,25 @@ bool handle(coordinator_pointer self, phase::training& ph, pipeline_done& d) {
     ph.step.record.grad_scale = runtime::clip_scale(st.deps.clip_norm, ph.step.record.grad_norm);
   }
   const double scale = ph.step.record.grad_scale;
+  // Digests where the replicas are checked: every digest_every steps, the first commit of every
+  // epoch (after a reconfiguration, the copied layers are compared with their sources'
+  // replicas) and the job's last step.
+  const bool digests = st.deps.faults.digest_every <= 1 || st.step % st.deps.faults.digest_every == 0 ||
+                       st.digested_epoch != st.epoch || st.step + 1 == st.deps.steps;
+  if (digests) st.digested_epoch = st.epoch;
   phase::committing next{std::move(ph.step), {}};
   next.pending.insert(st.current.nodes.begin(), st.current.nodes.end());
   enter(self, std::move(next));
   if (st.deps.partial_commit_at == st.step) {
     // Testing: the coordinator dies right after deciding, its commit having reached one node only.
-    self->send(st.nodes.at(st.current.nodes.front()).monitor, commit_step{st.epoch, st.step, scale});
+    self->send(st.nodes.at(st.current.nodes.front()).monitor, commit_step{st.epoch, st.step, scale, digests});
     st.deps.log("testing: step " + std::to_string(st.step) + "'s commit sent to " + to_string(st.current.nodes.front()) +
                 " only; the coordinator dies now");
     st.deps.die();
     return true;
   }
-  for (node_id id : st.current.nodes) self->send(st.nodes.at(id).monitor, commit_step{st.epoch, st.step, scale});
+  for (node_id id : st.current.nodes)
+    self->send(st.nodes.at(id).monitor, commit_step{st.epoch, st.step, scale, digests});
   arm_commit_deadline(self);
   return true;
 }

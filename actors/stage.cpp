@@ -537,7 +537,7 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
           for (auto& e : rt.executors) {
             e->commit(c.grad_scale.value);
             const auto& p = e->position();
-            for (int l = p.first_layer; l < p.end_layer; ++l) {
+            for (int l = p.first_layer; l < p.end_layer && c.digests; ++l) {
               out.digests.push_back({l, e->parameter_digest(l)});
               if (runtime::tied(model) && (l == 0 || l == model.num_layers() - 1))
                 out.tied_digests.push_back(

@@ -168,6 +168,13 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
              "a coordinator that lost every node at once (it was frozen or cut off, not they) waits this many seconds "
              "for them to come back with their state before it stops (default 60; the workers' --coordinator-grace "
              "should be the same)");
+  std::optional<std::int64_t> digest_every;
+  app.add_option("--digest-every", digest_every,
+                 "N: every holder of every layer reports its parameters' digest, and the coordinator compares the "
+                 "replicas, on every Nth step (1: every step), besides the first step of every epoch and the job's "
+                 "last step (default: the job's [faults] digest_every, 100)")
+      ->check(CLI::PositiveNumber)
+      ->type_name("N");
   bool exit_below_minimum = false;
   std::optional<double> wait_for_nodes;
   app.add_flag("--exit-below-minimum", exit_below_minimum,
@@ -245,6 +252,8 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.faults.step_deadline_factor = job.faults.step_deadline_factor;
   deps.faults.first_step_deadline_ms = job.faults.first_step_deadline_ms;
   deps.faults.form_deadline_ms = job.faults.form_deadline_ms;
+  deps.faults.digest_every =
+      digest_every ? static_cast<std::uint64_t>(*digest_every) : job.faults.digest_every;
   deps.clip_norm = job.optimizer.clip_norm;
   const std::string root = !checkpoint_dir.empty() ? checkpoint_dir : job.checkpoint.dir;
   const auto every = static_cast<std::uint64_t>(checkpoint_every.value_or(static_cast<std::int64_t>(job.checkpoint.every)));

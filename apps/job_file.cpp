@@ -235,6 +235,7 @@ std::map<std::string, setter> schema(job_file& job) {
       {"faults.step_deadline_factor", number_in(job.faults.step_deadline_factor, {.lo = 1})},
       {"faults.first_step_deadline_ms", number_in(job.faults.first_step_deadline_ms, {.lo = 1})},
       {"faults.form_deadline_ms", number_in(job.faults.form_deadline_ms, {.lo = 1, .hi = 3'600'000})},
+      {"faults.digest_every", uint64_in(job.faults.digest_every, 1)},
 
       {"tls.certificate", text_of(job.tls.certificate)},
       {"tls.key", text_of(job.tls.key)},

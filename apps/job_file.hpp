@@ -18,7 +18,7 @@
 //   [http]        port
 //   [profile]     warmup, repeats, file
 //   [faults]      evict_after, evict_after_stalls, step_deadline_min_ms, step_deadline_factor,
-//                 first_step_deadline_ms, form_deadline_ms
+//                 first_step_deadline_ms, form_deadline_ms, digest_every
 //   [tls]         certificate, key, ca_file, passphrase                    (apps/tls.hpp)
 
 #include <cstdint>
@@ -126,6 +126,10 @@ struct faults_section {
   double step_deadline_factor = 10;
   double first_step_deadline_ms = 60'000;
   double form_deadline_ms = 30'000;
+  /// Steps between two checks that every replica of a layer holds the same parameters (digests
+  /// of every layer on every holder, compared by the coordinator); the first commit of every
+  /// epoch and the job's last step are always checked. 1: every step.
+  std::uint64_t digest_every = 100;
 
   bool operator==(const faults_section&) const = default;
 };

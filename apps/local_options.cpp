@@ -148,6 +148,11 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
                  "STEP:SECONDS: the coordinator freezes (SIGSTOP) in the middle of step STEP for SECONDS (longer than "
                  "the connection timeout: the workers lose it, keep their state and wait for it to come back)")
       ->type_name("STEP:SECONDS");
+  app.add_option("--digest-every", o.digest_every,
+                 "N: the replicas of every layer are compared (digests) on every Nth step (1: every step), besides the "
+                 "first step of every epoch and the last (default: the job's [faults] digest_every, 100)")
+      ->check(CLI::PositiveNumber)
+      ->type_name("N");
   add_number(app, "--coordinator-grace", o.coordinator_grace_s, 0,
              "seconds a worker that lost its coordinator keeps its state and waits for one (default 60)");
   app.add_flag("--exit-below-minimum", o.exit_below_minimum,

@@ -133,13 +133,17 @@ struct commit_step {
   std::uint64_t epoch = 0;
   std::uint64_t step = 0;
   wire_double grad_scale = 1.0;
+  /// Whether the node reports every committed layer's digest in step_committed: where the
+  /// coordinator checks the replicas ([faults] digest_every, the first commit of an epoch, the
+  /// job's last step, an adoption); hashing every layer is a pass over all parameters.
+  bool digests = true;
 
   bool operator==(const commit_step&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, commit_step& x) {
-  return f(caf::meta::type_name("commit_step"), x.epoch, x.step, x.grad_scale);
+  return f(caf::meta::type_name("commit_step"), x.epoch, x.step, x.grad_scale, x.digests);
 }
 
 /// A layer's parameter digest after a commit (FNV-1a over its parameter bytes, 8-byte words at a time).

@@ -54,6 +54,7 @@ std::string job_text(const fs::path& validation) {
   REQUIRE(data != std::string::npos);
   text.insert(data + 7, "validation = \"" + validation.string() + "\"\n");
   text += "\n[eval]\nevery = 4\nwindows = " + std::to_string(windows) + "\n";
+  text += "\n[faults]\ndigest_every = 1\n";  // the tied copies compared after every step
   return text;
 }
 

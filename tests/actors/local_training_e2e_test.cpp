@@ -51,7 +51,7 @@ std::vector<nlohmann::json> run_local(int nodes, int steps, const std::vector<st
   const testing::temp_dir tmp("oobleck-local-run-");
   const auto metrics = (tmp.path() / "metrics.jsonl").string();
   std::vector<std::string> args{"--nodes", std::to_string(nodes), "--steps", std::to_string(steps),
-                                "--metrics-out", metrics};
+                                "--metrics-out", metrics, "--digest-every", "1"};  // replicas compared every step
   args.insert(args.end(), extra.begin(), extra.end());
   const auto r = run_to_end(bin + "/oobleck-local", args, metrics, (tmp.path() / "events.jsonl").string(),
                             std::chrono::seconds(180));
@@ -316,7 +316,8 @@ TEST_CASE("cluster: a hung worker is replaced, and when it wakes up it changes n
   background_process coordinator(bin + "/oobleck-coordinator",
                                  {"--listen", "127.0.0.1:0", "--config", (dir / "job.toml").string(), "--token-file",
                                   (dir / "token").string(), "--steps", std::to_string(steps), "--metrics-out", metrics,
-                                  "--events-out", events, "--address-file", (dir / "address").string()});
+                                  "--events-out", events, "--address-file", (dir / "address").string(),
+                                  "--digest-every", "1"});
   const std::string address = wait_for_address((dir / "address").string());
   std::vector<std::unique_ptr<background_process>> workers;
   for (int i = 0; i < job.cluster.nodes; ++i)

@@ -60,7 +60,7 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         step_committed out{c.epoch, c.step, node_id{-1}, {}};
         // Slot 0 commits every stage of its node.
         for (const auto& st : rec->assignments.at(c.epoch).stages)
-          for (int l = st.first_layer.value; l < st.end_layer.value; ++l) {
+          for (int l = st.first_layer.value; l < st.end_layer.value && c.digests; ++l) {
             out.digests.push_back({layer_index{l}, 1000u + static_cast<unsigned>(c.step)});
             if (l == 0 || l == static_cast<int>(rec->assignments.at(c.epoch).layer_groups.size()) - 1)
               out.tied_digests.push_back({layer_index{l}, rec->bad_tied_digest && l != 0 ? 8u : 7u});
@@ -186,6 +186,7 @@ fixture::fixture(options o) : opts(o) {
   d.on_eval = [this](const eval_record& r) { evals.push_back(r); };
   d.wait_below_minimum = o.wait_below_minimum;
   d.wait_for_nodes_ms = o.wait_for_nodes_ms;
+  d.faults.digest_every = o.digest_every;
   d.on_waiting = [this](const waiting_record& r) { waits.push_back(r); };
   d.on_resumed = [this](const resumed_record& r) { resumes.push_back(r); };
   if (o.checkpoints || o.checkpoint_every > 0) {

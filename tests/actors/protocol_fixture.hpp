@@ -103,6 +103,7 @@ struct fixture {
     std::int32_t eval_windows = 0;        ///< coordinator_deps::eval_windows
     bool wait_below_minimum = false;      ///< coordinator_deps::wait_below_minimum
     double wait_for_nodes_ms = 0;         ///< coordinator_deps::wait_for_nodes_ms
+    std::uint64_t digest_every = 1;       ///< coordinator_deps::faults.digest_every
   };
   /// The step protocol tests' jobs: `nodes` nodes of `slots` slots, any of which holds the whole
   /// model, a global batch of 8 (4 microbatches).

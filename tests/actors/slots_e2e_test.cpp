@@ -55,7 +55,8 @@ std::string job_text(int fault_tolerance, const std::string& cluster, bool with_
          "[training]\nsteps = 5\nglobal_batch = 8\nmicrobatch = 2\n"
          "[cluster]\nnodes = " + std::to_string(nodes) + "\nslots_per_node = 2\nheartbeat_interval_ms = 500\nconnection_timeout_ms = 10000\n"
          "fault_tolerance = " +
-         std::to_string(fault_tolerance) + "\n" + cluster + (with_profile ? "[profile]\nfile = \"profile.json\"\n" : "");
+         std::to_string(fault_tolerance) + "\n" + cluster + (with_profile ? "[profile]\nfile = \"profile.json\"\n" : "") +
+         "[faults]\ndigest_every = 1\n";  // the replicas compared after every step
 }
 
 /// A profile of the job's model for M = 2 in which width 2 takes 3x the time of width 1 (so two

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <map>
+#include <set>
 #include <vector>
 
 #include "actors/protocol_fixture.hpp"
@@ -270,4 +271,34 @@ TEST_CASE("terms: a monitor refuses an epoch assignment of an older coordinator 
   caf::anon_send(w.handle, a);
   f.sched.run();
   CHECK(f.status().dropped_messages == dropped + 1);  // its node_fault reached the coordinator this time
+}
+
+TEST_CASE("digests where the replicas are checked: every Nth step, the first commit of every epoch and the last step") {
+  // digest_every = 4 over nine steps, node 0 lost in the middle of step 5: the digests come with
+  // the commits of steps 0 (epoch 1's first), 4 (a multiple of 4), 5 (epoch 2's first, after the
+  // reconfiguration copied layers) and 8 (the last); the stages are not asked for them otherwise.
+  fixture f({.steps = 9, .digest_every = 4});
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 5u}; }}});
+  REQUIRE(f.records.size() == 5);
+  f.kill(0);
+  f.sched.run();
+  INFO(describe(f.events));
+  REQUIRE(f.happened(finished(9)));
+  REQUIRE(f.records.size() == 9);
+  const std::set<std::uint64_t> checked{0, 4, 5, 8};
+  for (const auto& r : f.records) {
+    CAPTURE(r.step);
+    if (!checked.count(r.step)) {
+      CHECK(r.layer_digests.empty());
+      continue;
+    }
+    CHECK(r.layer_digests.size() == 6);
+    for (const auto& [layer, digests] : r.layer_digests) CHECK(digests.size() == r.pipelines.size());
+  }
+  // What each stage was asked.
+  for (const auto& [id, rec] : f.stages)
+    for (const auto& c : rec->commits) {
+      CAPTURE(c.step);
+      CHECK(c.digests == (checked.count(c.step) == 1));
+    }
 }

@@ -53,7 +53,7 @@ std::string default_job_text(const std::string& replace_cluster = "") {
     REQUIRE(at != std::string::npos);
     text = text.substr(0, at) + replace_cluster;
   }
-  return text;
+  return text + "\n[faults]\ndigest_every = 1\n";  // the replicas compared after every step
 }
 
 std::vector<std::string> tls_flags(const test_identity& id, const std::string& ca_file) {

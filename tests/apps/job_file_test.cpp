@@ -53,6 +53,8 @@ const std::vector<std::string> kKeys = {
     "checkpoint.dir", "checkpoint.every",
     "http.port",
     "profile.warmup", "profile.repeats", "profile.file",
+    "faults.evict_after", "faults.evict_after_stalls", "faults.step_deadline_min_ms", "faults.step_deadline_factor",
+    "faults.first_step_deadline_ms", "faults.form_deadline_ms", "faults.digest_every",
     "tls.certificate", "tls.key", "tls.ca_file", "tls.passphrase",
 };
 
@@ -88,6 +90,9 @@ TEST_CASE("an empty job file is a valid job with the documented defaults") {
   CHECK(job.profile.warmup == 2);
   CHECK(job.profile.repeats == 7);
   CHECK(job.profile.file.empty());
+  CHECK(job.faults.digest_every == 100);
+  CHECK(apps::parse_job("[faults]\ndigest_every = 1\n").faults.digest_every == 1);
+  CHECK(error_of("[faults]\ndigest_every = 0\n").find("faults.digest_every") != std::string::npos);
   CHECK(apps::parse_job("# nothing but a comment\n\n") == job);
   CHECK(apps::parse_job("[model]\n[http]\n") == job);  // empty sections are fine too
 }

@@ -49,7 +49,8 @@ job_case make_job(const std::string& apps_dir, int nodes, int f, std::int64_t me
   job_keys keys{
       {"cluster", "nodes", std::to_string(nodes)},
       {"cluster", "fault_tolerance", std::to_string(f)},
-      {"cluster", "device_memory_bytes", std::to_string(memory)}};
+      {"cluster", "device_memory_bytes", std::to_string(memory)},
+      {"faults", "digest_every", "1"}};  // the replicas are compared after every step
   keys.insert(keys.end(), more.begin(), more.end());
   c.text = job_with(apps_dir, keys);
   c.job = apps::parse_job(c.text, "job");
