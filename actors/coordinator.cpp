@@ -56,7 +56,7 @@ void update_admission(coordinator_pointer self) {
   const bool enough = alive >= st.deps.expected_nodes;
   if (std::holds_alternative<phase::registering>(st.phase) && enough) {
     st.deps.log("ready: " + std::to_string(alive) + " node(s) admitted");
-    if (st.deps.steps > 0) return plan_first_epoch(self);
+    if (st.deps.steps > 0) return st.deps.profile_at_start ? start_profiling(self) : plan_first_epoch(self);
     enter(self, phase::ready{});
   } else if (std::holds_alternative<phase::ready>(st.phase) && !enough) {
     enter(self, phase::registering{});
@@ -66,7 +66,8 @@ void update_admission(coordinator_pointer self) {
 }
 
 bool before_training(const job_phase& p) {
-  return std::holds_alternative<phase::registering>(p) || std::holds_alternative<phase::ready>(p);
+  return std::holds_alternative<phase::registering>(p) || std::holds_alternative<phase::ready>(p) ||
+         std::holds_alternative<phase::profiling>(p);
 }
 
 caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
@@ -167,6 +168,7 @@ void on_down(coordinator_pointer self, const caf::down_msg& dm) {
     std::visit(overloaded{
                    [&](phase::registering&) { update_admission(self); },
                    [&](phase::ready&) { update_admission(self); },
+                   [&](phase::profiling& ph) { profiling_lost(self, ph, node); },
                    [&](phase::stopped&) {},
                    [&](phase::adopting& ph) { adoption_lost(self, ph, node); },
                    [&](phase::waiting& ph) { waiting_lost(self, ph, node); },

@@ -174,6 +174,16 @@ struct coordinator_deps {
   /// Training: the profile the planner uses, the job (its node count is set when an epoch forms),
   /// and the steps to run (0: admission only, no training).
   planning::profile profile;
+  /// Profile at job start (ARCHITECTURE.md §4): true when the job has no profile file (nor a cached
+  /// one). Once the expected nodes are admitted, one of them measures the model and the first plan
+  /// waits for it; `profile` is then only the modelled one the job was checked with before anyone
+  /// registered. `accept_profile` decodes and checks what the node sent (throws, saying why);
+  /// `on_profiled` keeps the accepted profile (the composition root's cache). A node that does not
+  /// answer within profile_deadline_ms stops the job.
+  bool profile_at_start = false;
+  std::function<planning::profile(const std::string&)> accept_profile;
+  std::function<void(const planning::profile&)> on_profiled = [](const planning::profile&) {};
+  double profile_deadline_ms = 600'000;
   planning::job_config job;
   std::uint64_t steps = 0;
   std::function<void(const step_record&)> on_step = [](const step_record&) {};
@@ -308,6 +318,7 @@ struct coordinator_state {
   std::uint64_t evicted = 0;       ///< nodes evicted so far
   std::uint64_t first_step_of_epoch = 0;  ///< the step the epoch in force started training with
   std::uint64_t digested_epoch = 0;       ///< the last epoch a commit with digests was sent in
+  std::uint64_t profile_round = 0;        ///< the profile request in force (coordinator_profiling.cpp)
   std::vector<double> recent_step_ms;     ///< wall times of the last committed steps (at most 20)
 
   // The epoch in force and where the layers are.

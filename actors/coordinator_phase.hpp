@@ -10,6 +10,10 @@
 //   registering -> ready          every expected node admitted, a job with no steps (admission only)
 //   ready -> registering          a node lost
 //   registering -> forming        every expected node admitted: the first epoch is planned and assigned
+//   registering -> profiling      every expected node admitted in a job without a profile: one measures the model
+//   profiling -> profiling        the node asked was lost: another one is asked
+//   profiling -> registering      a node lost: fewer than the expected nodes are left
+//   profiling -> forming          the profile came back: the first epoch is planned from it and assigned
 //   forming -> forming            a node lost or failed while forming: planned again (the next epoch)
 //   forming -> training           every node of the epoch reported node_ready
 //   training -> committing        every pipeline reported pipeline_done: commit_step to every node
@@ -139,6 +143,15 @@ struct ready {
   static constexpr std::string_view name = "ready";
 };
 
+/// Every expected node admitted in a job without a profile (ARCHITECTURE.md §4 "Profile at job
+/// start"): one of them measures the model; the first plan waits for its profile.
+struct profiling {
+  static constexpr std::string_view name = "profiling";
+  planning::node_id node{-1};  ///< the node asked
+  std::chrono::steady_clock::time_point started;
+  std::uint64_t round = 0;  ///< the request in force (an answer to an older one is stale)
+};
+
 /// An epoch's assignments were sent; waiting for every node of it to report node_ready.
 struct forming {
   static constexpr std::string_view name = "forming";
@@ -216,7 +229,7 @@ struct stopped {
 
 }  // namespace phase
 
-using job_phase = std::variant<phase::registering, phase::ready, phase::forming, phase::training,
+using job_phase = std::variant<phase::registering, phase::ready, phase::profiling, phase::forming, phase::training,
                                phase::committing, phase::checkpointing, phase::adopting, phase::waiting,
                                phase::stopped>;
 
@@ -252,7 +265,9 @@ inline constexpr phase_transition transitions[] = {
     {"forming", "checkpointing"},  {"training", "checkpointing"},   {"committing", "checkpointing"},
     {"checkpointing", "checkpointing"}, {"training", "training"}, {"checkpointing", "waiting"},
     {"forming", "waiting"},        {"training", "waiting"},         {"committing", "waiting"},
-    {"adopting", "waiting"},       {"waiting", "forming"},          {"any", "stopped"},
+    {"adopting", "waiting"},       {"waiting", "forming"},          {"registering", "profiling"},
+    {"profiling", "registering"},  {"profiling", "profiling"},      {"profiling", "forming"},
+    {"any", "stopped"},
 };
 
 /// Whether `transitions` allows from -> to.

@@ -40,6 +40,13 @@ void publish(coordinator_pointer self, const messages::job_event& event);
 /// outcome is `finished` or `shutdown`).
 void stop_job(coordinator_pointer self, messages::stop_outcome outcome, const std::string& reason);
 
+/// registering -> profiling (or profiling -> profiling, when the node asked was lost): asks the
+/// first live node to measure the job's model (coordinator_profiling.cpp); its profile then plans
+/// the first epoch.
+void start_profiling(coordinator_pointer self);
+/// A node lost while profiling: another is asked, or the job waits for its nodes again.
+void profiling_lost(coordinator_pointer self, phase::profiling& ph, node_id node);
+
 /// registering -> forming: plans the job on the live nodes and assigns its first epoch (also
 /// forming -> forming, when a node is lost before any epoch formed everywhere).
 void plan_first_epoch(coordinator_pointer self);

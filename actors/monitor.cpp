@@ -394,6 +394,19 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
         self->send(st.deps.coordinator, r);
       },
       [](ping_atom) { return true; },
+      [self](profile_atom) -> caf::result<std::string> {
+        auto& st = self->state;
+        if (!st.deps.profile_job || st.job.node.value < 0)
+          return make_error(protocol_error::bad_request, "this node cannot profile the job's model");
+        // Seconds of compute on this actor's own thread (the worker's monitor is detached). Nothing
+        // else is asked of the node before its first epoch; CAF's heartbeats run on the middleman.
+        st.deps.log("profiling the job's model for the coordinator");
+        try {
+          return st.deps.profile_job(st.job);
+        } catch (const std::exception& e) {
+          return make_error(protocol_error::bad_request, std::string("profiling failed: ") + e.what());
+        }
+      },
       [self](reconnect_atom) {
         auto& st = self->state;
         if (!st.orphaned_until) return;

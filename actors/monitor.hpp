@@ -10,6 +10,8 @@
 //   commit_step{e,k}: the node's stages apply the step; step_committed{e,k} with their digests.
 //   node_ready lists one stage actor per stage the node runs (slot j runs its stage j).
 //   shutdown, or the coordinator down: stopped.
+//   profile_atom (before the first epoch of a job without a profile): the job's model measured on
+//   this node, the profile as JSON back.
 //
 // The layer store, copies between epochs and abort_epoch's recovery join with fault tolerance.
 
@@ -56,6 +58,11 @@ struct monitor_deps {
   /// Once a coordinator of term `term` adopted the node: tell any older coordinator at the worker's
   /// other addresses that it was replaced (a frozen one that wakes exits, status 5).
   std::function<void(std::uint64_t term, const messages::coordinator_actor& current)> announce_term;
+  /// Profile at job start (ARCHITECTURE.md §4): measures the admitted job's model on this node and
+  /// returns the planning profile as JSON (throws when it cannot). It runs on the monitor's thread
+  /// (the coordinator asks nothing else of a node before its first epoch). Unset: the node is
+  /// asked in vain (an error back).
+  std::function<std::string(const messages::admission&)> profile_job;
 };
 
 /// Where a stage's own failure is reported: the current coordinator and this node's id there

@@ -31,6 +31,7 @@
 #include "messages/event_json.hpp"
 #include "messages/input_error.hpp"
 #include "messages/profile_file.hpp"
+#include "messages/profile_json.hpp"
 #include "planning/synthetic_profile.hpp"
 
 namespace oobleck::apps {
@@ -95,18 +96,75 @@ class signal_shutdown {
   std::thread thread_;
 };
 
-/// The planner's profile of the job: its measured profile.file, else the synthetic profile of its
-/// model (planned well enough to cut the model into pipelines; predicted times are modelled).
-planning::profile job_profile(const job_file& job) {
-  if (!job.profile.file.empty()) {
-    auto p = messages::read_profile_file(job.profile.file);
-    planning::check_matches(p, {.microbatch_size = job.training.microbatch, .gpus_per_node = job.cluster.slots_per_node,
-                                .config_hash = job.model.hash(), .device_kind = std::nullopt});
-    return p;
-  }
+/// What a profile must have been measured for to plan this job.
+planning::profile_expectation expected_of(const job_file& job) {
+  return {.microbatch_size = job.training.microbatch, .gpus_per_node = job.cluster.slots_per_node,
+          .config_hash = job.model.hash(), .device_kind = std::nullopt};
+}
+
+/// The modelled profile of the job's model: checks the job before anyone registers when its
+/// profile is measured at its start (planned well enough to cut the model; times are modelled).
+planning::profile modelled_profile(const job_file& job) {
   auto p = planning::synthetic_gpt_profile(synthetic_model(job));
   p.config_hash = job.model.hash();
   return p;
+}
+
+/// The file a profile measured at job start is kept in, in `folder`: one per model config,
+/// microbatch, slots per node and device (CPU: the only device the workers run today).
+std::string profile_cache_file(const std::string& folder, const job_file& job) {
+  return (std::filesystem::path(folder) / ("profile-" + job.model.hash() + "-mb" +
+                                           std::to_string(job.training.microbatch) + "-slots" +
+                                           std::to_string(job.cluster.slots_per_node) + "-cpu.json"))
+      .string();
+}
+
+/// The profile the job is planned from (ARCHITECTURE.md §4 "Profile at job start"): --profile,
+/// else [profile] file, else one this job measured at an earlier start (its cache file); none of
+/// these: measured on one of its nodes once they are admitted (deps.profile_at_start). A profile
+/// of another job is refused (a given one), or measured again (a cached one).
+void choose_profile(actors::coordinator_deps& deps, const job_file& job, const std::string& given,
+                    const std::string& cache_folder, const std::function<void(const std::string&)>& log) {
+  const std::string file = !given.empty() ? given : job.profile.file;
+  if (!file.empty()) {
+    deps.profile = messages::read_profile_file(file);
+    planning::check_matches(deps.profile, expected_of(job));
+    log("planning from the profile " + file);
+    return;
+  }
+  const std::string cached = cache_folder.empty() ? std::string() : profile_cache_file(cache_folder, job);
+  if (!cached.empty() && std::filesystem::exists(cached)) {
+    try {
+      deps.profile = messages::read_profile_file(cached);
+      planning::check_matches(deps.profile, expected_of(job));
+      log("planning from the profile this job measured at an earlier start: " + cached);
+      return;
+    } catch (const std::exception& e) {
+      log("not using the cached profile " + cached + " (" + e.what() + "): measuring the model again");
+    }
+  }
+  deps.profile = modelled_profile(job);
+  deps.profile_at_start = true;
+  deps.accept_profile = [expected = expected_of(job)](const std::string& text) {
+    auto p = messages::profile_from_json(text);
+    planning::validate(p);
+    planning::check_matches(p, expected);
+    return p;
+  };
+  if (cached.empty()) return;
+  deps.on_profiled = [cached, log](const planning::profile& p) {
+    // Kept for the job's next start (a replacement coordinator, a resume): written whole, then
+    // renamed, so a reader never meets half a file.
+    try {
+      std::filesystem::create_directories(std::filesystem::path(cached).parent_path());
+      const std::string temp = cached + ".tmp";
+      messages::write_profile_json(p, temp);
+      std::filesystem::rename(temp, cached);
+      log("kept the measured profile in " + cached);
+    } catch (const std::exception& e) {
+      log("could not keep the measured profile in " + cached + ": " + e.what());
+    }
+  };
 }
 
 }  // namespace
@@ -168,6 +226,12 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
              "a coordinator that lost every node at once (it was frozen or cut off, not they) waits this many seconds "
              "for them to come back with their state before it stops (default 60; the workers' --coordinator-grace "
              "should be the same)");
+  std::string profile_file;
+  add_text(app, "--profile", profile_file,
+           "FILE: plan from this profile (oobleck-profile's, JSON or Cap'n Proto) instead of the job's [profile] file; "
+           "with neither, the job's model is measured on one of its nodes before the first plan (cached under "
+           "[profile] cache, else the checkpoint directory, for the job's next start)")
+      ->type_name("FILE");
   std::optional<std::int64_t> digest_every;
   app.add_option("--digest-every", digest_every,
                  "N: every holder of every layer reports its parameters' digest, and the coordinator compares the "
@@ -243,7 +307,6 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.job_toml = job_text_for_workers(job_text, config);  // relative data paths resolved for every worker
   deps.expected_nodes = nodes;
   deps.log = log;
-  deps.profile = job_profile(job);
   deps.job = planner_job(job, nodes, fault_tolerance);
   deps.steps = static_cast<std::uint64_t>(steps);
   deps.faults.evict_after_errors = job.faults.evict_after;
@@ -256,6 +319,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
       digest_every ? static_cast<std::uint64_t>(*digest_every) : job.faults.digest_every;
   deps.clip_norm = job.optimizer.clip_norm;
   const std::string root = !checkpoint_dir.empty() ? checkpoint_dir : job.checkpoint.dir;
+  choose_profile(deps, job, profile_file, !job.profile.cache.empty() ? job.profile.cache : root, log);
   const auto every = static_cast<std::uint64_t>(checkpoint_every.value_or(static_cast<std::int64_t>(job.checkpoint.every)));
   if (every > 0 && root.empty())
     throw messages::input_error("--checkpoint-every: needs a checkpoint directory (--checkpoint-dir or [checkpoint] dir)");

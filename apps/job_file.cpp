@@ -228,6 +228,7 @@ std::map<std::string, setter> schema(job_file& job) {
       {"profile.warmup", int_in(job.profile.warmup, 0)},
       {"profile.repeats", int_in(job.profile.repeats, 1)},
       {"profile.file", text_of(job.profile.file)},
+      {"profile.cache", text_of(job.profile.cache)},
 
       {"faults.evict_after", int_in(job.faults.evict_after, 1, 1000)},
       {"faults.evict_after_stalls", int_in(job.faults.evict_after_stalls, 1, 1000)},
@@ -453,7 +454,7 @@ job_file read_job_file(const std::string& path) {
   if (std::ferror(f.get())) throw input_error("cannot read job file " + path + ": " + std::strerror(errno));
   job_file job = parse_job(text, path);
   const auto folder = std::filesystem::path(path).parent_path();
-  for (std::string* p : {&job.profile.file, &job.checkpoint.dir, &job.tls.certificate, &job.tls.key, &job.tls.ca_file,
+  for (std::string* p : {&job.profile.file, &job.profile.cache, &job.checkpoint.dir, &job.tls.certificate, &job.tls.key, &job.tls.ca_file,
                          &job.data.train, &job.data.text, &job.data.validation, &job.model.init})
     if (!p->empty() && std::filesystem::path(*p).is_relative()) *p = (folder / *p).string();
   check_files(job, path);

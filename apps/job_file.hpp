@@ -16,7 +16,7 @@
 //                 heartbeat_interval_ms, connection_timeout_ms
 //   [checkpoint]  dir, every
 //   [http]        port
-//   [profile]     warmup, repeats, file
+//   [profile]     warmup, repeats, file, cache
 //   [faults]      evict_after, evict_after_stalls, step_deadline_min_ms, step_deadline_factor,
 //                 first_step_deadline_ms, form_deadline_ms, digest_every
 //   [tls]         certificate, key, ca_file, passphrase                    (apps/tls.hpp)
@@ -138,7 +138,10 @@ struct faults_section {
 struct profile_section {
   int warmup = 2;    ///< untimed microbatches through every layer (oobleck-profile)
   int repeats = 7;   ///< timed microbatches through every layer, each layer's median counts
-  std::string file;  ///< measured profile (JSON or Cap'n Proto); empty: synthetic_model(job)
+  std::string file;  ///< measured profile (JSON or Cap'n Proto); empty: measured at job start
+  /// Where a profile measured at job start is kept for the job's next start (keyed by the model's
+  /// config hash, the microbatch, the slots and the device); empty: the checkpoint folder, if any.
+  std::string cache;
 
   bool operator==(const profile_section&) const = default;
 };

@@ -196,6 +196,8 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   coord_args.insert(coord_args.end(), {"--resume-command", local_resume_prefix(args)});
   coord_args.insert(coord_args.end(), {"--coordinator-grace", std::to_string(o.coordinator_grace_s)});
   if (o.digest_every) coord_args.insert(coord_args.end(), {"--digest-every", std::to_string(*o.digest_every)});
+  if (!o.profile.empty())
+    coord_args.insert(coord_args.end(), {"--profile", std::filesystem::absolute(o.profile).string()});
   // Below the minimum: a trace replay always waits for its nodes to come back (as the simulator's
   // Oobleck does); otherwise as the flags say (the coordinator waits when it has a checkpoint directory).
   if (o.exit_below_minimum) coord_args.push_back("--exit-below-minimum");

@@ -148,6 +148,10 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
                  "STEP:SECONDS: the coordinator freezes (SIGSTOP) in the middle of step STEP for SECONDS (longer than "
                  "the connection timeout: the workers lose it, keep their state and wait for it to come back)")
       ->type_name("STEP:SECONDS");
+  add_text(app, "--profile", o.profile,
+           "FILE: plan from this profile (oobleck-profile's) instead of the job's [profile] file; with neither, a "
+           "worker measures the job's model before the first plan (a few seconds for the default job)")
+      ->type_name("FILE");
   app.add_option("--digest-every", o.digest_every,
                  "N: the replicas of every layer are compared (digests) on every Nth step (1: every step), besides the "
                  "first step of every epoch and the last (default: the job's [faults] digest_every, 100)")

@@ -1,17 +1,15 @@
 #include "apps/profile_command.hpp"
 
-#include <cstdio>
 #include <filesystem>
 #include <optional>
 
 #include "apps/flags.hpp"
 #include "apps/job_file.hpp"
+#include "apps/profile_measure.hpp"
 #include "apps/program_main.hpp"
 #include "messages/input_error.hpp"
 #include "messages/profile_file.hpp"
 #include "messages/profile_json.hpp"
-#include "runtime/link_profiler.hpp"
-#include "runtime/profiler.hpp"
 
 namespace oobleck::apps {
 
@@ -82,40 +80,8 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
     if (!out_path.empty())
       check_writable_folder(out_path, o.out_path.empty() && !job.profile.file.empty() ? o.config + ": profile.file"
                                                                                       : "--out");
-    runtime::profiler_options options{.microbatch = job.training.microbatch,
-                                      .warmup = job.profile.warmup,
-                                      .repeats = o.repeats.value_or(job.profile.repeats),
-                                      .device_memory_bytes = job.cluster.device_memory_bytes,
-                                      .slots_per_node = job.cluster.slots_per_node};
-    err << "profiling " << job.model.num_layers() << " layers (config " << job.model.hash() << ", microbatch "
-        << options.microbatch << ", " << options.repeats << " repeats)...\n";
-    const auto layers = runtime::measure_layers(job.model, options);
-    char line[200];
-    std::snprintf(line, sizeof line, "%-10s %12s %12s %14s %16s %12s %12s\n", "layer", "forward ms", "backward ms",
-                  "param bytes", "activation bytes", "output bytes", "optimizer ms");
-    err << line;
-    for (const auto& m : layers) {
-      std::snprintf(line, sizeof line, "%-10s %12.4f %12.4f %14lld %16lld %12lld %12.4f\n", m.name.c_str(), m.forward_ms,
-                    m.backward_ms, static_cast<long long>(m.param_bytes), static_cast<long long>(m.activation_bytes),
-                    static_cast<long long>(m.output_bytes), m.optimizer_ms);
-      err << line;
-      for (std::size_t i = 1; i < m.forward_ms_by_width.size(); ++i) {  // wider stages (slots_per_node > 1)
-        std::snprintf(line, sizeof line, "  width %-3d %12.4f %12.4f\n", 1 << i, m.forward_ms_by_width[i],
-                      m.backward_ms_by_width[i]);
-        err << line;
-      }
-    }
-    planning::link_profile link;
-    if (o.link_latency_ms >= 0) {
-      link = {o.link_latency_ms, o.link_gbytes_per_s * 1e6};
-    } else if (!o.no_link) {
-      const auto measured = runtime::measure_loopback_link(options.repeats * 3);
-      link = measured.link;
-      std::snprintf(line, sizeof line, "link (loopback, host data plane): latency %.4f ms, %.2f GB/s (%lld-byte messages)\n",
-                    link.latency_ms, link.bytes_per_ms / 1e6, static_cast<long long>(measured.bulk_bytes));
-      err << line;
-    }
-    const auto profile = runtime::make_profile(job.model, options, layers, link);
+    const link_choice link{.none = o.no_link, .latency_ms = o.link_latency_ms, .gbytes_per_s = o.link_gbytes_per_s};
+    const auto profile = measure_job_profile(job, o.repeats.value_or(job.profile.repeats), link, &err);
     if (!out_path.empty()) {
       if (out_path.size() > 5 && out_path.substr(out_path.size() - 5) == ".json") messages::write_profile_json(profile, out_path);
       else messages::write_profile_capnp(profile, out_path);

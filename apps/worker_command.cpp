@@ -23,7 +23,9 @@
 #include "apps/cluster_commands.hpp"
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
+#include "apps/profile_measure.hpp"
 #include "apps/tls.hpp"
+#include "messages/profile_json.hpp"
 #include "messages/input_error.hpp"
 
 namespace oobleck::apps {
@@ -243,6 +245,16 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
       return std::nullopt;
     };
   deps.log = log;
+  deps.profile_job = [log](const messages::admission& a) {
+    // The job's [profile] repeats; the link measured on loopback, as oobleck-profile does by
+    // default (the data plane between two transports on this host).
+    const auto job = parse_job(a.job_toml, "the coordinator's job file");
+    const auto started = std::chrono::steady_clock::now();
+    const auto profile = measure_job_profile(job, job.profile.repeats, {}, nullptr);
+    log("profiled the job's model (" + std::to_string(profile.num_layers()) + " layers) in " +
+        std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()) + " s");
+    return messages::profile_json_text(profile, 0);
+  };
   deps.make_stage = [&sys, slots, token](const messages::admission& a) {
     auto job = stage_job_for(parse_job(a.job_toml, "the coordinator's job file"));
     job.data_token = token;  // the data plane's key

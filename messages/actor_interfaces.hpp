@@ -43,7 +43,11 @@ using monitor_actor =
                      caf::reacts_to<shutdown_atom, std::string>, caf::reacts_to<stall_probe>,
                      caf::reacts_to<evict_atom, std::string>, caf::reacts_to<reconnect_atom>,
                      // Is this node still reachable? (The coordinator asks after another node's loss.)
-                     caf::replies_to<ping_atom>::with<bool>>;
+                     caf::replies_to<ping_atom>::with<bool>,
+                     // Measure the job's model on this node: the planning profile as JSON
+                     // (messages/profile_json.hpp). A job without a profile asks one node before
+                     // its first plan.
+                     caf::replies_to<profile_atom>::with<std::string>>;
 
 using pipeline_actor = caf::typed_actor<caf::reacts_to<run_step>>;
 

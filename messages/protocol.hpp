@@ -21,7 +21,7 @@
 namespace oobleck::messages {
 
 /// Bumped on every incompatible change of a message; nodes of another version are refused.
-constexpr std::uint32_t protocol_version = 13;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing; 7: typed job events (epoch_forming, commit_stood, step_failed, checkpoint_written, node_refused; stop outcome); 8: typed ids (node_id, rank, layer_index) in the node-side messages, epoch_copy; 9: hostile and faulty conditions (stage faults: error and stall kinds, own failures, stall probes, deadlines, eviction; authenticated data plane; checkpoint writers replaced); 10: a real model (tied-embedding group ranks, gradient clipping's norm and scale, evaluation rounds, tied digests) and each stage's op times (the step's ideal makespan); 11: replaceable coordinator (node_memory in register_node, terms in admission and epoch_assignment, the stage's memory request); 12: waiting below the minimum (waiting_for_nodes and resumed events, nodes_needed in the status, the wait deadline); 13: digests only where checked (commit_step.digests)
+constexpr std::uint32_t protocol_version = 14;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing; 7: typed job events (epoch_forming, commit_stood, step_failed, checkpoint_written, node_refused; stop outcome); 8: typed ids (node_id, rank, layer_index) in the node-side messages, epoch_copy; 9: hostile and faulty conditions (stage faults: error and stall kinds, own failures, stall probes, deadlines, eviction; authenticated data plane; checkpoint writers replaced); 10: a real model (tied-embedding group ranks, gradient clipping's norm and scale, evaluation rounds, tied digests) and each stage's op times (the step's ideal makespan); 11: replaceable coordinator (node_memory in register_node, terms in admission and epoch_assignment, the stage's memory request); 12: waiting below the minimum (waiting_for_nodes and resumed events, nodes_needed in the status, the wait deadline); 13: digests only where checked (commit_step.digests); 14: profile at job start (profile_atom to a monitor, the profile as JSON back)
 
 /// Expected failures returned as values (caf::error with category "oobleck").
 enum class protocol_error : std::uint8_t {
@@ -99,4 +99,5 @@ CAF_BEGIN_TYPE_ID_BLOCK(oobleck, caf::first_custom_type_id)
   CAF_ADD_ATOM(oobleck, oobleck::messages, reconnect_atom, "reconnect")
   CAF_ADD_ATOM(oobleck, oobleck::messages, replaced_atom, "replaced")
   CAF_ADD_ATOM(oobleck, oobleck::messages, ping_atom, "ping")
+  CAF_ADD_ATOM(oobleck, oobleck::messages, profile_atom, "profile")
 CAF_END_TYPE_ID_BLOCK(oobleck)

@@ -84,7 +84,7 @@ TEST_CASE("coordinator clients e2e: oobleck-ctl asked while its coordinator is f
   const int steps = 1000;  // ended by oobleck-ctl shutdown
   const testing::temp_dir tmp("oobleck-clients-");
   const auto& dir = tmp.path();
-  std::ofstream(dir / "job.toml") << c.text;
+  write_job(c, dir);
   const auto token = (dir / "token").string();
   const auto events = (dir / "events.jsonl").string();
   auto coordinator = [&](const std::string& listen) {

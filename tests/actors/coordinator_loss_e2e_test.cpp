@@ -155,7 +155,7 @@ TEST_CASE("coordinator loss e2e: frozen then replaced by a standby then woken: i
   const int checked = 20;  // the trajectory against one process (each step is still checked once)
   const testing::temp_dir tmp("oobleck-standby-");
   const auto& dir = tmp.path();
-  std::ofstream(dir / "job.toml") << c.text;
+  write_job(c, dir);
   const auto job = (dir / "job.toml").string();
   const auto token = (dir / "token").string();
   auto coordinator = [&](const std::string& name, std::vector<std::string> extra) {

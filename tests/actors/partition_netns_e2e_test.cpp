@@ -95,7 +95,7 @@ std::string run_partition(int worker_silence_ms, bool cut_worker_loses_while_cut
   const testing::temp_dir tmp("oobleck-partition-");
   const auto& dir = tmp.path();
   const auto path = [&](const std::string& name) { return (dir / name).string(); };
-  std::ofstream(path("job.toml")) << c.text;
+  write_job(c, dir);
 
   std::vector<std::string> hosts{"c"};
   for (int i = 0; i < workers; ++i) hosts.push_back("w" + std::to_string(i));

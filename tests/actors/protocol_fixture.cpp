@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "actors/admission.hpp"
+#include "messages/profile_json.hpp"
 #include "planning/synthetic_profile.hpp"
 
 using namespace oobleck::actors;
@@ -187,6 +188,12 @@ fixture::fixture(options o) : opts(o) {
   d.wait_below_minimum = o.wait_below_minimum;
   d.wait_for_nodes_ms = o.wait_for_nodes_ms;
   d.faults.digest_every = o.digest_every;
+  measured = profile;
+  if (o.profile_at_start) {
+    d.profile_at_start = true;
+    d.accept_profile = [](const std::string& text) { return messages::profile_from_json(text); };
+    d.on_profiled = [this](const planning::profile& p) { profiled.push_back(p); };
+  }
   d.on_waiting = [this](const waiting_record& r) { waits.push_back(r); };
   d.on_resumed = [this](const resumed_record& r) { resumes.push_back(r); };
   if (o.checkpoints || o.checkpoint_every > 0) {
@@ -243,6 +250,11 @@ fixture::worker& fixture::add_worker(worker_options o) {
     w->node = a.node.value;
     w->trace.push_back("admitted " + std::to_string(a.node.value));
     monitors[a.node.value] = w->handle;
+  };
+  d.profile_job = [this, w, fails = o.profile_fails](const admission&) -> std::string {
+    profiled_by.push_back(w->name);
+    if (fails) throw std::runtime_error("out of memory (testing)");
+    return messages::profile_json_text(measured, 0);
   };
   d.fault = [w](const inject_fault& f) {
     w->faults.push_back(f);

@@ -104,6 +104,9 @@ struct fixture {
     bool wait_below_minimum = false;      ///< coordinator_deps::wait_below_minimum
     double wait_for_nodes_ms = 0;         ///< coordinator_deps::wait_for_nodes_ms
     std::uint64_t digest_every = 1;       ///< coordinator_deps::faults.digest_every
+    /// coordinator_deps::profile_at_start: a node measures the model (its monitor's profile_job
+    /// answers `measured`, or throws when the worker's profile_fails) before the first plan.
+    bool profile_at_start = false;
   };
   /// The step protocol tests' jobs: `nodes` nodes of `slots` slots, any of which holds the whole
   /// model, a global batch of 8 (4 microbatches).
@@ -117,6 +120,7 @@ struct fixture {
     std::optional<std::string> token;  ///< default: the job's
     std::string job_hash;              ///< of the worker's own job file; empty: any job
     bool stages = true;                ///< false: the node cannot run stages (admission tests)
+    bool profile_fails = false;        ///< its profile_job throws (options::profile_at_start)
   };
   struct worker {
     std::string name;
@@ -146,6 +150,11 @@ struct fixture {
   std::map<std::int64_t, std::vector<messages::stage_actor>> stage_actors;  ///< by node id, per slot
   std::vector<std::unique_ptr<worker>> workers;  ///< in spawn order; outlive the actors
   planning::profile profile;
+  /// What a node measures when the job profiles at its start (options::profile_at_start): the
+  /// modelled `profile` by default; a test changes it before the workers are added.
+  planning::profile measured;
+  std::vector<planning::profile> profiled;  ///< coordinator_deps::on_profiled, in order
+  std::vector<std::string> profiled_by;     ///< the workers whose profile_job ran, in order
   planning::job_config job;
   planning::job_plan plan;  ///< the first plan on `nodes` nodes (when the job trains)
   // checkpoints

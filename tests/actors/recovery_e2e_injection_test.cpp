@@ -89,7 +89,7 @@ TEST_CASE("recovery e2e: a --fail-at fault fires even when oobleck-local is froz
   const auto c = make_job(6, 1, 1'500'000, slow_heartbeats);
   const testing::temp_dir tmp("oobleck-late-arm-");
   const auto& dir = tmp.path();
-  std::ofstream(dir / "job.toml") << c.text;
+  write_job(c, dir);
   const auto metrics = dir / "metrics.jsonl";
   const auto events = (dir / "events.jsonl").string();
   background_process local(bin + "/oobleck-local", {"--config", (dir / "job.toml").string(), "--steps", "8",

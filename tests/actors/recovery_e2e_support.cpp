@@ -100,7 +100,7 @@ run_result run_local(const job_case& c, int steps, const std::vector<std::string
                      const std::function<void(running_local&)>& during) {
   const testing::temp_dir tmp("oobleck-recovery-");
   const auto& dir = tmp.path();
-  std::ofstream(dir / "job.toml") << c.text;
+  write_job(c, dir);
   const auto metrics = (dir / "metrics.jsonl").string();
   std::vector<std::string> args{"--config", (dir / "job.toml").string(), "--metrics-out", metrics, "--timeout", "150"};
   if (steps > 0) {  // else the run ends otherwise (a trace's end)
@@ -299,7 +299,7 @@ checked_run run_faults(const job_case& c, int steps, const std::vector<std::stri
 
 separate_job::separate_job(const job_case& c, int steps) : tmp_("oobleck-separate-") {
   const auto& dir = tmp_.path();
-  std::ofstream(dir / "job.toml") << c.text;
+  write_job(c, dir);
   events_ = (dir / "events.jsonl").string();
   metrics_ = (dir / "metrics.jsonl").string();
   token_ = (dir / "token").string();

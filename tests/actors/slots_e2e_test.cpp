@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/stage_job.hpp"
+#include "messages/profile_file.hpp"
 #include "planning/planner.hpp"
 #include "planning/synthetic_profile.hpp"
 #include "support/local_run.hpp"
@@ -47,15 +48,16 @@ struct job_dir {
   static inline int count = 0;
 };
 
-/// A tiny GPT (6 layers) on 2 nodes of 2 slots; `cluster` adds keys to [cluster]. Heartbeats are
+/// A tiny GPT (6 layers) on 2 nodes of 2 slots, planned from profile.json beside the job file
+/// (run_against_single_process writes it); `cluster` adds keys to [cluster]. Heartbeats are
 /// lenient: 2 workers of 2 threads each share 2 cores with other tests, and no node is lost here.
-std::string job_text(int fault_tolerance, const std::string& cluster, bool with_profile, int nodes = 2) {
+std::string job_text(int fault_tolerance, const std::string& cluster, int nodes = 2) {
   return "[model]\nvocab = 256\nd_model = 32\nheads = 2\nblocks = 4\nseq_len = 16\nseed = 99\n"
          "[data]\ncorpus_bytes = 32768\n"
          "[training]\nsteps = 5\nglobal_batch = 8\nmicrobatch = 2\n"
          "[cluster]\nnodes = " + std::to_string(nodes) + "\nslots_per_node = 2\nheartbeat_interval_ms = 500\nconnection_timeout_ms = 10000\n"
          "fault_tolerance = " +
-         std::to_string(fault_tolerance) + "\n" + cluster + (with_profile ? "[profile]\nfile = \"profile.json\"\n" : "") +
+         std::to_string(fault_tolerance) + "\n" + cluster + "[profile]\nfile = \"profile.json\"\n" +
          "[faults]\ndigest_every = 1\n";  // the replicas compared after every step
 }
 
@@ -79,7 +81,17 @@ void write_profile(const job_dir& d, const apps::job_file& job) {
   std::ofstream(d.path("profile.json")) << p.dump();
 }
 
-/// Runs the job of `text` (on its cluster.nodes workers) for `steps` steps, with `extra` flags;
+/// The modelled profile of the job's model (planning/synthetic_profile.hpp), on which a stage of
+/// width 2 beats two of width 1: what the planner's own check below plans from too (a profile
+/// measured at the job's start would make the shape depend on this machine's load).
+void write_modelled_profile(const job_dir& d, const apps::job_file& job) {
+  auto p = planning::synthetic_gpt_profile(apps::synthetic_model(job));
+  p.config_hash = job.model.hash();
+  messages::write_profile_json(p, d.path("profile.json"));
+}
+
+/// Runs the job of `text` (on its cluster.nodes workers) for `steps` steps, with `extra` flags,
+/// planned from the hand-made profile (write_profile) `with_profile`, else from the modelled one;
 /// checks it against the single-process run and returns the run (its events; the metrics' records:
 /// none unless `extra` injects a failure).
 local_run run_against_single_process(const std::string& text, bool with_profile, int steps = 5,
@@ -88,6 +100,7 @@ local_run run_against_single_process(const std::string& text, bool with_profile,
   std::ofstream(d.path("job.toml")) << text;
   const auto job = apps::read_job_file(d.path("job.toml"));
   if (with_profile) write_profile(d, job);
+  else write_modelled_profile(d, job);
   const auto reference = actors::train_single_process(apps::stage_job_for(job), static_cast<std::uint64_t>(steps));
   std::vector<std::string> args{"--config", d.path("job.toml"), "--steps", std::to_string(steps), "--metrics-out",
                                 d.path("metrics.jsonl"), "--timeout", "150"};
@@ -139,7 +152,7 @@ void check_one_node_pipelines(const local_run& run) {
 TEST_CASE("slots: 2 workers of 2 slots, each running both stages of a pipeline, train exactly like one process") {
   // f = 1: 2 pipelines of one node each; a node's two stages hand over in memory, and each layer's
   // gradient all-reduce joins the two nodes (two reducers per node, one per stage).
-  const auto run = run_against_single_process(job_text(1, "", true), true);
+  const auto run = run_against_single_process(job_text(1, ""), true);
   CHECK(shape_of(run, 1) == "2 stage(s) x 2 microbatch(es), 2 stage(s) x 2 microbatch(es)");
   check_one_node_pipelines(run);  // so each node runs both stages of its pipeline
 }
@@ -148,7 +161,7 @@ TEST_CASE("slots: one pipeline of 4 stages on 2 workers of 2 slots trains exactl
   // f = 0 and slots of 10 MB: one node cannot hold the model (~24 MB of state), two can, so the
   // pipeline spans both nodes: stages 0-1 on one, 2-3 on the other (in memory within a node,
   // over the transport between them).
-  const auto run = run_against_single_process(job_text(0, "device_memory_bytes = 10485760\n", true), true);
+  const auto run = run_against_single_process(job_text(0, "device_memory_bytes = 10485760\n"), true);
   CHECK(shape_of(run, 1) == "4 stage(s) x 4 microbatch(es)");
   for (const auto& m : run.steps) {
     REQUIRE(m["pipelines"].size() == 1u);
@@ -157,14 +170,14 @@ TEST_CASE("slots: one pipeline of 4 stages on 2 workers of 2 slots trains exactl
 }
 
 TEST_CASE("slots: 2 workers of 2 slots, one stage of width 2 each (2 intra-op threads), train exactly like one process") {
-  // No profile: the synthetic one makes a stage of width 2 faster than two of width 1, so each
+  // The modelled profile: it makes a stage of width 2 faster than two of width 1, so each
   // one-node pipeline is a single stage spanning both of its node's slots (layers [0, 6)).
-  const auto run = run_against_single_process(job_text(1, "", false), false, 3);
+  const auto run = run_against_single_process(job_text(1, ""), false, 3);
   CHECK(shape_of(run, 1) == "1 stage(s) x 2 microbatch(es), 1 stage(s) x 2 microbatch(es)");
   check_one_node_pipelines(run);
   // The width: the planner, on the same synthetic profile as the coordinator, gives that one stage
   // both of its node's slots.
-  const auto job = apps::parse_job(job_text(1, "", false), "job");
+  const auto job = apps::parse_job(job_text(1, ""), "job");
   auto profile = planning::synthetic_gpt_profile(apps::synthetic_model(job));
   profile.config_hash = job.model.hash();
   const auto plan = planning::plan_job(profile, apps::planner_job(job, job.cluster.nodes, job.cluster.fault_tolerance));
@@ -182,7 +195,7 @@ TEST_CASE("slots: a worker of 2 slots killed in the middle of a step: recovery w
   // stages per node. Node 4 kills itself in step 2: the survivors abort (the stages of a node
   // waiting on each other too), the policy re-forms the pipelines, nodes receive the layers of
   // their new stages from surviving replicas, and step 2 runs again.
-  const auto r = run_against_single_process(job_text(1, "device_memory_bytes = 10485760\n", true, 5), true, 5,
+  const auto r = run_against_single_process(job_text(1, "device_memory_bytes = 10485760\n", 5), true, 5,
                                             {"--fail-at", "2:4"});
   // Node 4 was lost in step 2 (its fault fired), the policy borrowed, and step 2 ran again after.
   const auto lost = position(r.events, {.kind = event_kind::node_lost, .step = 2, .node = 4});

@@ -52,7 +52,7 @@ const std::vector<std::string> kKeys = {
     "cluster.connection_timeout_ms",
     "checkpoint.dir", "checkpoint.every",
     "http.port",
-    "profile.warmup", "profile.repeats", "profile.file",
+    "profile.warmup", "profile.repeats", "profile.file", "profile.cache",
     "faults.evict_after", "faults.evict_after_stalls", "faults.step_deadline_min_ms", "faults.step_deadline_factor",
     "faults.first_step_deadline_ms", "faults.form_deadline_ms", "faults.digest_every",
     "tls.certificate", "tls.key", "tls.ca_file", "tls.passphrase",
@@ -341,9 +341,10 @@ TEST_CASE("read_job_file: relative paths are relative to the job file's folder")
   const auto dir = std::filesystem::temp_directory_path() / ("oobleck-job-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const auto path = (dir / "job.toml").string();
-  std::ofstream(path) << "[profile]\nfile = \"p/profile.json\"\n[checkpoint]\ndir = \"ckpt\"\n";
+  std::ofstream(path) << "[profile]\nfile = \"p/profile.json\"\ncache = \"profiles\"\n[checkpoint]\ndir = \"ckpt\"\n";
   auto job = apps::read_job_file(path);
   CHECK(job.profile.file == (dir / "p/profile.json").string());
+  CHECK(job.profile.cache == (dir / "profiles").string());
   CHECK(job.checkpoint.dir == (dir / "ckpt").string());
   std::ofstream(path) << "[profile]\nfile = \"/abs/profile.capnp\"\n";
   job = apps::read_job_file(path);

@@ -1,11 +1,13 @@
 #include "support/recovery_model.hpp"
 
 #include <algorithm>
+#include <fstream>
 #include <iterator>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 
+#include "messages/profile_json.hpp"
 #include "planning/synthetic_profile.hpp"
 #include "support/subprocess.hpp"
 
@@ -50,12 +52,22 @@ job_case make_job(const std::string& apps_dir, int nodes, int f, std::int64_t me
       {"cluster", "nodes", std::to_string(nodes)},
       {"cluster", "fault_tolerance", std::to_string(f)},
       {"cluster", "device_memory_bytes", std::to_string(memory)},
-      {"faults", "digest_every", "1"}};  // the replicas are compared after every step
+      {"faults", "digest_every", "1"},  // the replicas are compared after every step
+      {"profile", "file", "\"profile.json\""}};
   keys.insert(keys.end(), more.begin(), more.end());
   c.text = job_with(apps_dir, keys);
   c.job = apps::parse_job(c.text, "job");
   c.nodes = nodes;
+  auto profile = planning::synthetic_gpt_profile(apps::synthetic_model(c.job));
+  profile.config_hash = c.job.model.hash();
+  c.profile_json = messages::profile_json_text(profile);
   return c;
+}
+
+std::string write_job(const job_case& c, const std::filesystem::path& dir) {
+  std::ofstream(dir / "profile.json") << c.profile_json;
+  std::ofstream(dir / "job.toml") << c.text;
+  return (dir / "job.toml").string();
 }
 
 

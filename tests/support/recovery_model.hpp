@@ -7,6 +7,7 @@
 // recovery_schedule_tests checks the schedules themselves.
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -32,13 +33,19 @@ std::string job_with(const std::string& apps_dir, const job_keys& keys);
 /// A job of the default model on `nodes` nodes with f and the slot memory given (the memory only
 /// steers the planner: n0 and the templates).
 struct job_case {
-  std::string text;
+  std::string text;          ///< the job file; its [profile] file is "profile.json", beside it
   apps::job_file job;
   int nodes = 0;
+  std::string profile_json;  ///< the modelled profile of its model (planner_model's), as JSON
 };
 
-/// A job of the default model on `nodes` nodes with f, the slot memory and `more` keys given.
+/// A job of the default model on `nodes` nodes with f, the slot memory and `more` keys given. It
+/// plans from the modelled profile (a file written beside it, see write_job), not from one measured
+/// at its start, so that planner_model predicts every decision the coordinator makes.
 job_case make_job(const std::string& apps_dir, int nodes, int f, std::int64_t memory, const job_keys& more = {});
+
+/// Writes the job as `dir`/job.toml and its profile as `dir`/profile.json; returns the job file's path.
+std::string write_job(const job_case& c, const std::filesystem::path& dir);
 
 /// The policy exactly as the coordinator runs it: the same profile, job and templates.
 class planner_model {
