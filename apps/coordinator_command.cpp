@@ -232,6 +232,11 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
            "with neither, the job's model is measured on one of its nodes before the first plan (cached under "
            "[profile] cache, else the checkpoint directory, for the job's next start)")
       ->type_name("FILE");
+  std::string profile_cache;
+  add_text(app, "--profile-cache", profile_cache,
+           "DIR: where a profile measured at the job's start is kept for its next start, or read from (default: the "
+           "job's [profile] cache, else the checkpoint directory)")
+      ->type_name("DIR");
   std::optional<std::int64_t> digest_every;
   app.add_option("--digest-every", digest_every,
                  "N: every holder of every layer reports its parameters' digest, and the coordinator compares the "
@@ -319,7 +324,8 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
       digest_every ? static_cast<std::uint64_t>(*digest_every) : job.faults.digest_every;
   deps.clip_norm = job.optimizer.clip_norm;
   const std::string root = !checkpoint_dir.empty() ? checkpoint_dir : job.checkpoint.dir;
-  choose_profile(deps, job, profile_file, !job.profile.cache.empty() ? job.profile.cache : root, log);
+  choose_profile(deps, job, profile_file,
+                 !profile_cache.empty() ? profile_cache : !job.profile.cache.empty() ? job.profile.cache : root, log);
   const auto every = static_cast<std::uint64_t>(checkpoint_every.value_or(static_cast<std::int64_t>(job.checkpoint.every)));
   if (every > 0 && root.empty())
     throw messages::input_error("--checkpoint-every: needs a checkpoint directory (--checkpoint-dir or [checkpoint] dir)");

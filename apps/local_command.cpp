@@ -198,6 +198,10 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   if (o.digest_every) coord_args.insert(coord_args.end(), {"--digest-every", std::to_string(*o.digest_every)});
   if (!o.profile.empty())
     coord_args.insert(coord_args.end(), {"--profile", std::filesystem::absolute(o.profile).string()});
+  else if (job.profile.file.empty() && job.profile.cache.empty() && o.checkpoint_dir.empty() && job.checkpoint.dir.empty())
+    // A profile measured at the job's start is kept for the run's replacement coordinators (this
+    // program restarts a coordinator that dies), which would otherwise plan from the modelled one.
+    coord_args.insert(coord_args.end(), {"--profile-cache", dir.string()});
   // Below the minimum: a trace replay always waits for its nodes to come back (as the simulator's
   // Oobleck does); otherwise as the flags say (the coordinator waits when it has a checkpoint directory).
   if (o.exit_below_minimum) coord_args.push_back("--exit-below-minimum");

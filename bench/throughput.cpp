@@ -16,8 +16,6 @@
 // The profile times 200 microbatches (--profile-repeats), not a job's default 7: 7 span ~30 ms of
 // the default job's compute, and this VM runs identical work at speeds up to 1.5x apart for
 // seconds at a time, so such a profile predicted the same job 1.5x apart between runs.
-#include <torch/torch.h>  // first: glog macros
-
 #include <unistd.h>
 
 #include <algorithm>

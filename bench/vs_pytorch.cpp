@@ -23,8 +23,6 @@
 // steps). The medians of the R runs and their ratios are reported, unless the machine was busy:
 // the 1-minute load average is read before and after every run, and when it was above --max-load
 // before any run, no ratio is printed (the line says why).
-#include <torch/torch.h>  // first: glog macros
-
 #include <unistd.h>
 
 #include <algorithm>

@@ -4,6 +4,7 @@
 // text (byte-level: each byte is a token id) or a token file (flat little-endian uint16 or uint32
 // ids, memory-mapped, as nanoGPT and many tokenizer pipelines write them).
 
+#include "runtime/corpus.hpp"
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -50,7 +51,5 @@ class token_dataset {
 /// Throws std::runtime_error naming the file (and, for a bad id, its byte offset).
 token_dataset make_dataset(const data_source& source, std::int64_t seq_len, std::int64_t vocab);
 
-/// A deterministic English-like corpus, so the main job and the tests need no download.
-std::string default_corpus(std::size_t bytes = 1 << 20, std::uint64_t seed = 7);
 
 }  // namespace oobleck::runtime

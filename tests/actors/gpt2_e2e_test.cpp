@@ -5,8 +5,7 @@
 // clip_grad_norm_) within 1e-4, both copies of the tied matrix are bitwise equal after every commit,
 // and a round's eval loss equals oobleck-eval's on the checkpoint of the same weights.
 
-// LibTorch (runtime/dataset.hpp) before doctest.h: glog's CHECK would replace doctest's.
-#include "runtime/dataset.hpp"
+#include "runtime/corpus.hpp"
 
 #include <doctest/doctest.h>
 

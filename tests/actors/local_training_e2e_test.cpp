@@ -203,14 +203,15 @@ TEST_CASE("oobleck-local: workers that join during training enter at a step boun
 }
 
 TEST_CASE("oobleck-local: a worker started by --join-at that has not registered when the job ends is stopped at once") {
-  // The worker started after step 30 of 40 needs about a second to start (LibTorch), and the last
-  // 9 steps take 0.1-0.4 s: the job ends before it registers. It used to keep waiting for the
-  // gone coordinator, and oobleck-local for it, 10 s after the job had finished.
+  // The worker started after step 38 of 40 needs about a second to start (LibTorch), and the last
+  // step takes 10-50 ms (with 9 steps left, 0.1-0.4 s here, the test once failed under CI's load):
+  // the job ends before it registers. It used to keep waiting for the gone coordinator, and
+  // oobleck-local for it, 10 s after the job had finished.
   // A --join-at past the job's end starts nothing, and says so.
   const testing::temp_dir tmp("oobleck-late-join-");
   const auto events = (tmp.path() / "events.jsonl").string();
   const auto started = std::chrono::steady_clock::now();
-  const auto r = run_process(bin + "/oobleck-local", {"--nodes", "4", "--steps", "40", "--join-at", "30:1", "--join-at",
+  const auto r = run_process(bin + "/oobleck-local", {"--nodes", "4", "--steps", "40", "--join-at", "38:1", "--join-at",
                                                       "50:2", "--events-out", events});
   const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   INFO(r.out);
@@ -221,7 +222,7 @@ TEST_CASE("oobleck-local: a worker started by --join-at that has not registered 
   CHECK(count(job, {.kind = event_kind::node_joined}) == 4u);  // node4 never registered
   // What oobleck-local tells its user on purpose: the worker it started, that it stopped it, and the
   // --join-at that never came (its own lines, not the coordinator's).
-  REQUIRE(r.out.find("[local] step 30 committed: starting 1 more worker(s)") != std::string::npos);
+  REQUIRE(r.out.find("[local] step 38 committed: starting 1 more worker(s)") != std::string::npos);
   CHECK(r.out.find("[local] worker node4 had not registered when the job ended: stopped it") != std::string::npos);
   CHECK(r.out.find("[local] --join-at 50:2 started no worker: the job ended before it saw step 50 commit") !=
         std::string::npos);
