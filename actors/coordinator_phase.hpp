@@ -149,7 +149,6 @@ struct profiling {
   static constexpr std::string_view name = "profiling";
   planning::node_id node{-1};  ///< the node asked
   std::chrono::steady_clock::time_point started;
-  std::uint64_t round = 0;  ///< the request in force (an answer to an older one is stale)
 };
 
 /// An epoch's assignments were sent; waiting for every node of it to report node_ready.

@@ -69,9 +69,8 @@ void start_profiling(coordinator_pointer self) {
   phase::profiling next;
   next.node = *chosen;
   next.started = st.deps.now();
-  next.round = ++st.profile_round;
   enter(self, std::move(next));
-  const std::uint64_t round = st.profile_round;
+  const std::uint64_t round = ++st.profile_round;
   const node_id node = *chosen;
   st.deps.log("no profile for this job: " + to_string(node) + " (" + st.nodes.at(node).name +
               ") measures its model before the first plan");
