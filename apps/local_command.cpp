@@ -427,15 +427,21 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       error() << "error: the job did not finish within " << o.timeout_s << " s; stopping every process\n";
       return 1;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    progress.wait_for_event(std::chrono::milliseconds(50));
   }
   // The coordinator is gone: every event it wrote is in the file (read to its end now), and its
   // pipe is at its end (every line echoed).
   tail.stop();
-  for (const auto& [step, count] : joins)
+  for (const auto& [step, count] : joins) {
+    // The step may have committed just before the coordinator exited, between two looks at the
+    // events: the job had ended by the time oobleck-local could start anyone.
+    const bool seen = step != join_when_waiting && progress.last_step >= step;
     say(local + "--join-at " + (step == join_when_waiting ? std::string("waiting") : std::to_string(step)) + ":" +
-        std::to_string(count) + " started no worker: the job ended before " +
-        (step == join_when_waiting ? std::string("it waited for nodes") : "it saw step " + std::to_string(step) + " commit"));
+        std::to_string(count) + " started no worker: the job ended " +
+        (step == join_when_waiting ? std::string("before it waited for nodes")
+         : seen                    ? "right after step " + std::to_string(step) + " committed"
+                                   : "before it saw step " + std::to_string(step) + " commit"));
+  }
   echo.join();
   // A worker that never registered (one started by --join-at or a trace near the end) would wait
   // for the coordinator until its own connect timeout: it holds nothing, so it goes now.

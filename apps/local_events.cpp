@@ -97,6 +97,17 @@ void job_progress::on_event(const messages::timed_event& t) {
   } else if (e.kind == event_kind::step_committed) {
     last_step = std::max(last_step.load(), static_cast<std::int64_t>(e.step));
   }
+  {
+    std::lock_guard lock(wake_mutex_);
+    ++events_;
+  }
+  wake_.notify_all();
+}
+
+void job_progress::wait_for_event(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(wake_mutex_);
+  wake_.wait_for(lock, timeout, [this] { return events_ != events_seen_; });
+  events_seen_ = events_;
 }
 
 bool job_progress::has_registered(const std::string& name) const {

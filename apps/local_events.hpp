@@ -66,6 +66,16 @@ struct job_progress {
   void on_event(const messages::timed_event& t);
   /// Whether worker `name` has registered (its node_joined event was seen).
   bool has_registered(const std::string& name) const;
+  /// Waits until an event arrives after the previous call, or `timeout` passes: oobleck-local acts
+  /// on a committed step as soon as it is read, not at its next poll (the job's last steps take
+  /// ~20 ms each: a --join-at near the end was missed between two polls).
+  void wait_for_event(std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex wake_mutex_;
+  std::condition_variable wake_;
+  std::uint64_t events_ = 0;       ///< events counted so far
+  std::uint64_t events_seen_ = 0;  ///< ... of which wait_for_event() has returned for
 };
 
 /// The address in the coordinator's --address-file, once it exists (written whole, by a rename).
