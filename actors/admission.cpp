@@ -170,6 +170,11 @@ caf::error check_registration(const messages::register_node& r, const admission_
                       "the worker has " + std::to_string(r.slots) + " slot(s), the job's nodes have " +
                           std::to_string(policy.slots_per_node) + " (cluster.slots_per_node); start it with --slots " +
                           std::to_string(policy.slots_per_node));
+  if (r.device != policy.device)
+    return make_error(protocol_error::wrong_device,
+                      "the worker computes on " + (r.device.empty() ? std::string("(none)") : r.device) +
+                          ", the job's stages run on " + policy.device + " (cluster.device); start it with --device " +
+                          policy.device);
   return {};
 }
 

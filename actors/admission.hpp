@@ -85,6 +85,8 @@ struct admission_policy {
   /// The job's M (cluster.slots_per_node): the planner cuts every pipeline for nodes of exactly
   /// M slots, so a worker with any other --slots could not run what it would be assigned.
   std::int32_t slots_per_node = 1;
+  /// The job's cluster.device ("cpu" or "cuda"): a worker computing elsewhere is refused.
+  std::string device = "cpu";
 };
 
 /// Checks `r` (its nonce is consumed whatever the outcome); an empty error admits it.

@@ -86,7 +86,7 @@ void start_registration(monitor_pointer self, node_memory memory = {}) {
       .then(
           [self, wait, memory = std::move(memory)](std::string& nonce) mutable {
             auto& d = self->state.deps;
-            register_node r{protocol_version, d.job_hash, d.name,  d.slots, d.data,
+            register_node r{protocol_version, d.job_hash, d.name,  d.slots, d.device, d.data,
                             nonce,            admission_proof(d.token, nonce, d.name), memory.node, std::move(memory)};
             const bool rejoining = r.memory.present;
             self->request(d.coordinator, wait, std::move(r))

@@ -53,6 +53,12 @@ struct stage_job {
   runtime::adamw_options optimizer;
   std::int32_t connect_timeout_ms = 60'000;  ///< the data plane's mesh (twice [faults] form_deadline_ms)
   bool overlap_gradient_reduce = true;  ///< runtime::executor_options::overlap_gradient_reduce
+  /// Where the stages compute (the job's cluster.device): "cpu", or "cuda" on GPU device_index
+  /// (the worker's --device cuda:INDEX). On CUDA the layer store, the optimizer state and every
+  /// activation live on the GPU, and the data plane (host transport) stages device tensors
+  /// through host memory.
+  std::string device = "cpu";
+  std::int32_t device_index = 0;
   /// The job token: the data plane's handshake proves it (over the epoch's data_nonce) and never
   /// sends it. Empty only in tests.
   std::string data_token;

@@ -215,6 +215,12 @@ std::map<std::string, setter> schema(job_file& job) {
          if (!planning::is_power_of_two(m)) d.fail(v, key + " must be a power of two (1, 2, 4, ..., 64), got " + std::to_string(m));
          job.cluster.slots_per_node = static_cast<int>(m);
        }},
+      {"cluster.device",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         const std::string name = d.text(v, key);
+         if (name != "cpu" && name != "cuda") d.fail(v, key + " must be \"cpu\" or \"cuda\", got \"" + name + "\"");
+         job.cluster.device = name;
+       }},
       {"cluster.fault_tolerance", int_in(job.cluster.fault_tolerance, 0, 4095)},
       {"cluster.device_memory_bytes", int64_in(job.cluster.device_memory_bytes, 1)},
       {"cluster.heartbeat_interval_ms", int_in(job.cluster.heartbeat_interval_ms, 1, 3'600'000)},
@@ -327,6 +333,10 @@ void check_rules(const decoder& d, const job_file& job) {
     d.fail_rule({"cluster.nodes", "cluster.fault_tolerance"},
                 "cluster.nodes " + std::to_string(c.nodes) + " cannot hold cluster.fault_tolerance + 1 = " +
                     std::to_string(c.fault_tolerance + 1) + " pipelines");
+  if (c.device == "cuda" && c.slots_per_node > 1)
+    d.fail_rule({"cluster.device", "cluster.slots_per_node"},
+                "cluster.device \"cuda\" runs one GPU per worker process: cluster.slots_per_node must be 1, got " +
+                    std::to_string(c.slots_per_node) + " (nodes of several GPUs as one worker are not built yet)");
   if (c.connection_timeout_ms < 2LL * c.heartbeat_interval_ms)
     d.fail_rule({"cluster.connection_timeout_ms", "cluster.heartbeat_interval_ms"},
                 "cluster.connection_timeout_ms " + std::to_string(c.connection_timeout_ms) +
@@ -461,13 +471,18 @@ job_file read_job_file(const std::string& path) {
   return job;
 }
 
-std::string job_text_for_workers(std::string_view text, const std::string& path) {
-  toml::table root;
+namespace {
+
+toml::table parse_job_table(std::string_view text, const std::string& path) {
   try {
-    root = toml::parse(text, path);
+    return toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     throw input_error(path + ":" + std::to_string(e.source().begin.line) + ": " + std::string(e.description()));
   }
+}
+
+/// Makes the job's relative data paths absolute (relative to `path`'s folder); true if any was.
+bool resolve_paths(toml::table& root, const std::string& path) {
   const auto folder = std::filesystem::absolute(std::filesystem::path(path)).parent_path();
   bool changed = false;
   for (const char* key : {"data.train", "data.text", "data.validation", "model.init"}) {
@@ -476,10 +491,33 @@ std::string job_text_for_workers(std::string_view text, const std::string& path)
     *value = (folder / value->get()).lexically_normal().string();
     changed = true;
   }
-  if (!changed) return std::string(text);
+  return changed;
+}
+
+std::string text_of(const toml::table& root) {
   std::ostringstream out;
   out << toml::toml_formatter(root) << "\n";
   return out.str();
+}
+
+}  // namespace
+
+std::string job_text_for_workers(std::string_view text, const std::string& path) {
+  auto root = parse_job_table(text, path);
+  if (!resolve_paths(root, path)) return std::string(text);
+  return text_of(root);
+}
+
+std::string job_text_on_device(std::string_view text, const std::string& path, const std::string& device) {
+  auto root = parse_job_table(text, path);
+  resolve_paths(root, path);
+  auto* cluster = root["cluster"].as_table();
+  if (cluster == nullptr) {
+    root.insert("cluster", toml::table{});
+    cluster = root["cluster"].as_table();
+  }
+  cluster->insert_or_assign("device", device);
+  return text_of(root);
 }
 
 planning::synthetic_gpt synthetic_model(const job_file& job) {

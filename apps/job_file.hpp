@@ -85,6 +85,10 @@ struct cluster_section {
   /// device_memory_bytes of memory: a stage of width d runs on d threads, and a node runs one
   /// stage actor (thread) per stage. Every worker must be started with --slots M; a power of two.
   int slots_per_node = 1;
+  /// Where stages compute: "cpu" or "cuda" (slot s of a node on GPU index + s, the index being
+  /// the worker's --device cuda:INDEX). Every worker must be started with a --device of this
+  /// kind; "cuda" needs workers built with OOBLECK_WITH_CUDA (the coordinator needs no GPU).
+  std::string device = "cpu";
   int fault_tolerance = 1;  ///< f: at least f + 1 pipelines, so any f simultaneous losses are survived
   std::int64_t device_memory_bytes = 4LL << 30;  ///< memory of one slot (GPU or CPU slot)
   /// CAF's middleman heartbeat and the silence after which a peer is declared lost (a hung
@@ -192,6 +196,11 @@ job_file read_job_file(const std::string& path);
 /// may run elsewhere, in another directory; they must see the same files at those paths).
 /// Unchanged when there is no relative path to resolve. Throws input_error like parse_job.
 std::string job_text_for_workers(std::string_view text, const std::string& path);
+
+/// The job file's text with cluster.device set to `device` and its relative paths made absolute as
+/// above, so that the text can be written anywhere (oobleck-local --device). Throws input_error
+/// like parse_job; the value itself is checked when the text is read.
+std::string job_text_on_device(std::string_view text, const std::string& path, const std::string& device);
 
 /// The synthetic profile's model for a job without a measured profile (profile.file empty): the
 /// job's GPT, microbatch and slot memory, cluster.slots_per_node slots per node, 20 GFLOP/s per slot (a CPU core in

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <functional>
 #include <iostream>
 #include <mutex>
@@ -48,6 +49,7 @@
 #include "messages/event_json.hpp"
 #include "messages/input_error.hpp"
 #include "runtime/child_process.hpp"
+#include "runtime/device_spec.hpp"
 
 namespace oobleck::apps {
 
@@ -115,7 +117,20 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     job_path = (dir / "job.toml").string();
     std::ofstream(job_path) << default_local_job;
   }
+  if (!o.device.empty()) {
+    // --device: the job's text with cluster.device set (its relative paths made absolute), in the
+    // scratch directory; the coordinator runs that job.
+    std::ifstream in(job_path);
+    if (!in) throw messages::input_error("cannot read " + job_path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string on_device = (dir / "job-on-device.toml").string();
+    std::ofstream(on_device) << job_text_on_device(text, job_path, o.device);
+    job_path = on_device;
+  }
   const job_file job = read_job_file(job_path);  // a bad job file is refused here, before any process starts
+  if (job.cluster.device == "cuda" && !runtime::built_with_cuda())
+    throw messages::input_error("cluster.device \"cuda\": this build has no CUDA support (configure with "
+                                "-DOOBLECK_WITH_CUDA=ON against a CUDA LibTorch: scripts/gpu/build.sh)");
   // TLS: checked here, then handed on as flags (files made absolute; a passphrase through a file of
   // the scratch directory, which only this user can read).
   const tls_section tls = resolve_tls(job.tls, o.tls);
@@ -317,7 +332,8 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   auto start_worker = [&](int i) {
     std::vector<std::string> worker_args{"--coordinator", address, "--token-file", token, "--name",
                                          "node" + std::to_string(i), "--slots",
-                                         std::to_string(job.cluster.slots_per_node), "--heartbeat-interval-ms",
+                                         std::to_string(job.cluster.slots_per_node), "--device", job.cluster.device,
+                                         "--heartbeat-interval-ms",
                                          std::to_string(job.cluster.heartbeat_interval_ms),
                                          "--connection-timeout-ms",
                                          std::to_string(job.cluster.connection_timeout_ms), "--coordinator-grace",

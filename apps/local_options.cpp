@@ -166,6 +166,11 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
                  "SECONDS: below the minimum, wait at most this long for nodes (0: no limit, the default), then exit 4; "
                  "the job waits by default with a checkpoint directory, and always with --trace")
       ->check(CLI::NonNegativeNumber);
+  add_text(app, "--device", o.device,
+           "where the stages compute, instead of the job's cluster.device: cpu, or cuda (every worker on GPU 0; a "
+           "build with OOBLECK_WITH_CUDA)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->type_name("cpu|cuda");
   add_text(app, "--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (default: the job's [checkpoint] dir)");
   add_integer(app, "--checkpoint-every", o.checkpoint_every, 0, std::int64_t{1} << 40,
               "a checkpoint after every K committed steps (default: the job's [checkpoint] every)");

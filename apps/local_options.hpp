@@ -44,6 +44,7 @@ struct local_options {
   double coordinator_grace_s = 60;             ///< --coordinator-grace, for every worker
   std::optional<std::int64_t> digest_every;    ///< --digest-every, passed to the coordinator
   std::string profile;                         ///< --profile, passed to the coordinator
+  std::string device;                          ///< --device: the job's cluster.device instead ("cpu", "cuda")
   /// Below the minimum: --exit-below-minimum (exit 4), or wait (--wait-for-nodes SECONDS, 0: no
   /// limit; the coordinator waits by default with a checkpoint directory, and always with --trace).
   bool exit_below_minimum = false;

@@ -27,6 +27,7 @@
 #include "apps/tls.hpp"
 #include "messages/profile_json.hpp"
 #include "messages/input_error.hpp"
+#include "runtime/device_spec.hpp"
 
 namespace oobleck::apps {
 
@@ -102,6 +103,11 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   add_integer(app, "--slots", slots, 1, 64,
               "slots of this node (default 1): must equal the job's cluster.slots_per_node; on CPU a slot is "
               "one LibTorch thread, and a node runs one stage actor per stage it is given");
+  std::string device_text = "cpu";
+  add_text(app, "--device", device_text,
+           "where this node's stages compute: cpu (default), cuda (GPU 0) or cuda:N; its kind must equal the "
+           "job's cluster.device, and cuda needs a build with OOBLECK_WITH_CUDA (scripts/gpu/build.sh)")
+      ->type_name("cpu|cuda[:N]");
   add_text(app, "--config", config,
            "the job file this worker was started for; refused if the coordinator runs another job (its [tls] "
            "table, if any, is this worker's TLS unless --tls-* flags replace it)");
@@ -124,6 +130,18 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   if (!parse_flags(app, args, out)) return 0;
   if (silence_ms < 2 * heartbeat_ms)
     throw messages::input_error("--connection-timeout-ms must be at least twice --heartbeat-interval-ms");
+  runtime::device_spec device;
+  try {
+    device = runtime::parse_device_spec(device_text);
+  } catch (const std::invalid_argument& e) {
+    throw messages::input_error(std::string("--device: ") + e.what());
+  }
+  if (device.kind == "cuda" && !runtime::built_with_cuda())
+    throw messages::input_error("--device " + device_text +
+                                ": this build has no CUDA support (configure with -DOOBLECK_WITH_CUDA=ON against a "
+                                "CUDA LibTorch: scripts/gpu/build.sh)");
+  if (device.kind == "cuda" && slots > 1)
+    throw messages::input_error("--device cuda runs one GPU per worker process: --slots must be 1");
 
   std::vector<host_port> addresses;
   for (std::size_t from = 0; from <= coordinator.size();) {
@@ -180,6 +198,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   deps.token = token;
   deps.name = name;
   deps.slots = slots;
+  deps.device = device.kind;
   // Held until the process ends (it exits with std::_Exit below, and the kernel closes it).
   std::optional<port_reservation> reserved;
   if (data_port == 0) reserved.emplace();
@@ -255,9 +274,10 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
         std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()) + " s");
     return messages::profile_json_text(profile, 0);
   };
-  deps.make_stage = [&sys, slots, token](const messages::admission& a) {
+  deps.make_stage = [&sys, slots, token, device](const messages::admission& a) {
     auto job = stage_job_for(parse_job(a.job_toml, "the coordinator's job file"));
     job.data_token = token;  // the data plane's key
+    job.device_index = device.index;  // the kind was checked at admission
     return actors::spawn_stage(sys, job, slots);
   };
   // Detached: its handlers block (building the job's corpus at admission, aborting a data plane),

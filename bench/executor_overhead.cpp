@@ -2,7 +2,12 @@
 // a 1-stage pipeline should cost nothing over gradient accumulation by hand (target: >= 0.95 of
 // the plain loop's throughput).
 //
-// usage: executor_overhead [--quick] [--json PATH]
+// usage: executor_overhead [--quick] [--json PATH] [--device cpu|cuda[:N]] [--preset gpt2] [--seq-len N]
+//                          [--microbatch N] [--steps N]
+//
+// Built a second time as gpu_executor_overhead in a CUDA build (scripts/gpu/test.sh runs it): the
+// same comparison on the GPU for GPT-2 small by default (fp32, untied embeddings and no dropout in
+// both loops, so that the two do the same work), each step timed to the device's completion.
 
 #include <torch/torch.h>
 
@@ -16,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include "bench/bench_flags.hpp"
 #include "runtime/device.hpp"
+#include "runtime/device_spec.hpp"
 #include "runtime/dataset.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/stage_executor.hpp"
@@ -45,17 +51,59 @@ double median(std::vector<double> xs) {
 
 int main(int argc, char** argv) {
   bool quick = false;
-  std::string json_path = "executor_overhead.json";
-  CLI::App app{"executor_overhead: step time of a 1-stage pipeline (stage executor, 1F1B ops) against a plain\n"
-               "LibTorch loop with the same gradient accumulation and AdamW, one intra-op thread.",
-               "executor_overhead"};
+#ifdef OOBLECK_GPU_BENCH
+  const std::string name = "gpu_executor_overhead";
+  std::string device_text = "cuda", preset = "gpt2";
+  std::int64_t seq_len = 1024;
+#else
+  const std::string name = "executor_overhead";
+  std::string device_text = "cpu", preset;
+  std::int64_t seq_len = 0;
+#endif
+  std::string json_path = name + ".json";
+  int microbatch = 4, steps = 0;
+  CLI::App app{name + ": step time of a 1-stage pipeline (stage executor, 1F1B ops) against a plain\n"
+                      "LibTorch loop with the same gradient accumulation and AdamW, one intra-op thread.",
+               name};
   app.add_flag("--quick", quick, "a smaller model and fewer steps (a smoke run)");
-  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default executor_overhead.json)");
+  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default " + name + ".json)");
+  oobleck::bench::add_text(app, "--device", device_text, "cpu, cuda or cuda:N (default " + device_text + ")")
+      ->type_name("cpu|cuda[:N]");
+  oobleck::bench::add_text(app, "--preset", preset,
+                           "a GPT-2 size (gpt2, gpt2-medium, ...), untied and without dropout (default: " +
+                               (preset.empty() ? std::string("a small oobleck-gpt") : preset) + ")")
+      ->type_name("NAME");
+  app.add_option("--seq-len", seq_len, "sequence length (default: the model's)")->check(CLI::PositiveNumber);
+  app.add_option("--microbatch", microbatch, "samples per microbatch (default 4)")->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "timed steps per round (default 12, 2 with --quick)")->check(CLI::PositiveNumber);
   if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
   runtime::use_one_compute_thread();
-  const runtime::gpt_config model{.vocab = 256, .d_model = quick ? 64 : 256, .heads = 8, .blocks = 4,
-                                  .seq_len = quick ? 32 : 128, .seed = 1};
-  const int microbatch = 4, microbatches = 8, steps = quick ? 2 : 12, warmup = 2;  // steps per round
+  runtime::device_spec spec;
+  torch::Device device = torch::kCPU;
+  runtime::gpt_config model{.vocab = 256, .d_model = quick ? 64 : 256, .heads = 8, .blocks = 4,
+                            .seq_len = quick ? 32 : 128, .seed = 1};
+  try {
+    spec = runtime::parse_device_spec(device_text);
+    if (spec.kind == "cuda") device = runtime::make_device(runtime::device_kind::cuda, spec.index);
+    if (!preset.empty()) model = runtime::preset(preset);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  }
+  if (!preset.empty()) {
+    model.tie_embeddings = false;  // the plain loop has no tied pair
+    model.dropout = 0;             // masks are drawn on the CPU (issue 28 item 5): not the comparison here
+    model.seed = 1;
+    if (quick) model.blocks = 2;
+  }
+  if (seq_len > 0) model.seq_len = seq_len;
+  if (quick && !preset.empty()) model.seq_len = std::min<std::int64_t>(model.seq_len, 128);
+  const int microbatches = 8, warmup = 2;  // per round
+  if (steps == 0) steps = quick ? 2 : 12;
+  // A step ends when the device has finished it: CUDA queues work and returns.
+  const auto finish = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  };
   const runtime::adamw_options adamw;
   const runtime::token_dataset data(runtime::default_corpus(1 << 20), model.seq_len);
   const runtime::sampler sampler(1, data.size(), microbatch * microbatches);
@@ -64,33 +112,35 @@ int main(int argc, char** argv) {
   auto round = [&](bool plain_first) {
     // Plain loop: all layers, microbatches accumulated by hand.
     std::vector<std::shared_ptr<runtime::model_layer>> layers;
-    if (plain_first) layers = runtime::build_layers(model, 0, model.num_layers());
+    if (plain_first) layers = runtime::build_layers(model, 0, model.num_layers(), device);
     // The same work through the stage executor. Which model is allocated first changes where its
     // weights land and measurably its speed, so rounds are run in both orders.
     no_communicator comm;
-    runtime::layer_store store(model);
+    runtime::layer_store store(model, device);
     store.ensure(0, model.num_layers());
     runtime::stage_executor executor(store, {0, model.num_layers(), 0, 1, -1, -1}, comm,
                                      {.microbatch_size = microbatch, .global_microbatches = microbatches, .optimizer = adamw});
-    if (!plain_first) layers = runtime::build_layers(model, 0, model.num_layers());
+    if (!plain_first) layers = runtime::build_layers(model, 0, model.num_layers(), device);
     std::vector<runtime::layer_optimizer_state> states;
     for (auto& l : layers) states.push_back(runtime::initial_state(l->parameters()));
     auto plain_step = [&](const torch::Tensor& in, const torch::Tensor& out) {
       for (int m = 0; m < microbatches; ++m) {
-        torch::Tensor h = in.slice(0, m * microbatch, (m + 1) * microbatch);
+        torch::Tensor h = in.slice(0, m * microbatch, (m + 1) * microbatch).to(device);
         for (auto& l : layers) h = l->forward(h);
-        (runtime::lm_loss(h, out.slice(0, m * microbatch, (m + 1) * microbatch)) / microbatches).backward();
+        (runtime::lm_loss(h, out.slice(0, m * microbatch, (m + 1) * microbatch).to(device)) / microbatches).backward();
       }
       for (std::size_t i = 0; i < layers.size(); ++i) {
         runtime::adamw_step(layers[i]->parameters(), states[i], adamw);
         for (auto& p : layers[i]->parameters()) p.mutable_grad() = torch::Tensor();
       }
+      finish();
     };
     const std::vector<std::vector<int>> groups(model.num_layers(), std::vector<int>{0});
     auto staged_step = [&](const torch::Tensor& in, const torch::Tensor& out) {
       executor.run_step(0, 0, microbatches, in, out);
       executor.reduce_gradients(groups);
       executor.commit();
+      finish();
     };
     // Interleaved, alternating which goes first, so drift in the machine's speed hits both alike.
     auto timed = [](const auto& f) {
@@ -122,16 +172,24 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < plain.size(); ++i) ratios.push_back(plain[i] / staged[i]);
   const double p = median(plain), s = median(staged), ratio = median(ratios);
   char line[200];
-  std::printf("model: d_model %lld, %lld blocks, seq %lld; %d microbatches of %d; median of 2 x %d steps (both allocation orders)\n",
-              static_cast<long long>(model.d_model), static_cast<long long>(model.blocks),
-              static_cast<long long>(model.seq_len), microbatches, microbatch, steps);
+  std::printf("model: %s, d_model %lld, %lld blocks, seq %lld; %d microbatches of %d; on %s; median of 2 x %d steps (both allocation orders)\n",
+              preset.empty() ? "oobleck-gpt" : preset.c_str(), static_cast<long long>(model.d_model),
+              static_cast<long long>(model.blocks), static_cast<long long>(model.seq_len), microbatches, microbatch,
+              runtime::to_string(spec).c_str(), steps);
   std::printf("%-28s %12s %14s\n", "", "step ms", "samples/s");
   std::snprintf(line, sizeof line, "%-28s %12.2f %14.1f\n", "plain LibTorch loop", p, microbatch * microbatches * 1000.0 / p);
   std::cout << line;
   std::snprintf(line, sizeof line, "%-28s %12.2f %14.1f\n", "stage executor (1 stage)", s, microbatch * microbatches * 1000.0 / s);
   std::cout << line;
   std::printf("executor throughput / plain throughput = %.3f (median of per-step ratios; target >= 0.95)\n", ratio);
-  std::ofstream(json_path) << json{{"benchmark", "executor_overhead"},
+  std::ofstream(json_path) << json{{"benchmark", name},
+                                   {"device", runtime::to_string(spec)},
+                                   {"model", preset.empty() ? "oobleck-gpt" : preset},
+                                   {"d_model", model.d_model},
+                                   {"blocks", model.blocks},
+                                   {"seq_len", model.seq_len},
+                                   {"microbatch", microbatch},
+                                   {"microbatches", microbatches},
                                    {"plain_step_ms", p},
                                    {"executor_step_ms", s},
                                    {"throughput_ratio", ratio}}

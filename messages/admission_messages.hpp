@@ -108,6 +108,7 @@ struct register_node {
   std::string job_hash;  ///< hash of the job config the worker was started for; empty: any
   std::string name;      ///< host name or --name, for humans
   std::int32_t slots = 1;
+  std::string device = "cpu";  ///< where its stages compute: "cpu" or "cuda" (its --device)
   endpoint data;         ///< where this node's data plane listens
   std::string nonce;     ///< from nonce_request
   std::string proof;     ///< hex HMAC-SHA256(token, "register\n" + nonce + "\n" + name)
@@ -122,7 +123,7 @@ struct register_node {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, register_node& x) {
   return f(caf::meta::type_name("register_node"), x.protocol_version, x.job_hash, x.name, x.slots,
-           x.data, x.nonce, x.proof, x.previous_node, x.memory);
+           x.device, x.data, x.nonce, x.proof, x.previous_node, x.memory);
 }
 
 /// The coordinator's answer to an admitted node.

@@ -26,6 +26,7 @@ std::string to_string(protocol_error x) {
     case protocol_error::stale_epoch: return "stale_epoch";
     case protocol_error::bad_request: return "bad_request";
     case protocol_error::wrong_slots: return "wrong_slots";
+    case protocol_error::wrong_device: return "wrong_device";
     case protocol_error::evicted: return "evicted";
     case protocol_error::superseded: return "superseded";
   }

@@ -21,7 +21,7 @@
 namespace oobleck::messages {
 
 /// Bumped on every incompatible change of a message; nodes of another version are refused.
-constexpr std::uint32_t protocol_version = 14;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing; 7: typed job events (epoch_forming, commit_stood, step_failed, checkpoint_written, node_refused; stop outcome); 8: typed ids (node_id, rank, layer_index) in the node-side messages, epoch_copy; 9: hostile and faulty conditions (stage faults: error and stall kinds, own failures, stall probes, deadlines, eviction; authenticated data plane; checkpoint writers replaced); 10: a real model (tied-embedding group ranks, gradient clipping's norm and scale, evaluation rounds, tied digests) and each stage's op times (the step's ideal makespan); 11: replaceable coordinator (node_memory in register_node, terms in admission and epoch_assignment, the stage's memory request); 12: waiting below the minimum (waiting_for_nodes and resumed events, nodes_needed in the status, the wait deadline); 13: digests only where checked (commit_step.digests); 14: profile at job start (profile_atom to a monitor, the profile as JSON back)
+constexpr std::uint32_t protocol_version = 15;  // 2: form timings in node_ready; 3: checkpoints (write_checkpoint, resume_dir); 4: step timings (stage_timing); 5: slots (stage widths, wrong_slots); 6: copy preparation and wait in form_timing; 7: typed job events (epoch_forming, commit_stood, step_failed, checkpoint_written, node_refused; stop outcome); 8: typed ids (node_id, rank, layer_index) in the node-side messages, epoch_copy; 9: hostile and faulty conditions (stage faults: error and stall kinds, own failures, stall probes, deadlines, eviction; authenticated data plane; checkpoint writers replaced); 10: a real model (tied-embedding group ranks, gradient clipping's norm and scale, evaluation rounds, tied digests) and each stage's op times (the step's ideal makespan); 11: replaceable coordinator (node_memory in register_node, terms in admission and epoch_assignment, the stage's memory request); 12: waiting below the minimum (waiting_for_nodes and resumed events, nodes_needed in the status, the wait deadline); 13: digests only where checked (commit_step.digests); 14: profile at job start (profile_atom to a monitor, the profile as JSON back); 15: the device kind in register_node (wrong_device)
 
 /// Expected failures returned as values (caf::error with category "oobleck").
 enum class protocol_error : std::uint8_t {
@@ -35,6 +35,7 @@ enum class protocol_error : std::uint8_t {
   wrong_slots,         ///< the worker's --slots differs from the job's cluster.slots_per_node
   evicted,             ///< the coordinator evicted this node (its stages failed or stalled repeatedly)
   superseded,          ///< a newer coordinator (a higher term) adopted the job
+  wrong_device,        ///< the worker's --device kind differs from the job's cluster.device
 };
 
 caf::error make_error(protocol_error x);

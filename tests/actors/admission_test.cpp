@@ -144,6 +144,20 @@ TEST_CASE("admission: registrations are refused with the reason, and only a corr
   CHECK(c.refusal(one_slot).rfind("wrong_slots: the worker has 1 slot(s), the job's nodes have 2", 0) == 0);
 }
 
+TEST_CASE("admission: a worker computing on another kind of device than the job's is refused") {
+  registration_case c;
+  auto gpu = c.good(c.policy.token);
+  gpu.device = "cuda";
+  CHECK(c.refusal(gpu) ==
+        "wrong_device: the worker computes on cuda, the job's stages run on cpu (cluster.device); start it with --device cpu");
+  c.policy.device = "cuda";
+  auto cpu = c.good(c.policy.token);
+  CHECK(c.refusal(cpu).rfind("wrong_device: the worker computes on cpu, the job's stages run on cuda", 0) == 0);
+  auto matching = c.good(c.policy.token);
+  matching.device = "cuda";
+  CHECK(c.refusal(matching) == "admitted");
+}
+
 TEST_CASE("admission: operator requests need a proof made with a fresh nonce") {
   registration_case c;
   const std::string n = c.book.issue(c.now).value();

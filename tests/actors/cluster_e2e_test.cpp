@@ -271,6 +271,15 @@ TEST_CASE("cluster: bad flags and unreachable coordinators are one clear error")
                                             "--connect-timeout", "0.5"});
   CHECK(r.exit_status == 1);
   CHECK(r.err.find("cannot reach the coordinator at 127.0.0.1:1") != std::string::npos);
+  // --device: the forms it takes, and CUDA only in a CUDA build, refused before anything starts.
+  r = run_process(bin + "/oobleck-worker", {"--coordinator", "127.0.0.1:1", "--token-file", d.path("tok"), "--device", "gpu"});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err.find("--device: device 'gpu' is not one of cpu, cuda, cuda:N") != std::string::npos);
+#ifndef OOBLECK_WITH_CUDA
+  r = run_process(bin + "/oobleck-worker", {"--coordinator", "127.0.0.1:1", "--token-file", d.path("tok"), "--device", "cuda:1"});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err.find("--device cuda:1: this build has no CUDA support") != std::string::npos);
+#endif
   std::filesystem::permissions(d.path("tok"), std::filesystem::perms::owner_read | std::filesystem::perms::others_read);
   r = run_process(bin + "/oobleck-ctl", {"--coordinator", "127.0.0.1:1", "--token-file", d.path("tok"), "status"});
   CHECK(r.exit_status == 1);

@@ -265,7 +265,7 @@ TEST_CASE("who may speak: a stranger's nonce requests cannot take a worker's pen
   f.sched.run();
   CHECK(state_of(f).nonces.outstanding() <= 1024u);
   // The worker's registration with its nonce is admitted.
-  register_node r{protocol_version, "", "w0", 1, {"127.0.0.1", 5000}, nonce, admission_proof(fixture::token, nonce, "w0"), -1};
+  register_node r{protocol_version, "", "w0", 1, "cpu", {"127.0.0.1", 5000}, nonce, admission_proof(fixture::token, nonce, "w0"), -1};
   admission a;
   CHECK(f.ask(a, r) == "ok");
   CHECK(f.happened({.kind = event_kind::node_joined, .detail = "w0"}));

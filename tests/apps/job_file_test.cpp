@@ -48,7 +48,7 @@ const std::vector<std::string> kKeys = {
     "training.steps", "training.global_batch", "training.microbatch", "training.seed",
     "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps", "optimizer.weight_decay",
     "optimizer.schedule", "optimizer.warmup_steps", "optimizer.min_lr",
-    "cluster.nodes", "cluster.slots_per_node", "cluster.fault_tolerance", "cluster.device_memory_bytes", "cluster.heartbeat_interval_ms",
+    "cluster.nodes", "cluster.slots_per_node", "cluster.device", "cluster.fault_tolerance", "cluster.device_memory_bytes", "cluster.heartbeat_interval_ms",
     "cluster.connection_timeout_ms",
     "checkpoint.dir", "checkpoint.every",
     "http.port",
@@ -634,6 +634,30 @@ TEST_CASE("the job text workers receive has its relative data paths and model.in
   // A relative job path resolves against the current directory, as the coordinator reads it.
   CHECK(apps::parse_job(apps::job_text_for_workers(text, "job.toml")).data.train ==
         (std::filesystem::current_path() / "data/train.bin").string());
+}
+
+TEST_CASE("cluster.device: cpu by default, cuda with one GPU per worker, anything else refused") {
+  CHECK(apps::parse_job("").cluster.device == "cpu");
+  CHECK(apps::parse_job("[cluster]\ndevice = \"cuda\"\n").cluster.device == "cuda");
+  CHECK(error_of("[cluster]\ndevice = \"gpu\"\n") == "job.toml:2: cluster.device must be \"cpu\" or \"cuda\", got \"gpu\"");
+  CHECK(error_of("[cluster]\ndevice = \"cuda\"\nslots_per_node = 2\n")
+            .find("cluster.device \"cuda\" runs one GPU per worker process: cluster.slots_per_node must be 1, got 2") !=
+        std::string::npos);
+  CHECK(error_of("[cluster]\ndevice = \"cpu\"\nslots_per_node = 2\n").empty());
+}
+
+TEST_CASE("oobleck-local --device: the job's text with cluster.device set and its paths absolute") {
+  const job_folder f("on-device");
+  const std::string text = "[data]\ntrain = \"data/train.bin\"\n";
+  const auto path = f.job(text);
+  const auto job = apps::parse_job(apps::job_text_on_device(text, path, "cuda"), "sent");
+  CHECK(job.cluster.device == "cuda");
+  CHECK(job.data.train == (f.dir / "data/train.bin").string());
+  // An existing [cluster] table keeps its other keys.
+  const std::string with_cluster = "[cluster]\nnodes = 4\ndevice = \"cuda\"\n";
+  const auto back = apps::parse_job(apps::job_text_on_device(with_cluster, f.job(with_cluster), "cpu"), "sent");
+  CHECK(back.cluster.device == "cpu");
+  CHECK(back.cluster.nodes == 4);
 }
 
 TEST_CASE("the GPT-2 example job is GPT-2 small on token files, and its shrunk laptop form is valid") {

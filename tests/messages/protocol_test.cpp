@@ -68,7 +68,7 @@ endpoint sample_endpoint() { return {"10.0.0.7", 29'500}; }
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: admission messages round-trip") {
   check(sample_endpoint());
   check(nonce_request{protocol_version});
-  check(register_node{protocol_version, "0f1e2d", "node-a", 2, sample_endpoint(), "n0nce", "c0ffee",
+  check(register_node{protocol_version, "0f1e2d", "node-a", 2, "cuda", sample_endpoint(), "n0nce", "c0ffee",
                       17});
   check(admission{node_id{5}, "[model]\nlayers = 4\n", "0f1e2d"});
   check(control_proof{"n0nce", "c0ffee"});

@@ -1,0 +1,64 @@
+// oobleck-local on a GPU (label cuda; built with OOBLECK_WITH_CUDA=ON, run by scripts/gpu/test.sh):
+// 4 worker processes share one GPU (cluster.device = "cuda", every worker on GPU 0; the data plane
+// is the host transport, which stages device tensors through host memory, since NCCL takes one
+// rank per GPU), one of them is killed in the middle of a step, and the job goes on: every step
+// B samples, the replicas' digests agree, and the loss curve equals the failure-free run on the
+// same GPU within a tolerance this test states and prints the measured difference against.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "support/local_run.hpp"
+#include "support/subprocess.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace oobleck;
+using namespace oobleck::testing;
+
+namespace {
+
+const std::string bin = OOBLECK_APPS_DIR;
+
+/// The GPU's reductions (cuBLAS, atomics in backward kernels) need not sum in one order from run to
+/// run; the host transport's all-reduce does. 1e-4 relative, as on the CPU, unless measured otherwise.
+constexpr double tolerance = 1e-4;
+
+std::vector<nlohmann::json> run_on_gpu(const std::vector<std::string>& extra) {
+  const testing::temp_dir tmp("oobleck-cuda-local-");
+  const auto metrics = (tmp.path() / "metrics.jsonl").string();
+  std::vector<std::string> args{"--device", "cuda", "--nodes", "4", "--steps", "30", "--metrics-out", metrics,
+                                "--digest-every", "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const auto r = run_to_end(bin + "/oobleck-local", args, metrics, (tmp.path() / "events.jsonl").string(),
+                            std::chrono::seconds(240));
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  return r.steps;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: 4 workers on one GPU, one killed mid-step: the job goes on, on the failure-free loss curve" *
+          doctest::timeout(600)) {
+  const auto clean = run_on_gpu({});
+  const auto failed = run_on_gpu({"--fail-at", "8:2"});
+  REQUIRE(clean.size() == 30);
+  REQUIRE(failed.size() == 30);
+  double worst = 0;
+  for (std::size_t k = 0; k < clean.size(); ++k) {
+    CAPTURE(k);
+    CHECK(failed[k]["samples"] == clean[k]["samples"]);
+    for (const auto& [layer, digests] : failed[k]["layer_digests"].items())
+      for (const auto& d : digests) CHECK(d == digests[0]);
+    const double a = clean[k]["loss"].get<double>(), b = failed[k]["loss"].get<double>();
+    worst = std::max(worst, std::abs(a - b) / std::abs(a));
+  }
+  MESSAGE("largest relative loss difference against the failure-free run on this GPU: " << worst);
+  CHECK(worst <= tolerance);
+  CHECK(failed.back()["loss"].get<double>() < failed.front()["loss"].get<double>());
+}
