@@ -37,6 +37,7 @@ struct profile_options {
   std::optional<int> repeats;
   bool no_link = false;
   double link_latency_ms = -1, link_gbytes_per_s = -1;  // < 0: measure on loopback
+  std::string device;  ///< empty: the job's cluster.device
 };
 
 /// The flags; false when --help was asked.
@@ -54,6 +55,10 @@ bool parse(const std::vector<std::string>& args, std::ostream& out, profile_opti
                              "latency of one message between two nodes, instead of measuring loopback");
   auto* bandwidth = add_number(app, "--link-gbytes-per-s", o.link_gbytes_per_s, 0,
                                "bandwidth between two nodes in GB/s (0: bytes are free), instead of measuring loopback");
+  add_text(app, "--device", o.device,
+           "where the layers run: cpu, cuda or cuda:N (default: the job's cluster.device; cuda needs a build with "
+           "OOBLECK_WITH_CUDA)")
+      ->type_name("cpu|cuda[:N]");
   latency->needs(bandwidth);
   bandwidth->needs(latency);
   no_link->excludes(latency)->excludes(bandwidth);
@@ -81,7 +86,19 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
       check_writable_folder(out_path, o.out_path.empty() && !job.profile.file.empty() ? o.config + ": profile.file"
                                                                                       : "--out");
     const link_choice link{.none = o.no_link, .latency_ms = o.link_latency_ms, .gbytes_per_s = o.link_gbytes_per_s};
-    const auto profile = measure_job_profile(job, o.repeats.value_or(job.profile.repeats), link, &err);
+    std::optional<runtime::device_spec> device;
+    if (!o.device.empty()) {
+      try {
+        device = runtime::parse_device_spec(o.device);
+      } catch (const std::invalid_argument& e) {
+        throw messages::input_error(std::string("--device: ") + e.what());
+      }
+    }
+    const auto kind = device ? device->kind : job.cluster.device;
+    if (kind == "cuda" && !runtime::built_with_cuda())
+      throw messages::input_error("cuda: this build has no CUDA support (configure with -DOOBLECK_WITH_CUDA=ON against a "
+                                  "CUDA LibTorch: scripts/gpu/build.sh)");
+    const auto profile = measure_job_profile(job, o.repeats.value_or(job.profile.repeats), link, &err, device);
     if (!out_path.empty()) {
       if (out_path.size() > 5 && out_path.substr(out_path.size() - 5) == ".json") messages::write_profile_json(profile, out_path);
       else messages::write_profile_capnp(profile, out_path);

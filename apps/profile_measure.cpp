@@ -8,15 +8,17 @@
 namespace oobleck::apps {
 
 planning::profile measure_job_profile(const job_file& job, int repeats, const link_choice& choice,
-                                      std::ostream* progress) {
+                                      std::ostream* progress, std::optional<runtime::device_spec> device) {
   runtime::profiler_options options{.microbatch = job.training.microbatch,
                                     .warmup = job.profile.warmup,
                                     .repeats = repeats,
                                     .device_memory_bytes = job.cluster.device_memory_bytes,
-                                    .slots_per_node = job.cluster.slots_per_node};
+                                    .slots_per_node = job.cluster.slots_per_node,
+                                    .device = device.value_or(runtime::device_spec{job.cluster.device, 0})};
   if (progress)
     *progress << "profiling " << job.model.num_layers() << " layers (config " << job.model.hash() << ", microbatch "
-              << options.microbatch << ", " << options.repeats << " repeats)...\n";
+              << options.microbatch << ", " << options.repeats << " repeats, on " << runtime::to_string(options.device)
+              << ")...\n";
   const auto layers = runtime::measure_layers(job.model, options);
   char line[200];
   if (progress) {

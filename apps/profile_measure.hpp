@@ -3,10 +3,12 @@
 // when the coordinator asks for a profile at job start (ARCHITECTURE.md §4 "Profile at job start").
 // LibTorch runs behind this header (oobleck_cli_torch).
 
+#include <optional>
 #include <ostream>
 
 #include "apps/job_file.hpp"
 #include "planning/profile.hpp"
+#include "runtime/device_spec.hpp"
 
 namespace oobleck::apps {
 
@@ -20,8 +22,9 @@ struct link_choice {
 /// Every layer of the job's model at every stage width 1, 2, ..., cluster.slots_per_node
 /// (forward and backward medians of `repeats` microbatches after the job's [profile] warmup,
 /// parameter, activation and output bytes, one AdamW step), then the link. With `progress`, the
-/// table of layers and the link's figures are printed there as they are measured.
+/// table of layers and the link's figures are printed there as they are measured. `device`: where
+/// the layers run (none: the job's cluster.device, a GPU as GPU 0).
 planning::profile measure_job_profile(const job_file& job, int repeats, const link_choice& link,
-                                      std::ostream* progress);
+                                      std::ostream* progress, std::optional<runtime::device_spec> device = {});
 
 }  // namespace oobleck::apps

@@ -264,12 +264,12 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
       return std::nullopt;
     };
   deps.log = log;
-  deps.profile_job = [log](const messages::admission& a) {
+  deps.profile_job = [log, device](const messages::admission& a) {
     // The job's [profile] repeats; the link measured on loopback, as oobleck-profile does by
     // default (the data plane between two transports on this host).
     const auto job = parse_job(a.job_toml, "the coordinator's job file");
     const auto started = std::chrono::steady_clock::now();
-    const auto profile = measure_job_profile(job, job.profile.repeats, {}, nullptr);
+    const auto profile = measure_job_profile(job, job.profile.repeats, {}, nullptr, device);
     log("profiled the job's model (" + std::to_string(profile.num_layers()) + " layers) in " +
         std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()) + " s");
     return messages::profile_json_text(profile, 0);

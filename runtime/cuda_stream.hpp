@@ -1,7 +1,7 @@
 #pragma once
 // LibTorch's current CUDA stream of the calling thread, for code that must not include the CUDA
 // LibTorch headers (runtime/nccl_communicator.cpp is compiled on machines without them, so that it
-// cannot rot). Defined in runtime/cuda_stream.cpp, built only with OOBLECK_WITH_CUDA=ON.
+// cannot rot). Defined in runtime/cuda_support.cpp, built only with OOBLECK_WITH_CUDA=ON.
 
 #include <cuda_runtime_api.h>
 

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "runtime/cuda_info.hpp"
 #include "runtime/device.hpp"
 #include "runtime/gpt_model.hpp"
 #include "runtime/median.hpp"
@@ -87,7 +88,7 @@ double ms_between(std::chrono::steady_clock::time_point from, std::chrono::stead
 /// as commit() does, so no layer's state is still in the caches from its own last step. Read from
 /// the steady clock (options.clock scripts the layer timings only).
 std::vector<double> time_optimizer(const std::vector<std::shared_ptr<model_layer>>& layers,
-                                   const profiler_options& options) {
+                                   const profiler_options& options, const std::function<void()>& settle) {
   const auto now = [] { return std::chrono::steady_clock::now(); };
   torch::NoGradGuard no_grad;
   torch::set_num_threads(1);
@@ -112,8 +113,10 @@ std::vector<double> time_optimizer(const std::vector<std::shared_ptr<model_layer
   std::vector<std::vector<double>> samples(layers.size());
   for (int it = 0; it < options.warmup + options.repeats; ++it)
     for (std::size_t l = 0; l < states.size(); ++l) {
+      settle();
       const auto start = now();
       flat_adamw_step(states[l].buffers, states[l].decayed, states[l].step, adamw_options{});
+      settle();
       if (it >= options.warmup) samples[l].push_back(ms_between(start, now()));
     }
   std::vector<double> medians;
@@ -130,15 +133,30 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
     throw std::invalid_argument("profiler: microbatch and repeats must be >= 1, warmup >= 0");
   if (!planning::is_power_of_two(options.slots_per_node) || options.slots_per_node > 64)
     throw std::invalid_argument("profiler: slots_per_node must be a power of two in [1, 64]");
+  const torch::Device device = options.device.kind == "cpu"
+                                   ? torch::Device(torch::kCPU)
+                                   : make_device(parse_device_kind(options.device.kind), options.device.index);
+  if (device.is_cuda() && options.slots_per_node != 1)
+    throw std::invalid_argument("profiler: a GPU runs one stage per worker: slots_per_node must be 1");
   allocator();
   runtime::use_one_compute_thread();
   const auto now = options.clock ? options.clock : [] { return std::chrono::steady_clock::now(); };
+  // A GPU queues work and returns: a time is read once the device has finished what came before.
+  const std::function<void()> settle = [device] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  };
+  const auto live_bytes = [device]() -> std::int64_t {
+#ifdef OOBLECK_WITH_CUDA
+    if (device.is_cuda()) return cuda_allocated_bytes(device.index());
+#endif
+    return live_cpu_bytes();
+  };
   const int L = model.num_layers();
-  auto layers = build_layers(model, 0, L);
+  auto layers = build_layers(model, 0, L, device);
   const std::int64_t b = options.microbatch, s = model.seq_len;
   torch::manual_seed(static_cast<std::uint64_t>(model.seed));
-  const auto tokens = torch::randint(0, model.vocab, {b, s}, torch::kInt64);
-  const auto targets = torch::randint(0, model.vocab, {b, s}, torch::kInt64);
+  const auto tokens = torch::randint(0, model.vocab, {b, s}, torch::kInt64).to(device);
+  const auto targets = torch::randint(0, model.vocab, {b, s}, torch::kInt64).to(device);
   std::vector<layer_measurement> out(L);
   for (int l = 0; l < L; ++l) {
     auto& m = out[l];
@@ -160,19 +178,23 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
       for (int l = 0; l < L; ++l) {
         auto dropout = dropout_generator(model, it, 0, l);  // masks as in training, never the global generator
         inputs[l] = l == 0 ? tokens : outputs[l - 1].detach().requires_grad_(true);
-        const auto live_before = live_cpu_bytes();
+        settle();
+        const auto live_before = live_bytes();
         const auto start = now();
         auto y = layers[l]->forward(inputs[l], &dropout);
         if (l == L - 1) y = lm_loss(y, targets);
+        settle();
         fwd[l] = ms_between(start, now());
-        retained[l] = live_cpu_bytes() - live_before;
+        retained[l] = live_bytes() - live_before;
         if (l < L - 1) out[l].output_bytes = static_cast<std::int64_t>(y.nbytes());
         outputs[l] = std::move(y);
       }
       for (int l = L - 1; l >= 0; --l) {
+        settle();
         const auto start = now();
         if (l == L - 1) outputs[l].backward();
         else outputs[l].backward(inputs[l + 1].grad());
+        settle();
         bwd[l] = ms_between(start, now());
       }
       for (int l = 0; l < L; ++l)
@@ -194,7 +216,7 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
       }
     }
   }
-  const auto optimizer_ms = time_optimizer(layers, options);
+  const auto optimizer_ms = time_optimizer(layers, options, settle);
   for (int l = 0; l < L; ++l) {
     auto& m = out[l];
     m.forward_ms = m.forward_ms_by_width.front();
@@ -212,6 +234,11 @@ planning::profile make_profile(const gpt_config& model, const profiler_options& 
             std::to_string(model.d_model);
   p.config_hash = model.hash();
   p.device_kind = "cpu";
+#ifdef OOBLECK_WITH_CUDA
+  if (options.device.kind == "cuda") p.device_kind = "cuda:" + cuda_device_name(options.device.index);
+#endif
+  if (options.device.kind != "cpu" && p.device_kind == "cpu")
+    throw std::invalid_argument("profiler: this build has no CUDA support");
   p.microbatch_size = options.microbatch;
   p.gpus_per_node = options.slots_per_node;
   p.device_memory_bytes = options.device_memory_bytes;

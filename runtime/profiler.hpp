@@ -2,8 +2,10 @@
 // Per-layer profiling (ARCHITECTURE.md §4): forward and backward timed separately (backward really runs),
 // each layer where a stage runs it (a microbatch forward through every layer, then backward in reverse),
 // warm-up then the median of repeats, parameter bytes, and the activation bytes autograd retains
-// per in-flight microbatch, counted by the CPU allocator. Unlike the reference code, backward is
-// not assumed to be a multiple of forward and activations are not measured under no_grad.
+// per in-flight microbatch, counted by the CPU allocator (on a GPU: the caching allocator's live
+// bytes). Unlike the reference code, backward is not assumed to be a multiple of forward and
+// activations are not measured under no_grad. On a GPU every timed op is waited for (the device
+// synchronised before and after it), so the times are the device's, not the launch's.
 
 #include <chrono>
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "planning/profile.hpp"
+#include "runtime/device_spec.hpp"
 #include "runtime/gpt_config.hpp"
 
 namespace oobleck::runtime {
@@ -24,6 +27,8 @@ struct profiler_options {
   /// M (the job's cluster.slots_per_node, a power of two): every stage width d = 1, 2, ..., M is
   /// measured with d LibTorch intra-op threads, which is how the runtime runs a stage of width d.
   int slots_per_node = 1;
+  /// Where the layers run: the CPU, or a GPU (a build with OOBLECK_WITH_CUDA; slots_per_node 1).
+  device_spec device;
   /// The clock the timings are read from (steady_clock::now when empty); tests give a virtual one.
   std::function<std::chrono::steady_clock::time_point()> clock;
 };
@@ -41,13 +46,14 @@ struct layer_measurement {
   double optimizer_ms = 0;            ///< median of AdamW steps over its parameters (one thread)
 };
 
-/// Measures every layer of the model on the CPU, at every stage width d = 1, 2, ..., M of
+/// Measures every layer of the model on options.device, at every stage width d = 1, 2, ..., M of
 /// options.slots_per_node with d intra-op threads (one thread again afterwards).
 std::vector<layer_measurement> measure_layers(const gpt_config& model, const profiler_options& options);
 
 /// The planning profile of those measurements and of the link between two nodes (all zero: free):
 /// gpus_per_node = slots_per_node, times for every width, tagged with the model's config hash,
-/// the microbatch and the device kind so that a profile of another job is refused.
+/// the microbatch and the device kind ("cpu", or "cuda:" and the GPU's name) so that a profile of
+/// another job is refused.
 planning::profile make_profile(const gpt_config& model, const profiler_options& options,
                                const std::vector<layer_measurement>& layers, planning::link_profile link = {});
 
