@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -25,7 +26,15 @@ using oobleck::runtime::nccl_communicator;
 
 namespace {
 
-int gpus() { return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+/// The visible GPUs, counted in a child process: CUDA initialised in this process before a fork
+/// would not work in the forked ranks (each test case runs in a process of its own under CTest).
+int gpus() {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(torch::cuda::is_available() ? std::min<int>(static_cast<int>(torch::cuda::device_count()), 100) : 0);
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
+  return WEXITSTATUS(status);
+}
 
 torch::TensorOptions on(int device) {
   return torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCUDA, static_cast<c10::DeviceIndex>(device));
