@@ -111,11 +111,13 @@ planning::profile modelled_profile(const job_file& job) {
 }
 
 /// The file a profile measured at job start is kept in, in `folder`: one per model config,
-/// microbatch, slots per node and device (CPU: the only device the workers run today).
+/// microbatch, slots per node and device kind (the job's cluster.device: a CPU profile is never
+/// read back for a job on GPUs, nor the other way round).
 std::string profile_cache_file(const std::string& folder, const job_file& job) {
   return (std::filesystem::path(folder) / ("profile-" + job.model.hash() + "-mb" +
                                            std::to_string(job.training.microbatch) + "-slots" +
-                                           std::to_string(job.cluster.slots_per_node) + "-cpu.json"))
+                                           std::to_string(job.cluster.slots_per_node) + "-" + job.cluster.device +
+                                           ".json"))
       .string();
 }
 
