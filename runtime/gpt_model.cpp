@@ -1,6 +1,7 @@
 #include "runtime/gpt_model.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <limits>
@@ -39,6 +40,14 @@ torch::Tensor causal_attention(const torch::Tensor& qkv_flat, std::int64_t heads
   const auto b = qkv_flat.size(0), s = qkv_flat.size(1), d = qkv_flat.size(2) / 3, dh = d / heads;
   auto qkv = qkv_flat.view({b, s, 3, heads, dh}).permute({2, 0, 3, 1, 4});
   auto q = qkv[0], k = qkv[1], v = qkv[2];  // [b, heads, s, dh]
+#if TORCH_VERSION_MAJOR >= 2
+  // On a GPU, LibTorch's fused attention (flash or memory-efficient kernels) computes the same
+  // function without materialising the [s, s] scores. Not with dropout in training: its masks
+  // come from LibTorch's own generator, not the seeded one every replica shares. The CPU keeps the
+  // explicit form below in every build, so CPU results do not depend on the LibTorch version.
+  if (qkv_flat.is_cuda() && (p == 0 || !training))
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true).transpose(1, 2).reshape({b, s, d});
+#endif
   auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dh));
   att = torch::softmax(att.masked_fill(causal_mask(s, qkv_flat.device()), -std::numeric_limits<float>::infinity()), -1);
   att = dropout(att, p, training, gen);
