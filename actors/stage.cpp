@@ -99,20 +99,14 @@ class watched_communicator final : public runtime::communicator {
 /// the lock is taken exclusively only when no step runs (the coordinator commits after every
 /// stage reported, and starts the next step after every node committed) or after the old epoch's
 /// data plane was aborted (forming), which ends any step still under way.
-/// Where the node's stages compute: the job's cluster.device on the worker's GPU (runtime::make_device
-/// says clearly why a CUDA device is not there, a build without CUDA included).
-torch::Device device_of(const stage_job& job) {
-  if (job.device == "cpu") return torch::kCPU;
-  return runtime::make_device(runtime::parse_device_kind(job.device), job.device_index);
-}
-
 struct stage_runtime {
   stage_runtime(stage_job j, int slot_count)
       : job(std::move(j)),
         slots(slot_count),
         data(runtime::make_dataset(job.train, job.model.seq_len, job.model.vocab)),
         samples(job.sample_seed, data.size(), job.global_batch),
-        store(job.model, device_of(job)),
+        // The job's cluster.device on the worker's GPU; make_device says why one is not there.
+        store(job.model, runtime::make_device(runtime::device_spec{job.device, job.device_index})),
         activity(static_cast<std::size_t>(slot_count)),
         gradients_done(static_cast<std::size_t>(slot_count), -1) {
     validation.resize(static_cast<std::size_t>(slot_count));

@@ -120,4 +120,16 @@ bool parse_flags(CLI::App& app, const std::vector<std::string>& args, std::ostre
   return true;
 }
 
+runtime::device_spec parse_device_flag(const std::string& text) {
+  runtime::device_spec device;
+  try {
+    device = runtime::parse_device_spec(text);
+  } catch (const std::invalid_argument& e) {
+    throw messages::input_error(std::string("--device: ") + e.what());
+  }
+  if (device.kind == "cuda" && !runtime::built_with_cuda())
+    throw messages::input_error("--device " + text + ": " + runtime::no_cuda_build_reason());
+  return device;
+}
+
 }  // namespace oobleck::apps

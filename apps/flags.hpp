@@ -17,7 +17,13 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/device_spec.hpp"
+
 namespace oobleck::apps {
+
+/// The value of a --device flag (cpu, cuda, cuda:N), refused with messages::input_error when it
+/// is none of those or names CUDA in a build without it.
+runtime::device_spec parse_device_flag(const std::string& text);
 
 /// An integer flag in [min, max]; set receives each value.
 CLI::Option* add_integer(CLI::App& app, const std::string& name, std::int64_t min, std::int64_t max,

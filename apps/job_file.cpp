@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "messages/input_error.hpp"
+#include "runtime/device_spec.hpp"
 #include "runtime/hf_gpt2.hpp"
 
 namespace oobleck::apps {
@@ -453,7 +454,7 @@ job_file parse_job(std::string_view text, std::string_view origin) {
   return job;
 }
 
-job_file read_job_file(const std::string& path) {
+std::string read_job_text(const std::string& path) {
   const std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw input_error("cannot read job file " + path + ": " + std::strerror(errno));
   std::string text;
@@ -462,7 +463,11 @@ job_file read_job_file(const std::string& path) {
   while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, n);
   // fopen succeeds on a directory; reading it is the error.
   if (std::ferror(f.get())) throw input_error("cannot read job file " + path + ": " + std::strerror(errno));
-  job_file job = parse_job(text, path);
+  return text;
+}
+
+job_file read_job_file(const std::string& path) {
+  job_file job = parse_job(read_job_text(path), path);
   const auto folder = std::filesystem::path(path).parent_path();
   for (std::string* p : {&job.profile.file, &job.profile.cache, &job.checkpoint.dir, &job.tls.certificate, &job.tls.key, &job.tls.ca_file,
                          &job.data.train, &job.data.text, &job.data.validation, &job.model.init})
@@ -506,6 +511,11 @@ std::string job_text_for_workers(std::string_view text, const std::string& path)
   auto root = parse_job_table(text, path);
   if (!resolve_paths(root, path)) return std::string(text);
   return text_of(root);
+}
+
+void check_device_built(const job_file& job) {
+  if (job.cluster.device == "cuda" && !runtime::built_with_cuda())
+    throw input_error("cluster.device \"cuda\": " + runtime::no_cuda_build_reason());
 }
 
 std::string job_text_on_device(std::string_view text, const std::string& path, const std::string& device) {

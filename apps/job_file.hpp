@@ -85,9 +85,9 @@ struct cluster_section {
   /// device_memory_bytes of memory: a stage of width d runs on d threads, and a node runs one
   /// stage actor (thread) per stage. Every worker must be started with --slots M; a power of two.
   int slots_per_node = 1;
-  /// Where stages compute: "cpu" or "cuda" (slot s of a node on GPU index + s, the index being
-  /// the worker's --device cuda:INDEX). Every worker must be started with a --device of this
-  /// kind; "cuda" needs workers built with OOBLECK_WITH_CUDA (the coordinator needs no GPU).
+  /// Where stages compute: "cpu" or "cuda" (one GPU per worker process, slots_per_node 1: GPU N of
+  /// the worker's --device cuda:N). Every worker must be started with a --device of this kind;
+  /// "cuda" needs workers built with OOBLECK_WITH_CUDA (the coordinator needs no GPU).
   std::string device = "cpu";
   int fault_tolerance = 1;  ///< f: at least f + 1 pipelines, so any f simultaneous losses are survived
   std::int64_t device_memory_bytes = 4LL << 30;  ///< memory of one slot (GPU or CPU slot)
@@ -191,11 +191,17 @@ job_file parse_job(std::string_view text, std::string_view origin = "job file");
 /// layers need, of the right shape (its header is read, not its values). An unreadable file is an input_error too.
 job_file read_job_file(const std::string& path);
 
+/// The text of the job file at `path`, unparsed; input_error when it cannot be read.
+std::string read_job_text(const std::string& path);
+
 /// The job file's text as the coordinator sends it to workers: the same text with its relative
 /// [data] paths and model.init made absolute against the folder of the job file at `path` (workers
 /// may run elsewhere, in another directory; they must see the same files at those paths).
 /// Unchanged when there is no relative path to resolve. Throws input_error like parse_job.
 std::string job_text_for_workers(std::string_view text, const std::string& path);
+
+/// Refuses (messages::input_error) a job whose cluster.device is "cuda" in a build without CUDA.
+void check_device_built(const job_file& job);
 
 /// The job file's text with cluster.device set to `device` and its relative paths made absolute as
 /// above, so that the text can be written anywhere (oobleck-local --device). Throws input_error

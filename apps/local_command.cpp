@@ -21,7 +21,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <functional>
 #include <iostream>
 #include <mutex>
@@ -49,7 +48,6 @@
 #include "messages/event_json.hpp"
 #include "messages/input_error.hpp"
 #include "runtime/child_process.hpp"
-#include "runtime/device_spec.hpp"
 
 namespace oobleck::apps {
 
@@ -120,17 +118,12 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
   if (!o.device.empty()) {
     // --device: the job's text with cluster.device set (its relative paths made absolute), in the
     // scratch directory; the coordinator runs that job.
-    std::ifstream in(job_path);
-    if (!in) throw messages::input_error("cannot read " + job_path);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const std::string on_device = (dir / "job-on-device.toml").string();
-    std::ofstream(on_device) << job_text_on_device(text, job_path, o.device);
+    std::ofstream(on_device) << job_text_on_device(read_job_text(job_path), job_path, o.device);
     job_path = on_device;
   }
   const job_file job = read_job_file(job_path);  // a bad job file is refused here, before any process starts
-  if (job.cluster.device == "cuda" && !runtime::built_with_cuda())
-    throw messages::input_error("cluster.device \"cuda\": this build has no CUDA support (configure with "
-                                "-DOOBLECK_WITH_CUDA=ON against a CUDA LibTorch: scripts/gpu/build.sh)");
+  check_device_built(job);
   // TLS: checked here, then handed on as flags (files made absolute; a passphrase through a file of
   // the scratch directory, which only this user can read).
   const tls_section tls = resolve_tls(job.tls, o.tls);

@@ -87,17 +87,8 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
                                                                                       : "--out");
     const link_choice link{.none = o.no_link, .latency_ms = o.link_latency_ms, .gbytes_per_s = o.link_gbytes_per_s};
     std::optional<runtime::device_spec> device;
-    if (!o.device.empty()) {
-      try {
-        device = runtime::parse_device_spec(o.device);
-      } catch (const std::invalid_argument& e) {
-        throw messages::input_error(std::string("--device: ") + e.what());
-      }
-    }
-    const auto kind = device ? device->kind : job.cluster.device;
-    if (kind == "cuda" && !runtime::built_with_cuda())
-      throw messages::input_error("cuda: this build has no CUDA support (configure with -DOOBLECK_WITH_CUDA=ON against a "
-                                  "CUDA LibTorch: scripts/gpu/build.sh)");
+    if (!o.device.empty()) device = parse_device_flag(o.device);
+    else check_device_built(job);
     const auto profile = measure_job_profile(job, o.repeats.value_or(job.profile.repeats), link, &err, device);
     if (!out_path.empty()) {
       if (out_path.size() > 5 && out_path.substr(out_path.size() - 5) == ".json") messages::write_profile_json(profile, out_path);

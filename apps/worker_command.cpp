@@ -27,7 +27,6 @@
 #include "apps/tls.hpp"
 #include "messages/profile_json.hpp"
 #include "messages/input_error.hpp"
-#include "runtime/device_spec.hpp"
 
 namespace oobleck::apps {
 
@@ -130,16 +129,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   if (!parse_flags(app, args, out)) return 0;
   if (silence_ms < 2 * heartbeat_ms)
     throw messages::input_error("--connection-timeout-ms must be at least twice --heartbeat-interval-ms");
-  runtime::device_spec device;
-  try {
-    device = runtime::parse_device_spec(device_text);
-  } catch (const std::invalid_argument& e) {
-    throw messages::input_error(std::string("--device: ") + e.what());
-  }
-  if (device.kind == "cuda" && !runtime::built_with_cuda())
-    throw messages::input_error("--device " + device_text +
-                                ": this build has no CUDA support (configure with -DOOBLECK_WITH_CUDA=ON against a "
-                                "CUDA LibTorch: scripts/gpu/build.sh)");
+  const runtime::device_spec device = parse_device_flag(device_text);
   if (device.kind == "cuda" && slots > 1)
     throw messages::input_error("--device cuda runs one GPU per worker process: --slots must be 1");
 

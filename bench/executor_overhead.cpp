@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
                             .seq_len = quick ? 32 : 128, .seed = 1};
   try {
     spec = runtime::parse_device_spec(device_text);
-    if (spec.kind == "cuda") device = runtime::make_device(runtime::device_kind::cuda, spec.index);
+    device = runtime::make_device(spec);
     if (!preset.empty()) model = runtime::preset(preset);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";

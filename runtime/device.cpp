@@ -10,7 +10,7 @@ torch::Device make_device(device_kind kind, int index) {
   if (kind == device_kind::cpu) return torch::Device(torch::kCPU);
 #ifndef OOBLECK_WITH_CUDA
   (void)index;
-  throw std::runtime_error("this build has no CUDA support (configure with -DOOBLECK_WITH_CUDA=ON and a CUDA LibTorch)");
+  throw std::runtime_error(no_cuda_build_reason());
 #else
   if (!torch::cuda::is_available())
     throw std::runtime_error("CUDA was requested but LibTorch sees no GPU (is this LibTorch built with CUDA?)");
@@ -20,6 +20,8 @@ torch::Device make_device(device_kind kind, int index) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 #endif
 }
+
+torch::Device make_device(const device_spec& d) { return make_device(parse_device_kind(d.kind), d.index); }
 
 std::string describe(const torch::Device& d) {
   if (d.is_cpu()) return "cpu";

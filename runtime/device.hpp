@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include "runtime/device_spec.hpp"
+
 namespace oobleck::runtime {
 
 enum class device_kind { cpu, cuda };
@@ -13,6 +15,9 @@ enum class device_kind { cpu, cuda };
 /// The device `index` of that kind. CUDA needs a build with OOBLECK_WITH_CUDA=ON against a CUDA
 /// LibTorch and a visible GPU; otherwise std::runtime_error says which is missing.
 torch::Device make_device(device_kind kind, int index = 0);
+
+/// The device a flag or a job names (runtime/device_spec.hpp), as make_device above.
+torch::Device make_device(const device_spec& d);
 
 /// "cpu" or "cuda:<name>", the device kind a profile records.
 std::string describe(const torch::Device& d);

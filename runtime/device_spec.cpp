@@ -25,6 +25,11 @@ std::string to_string(const device_spec& d) {
   return d.kind == "cpu" ? std::string("cpu") : d.kind + ":" + std::to_string(d.index);
 }
 
+std::string no_cuda_build_reason() {
+  return "this build has no CUDA support (configure with -DOOBLECK_WITH_CUDA=ON against a CUDA LibTorch: "
+         "scripts/gpu/build.sh)";
+}
+
 bool built_with_cuda() {
 #ifdef OOBLECK_WITH_CUDA
   return true;

@@ -21,4 +21,7 @@ std::string to_string(const device_spec& d);
 /// Whether this build can compute on CUDA (configured with OOBLECK_WITH_CUDA=ON).
 bool built_with_cuda();
 
+/// Why a build without CUDA refuses a CUDA device, and how to get one that takes it.
+std::string no_cuda_build_reason();
+
 }  // namespace oobleck::runtime

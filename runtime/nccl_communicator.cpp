@@ -165,9 +165,8 @@ void nccl_communicator::issue(channel& ch, const char* what, Call&& call) {
   issued(call(), ch.comm, what);
 }
 
-void nccl_communicator::make_rounds(const std::vector<std::vector<std::vector<int>>>& rounds, bool links) {
-  for (const auto& comms : rounds) {
-    const nccl_plan::split_round round{comms};
+void nccl_communicator::make_rounds(const std::vector<nccl_plan::split_round>& rounds, bool links) {
+  for (const auto& round : rounds) {
     const auto args = nccl_plan::args_of(round, rank_);
     auto config = non_blocking();
     ncclComm_t sub = nullptr;
@@ -182,7 +181,7 @@ void nccl_communicator::make_rounds(const std::vector<std::vector<std::vector<in
     if (!args.member()) continue;
     channel ch;
     ch.comm = sub;
-    ch.members = comms[static_cast<std::size_t>(args.color)];
+    ch.members = round.comms[static_cast<std::size_t>(args.color)];
     const cudaError_t made = cudaStreamCreateWithFlags(&ch.stream, cudaStreamNonBlocking);
     if (made != cudaSuccess) {
       ncclCommAbort(sub);
@@ -198,27 +197,19 @@ void nccl_communicator::make_rounds(const std::vector<std::vector<std::vector<in
 void nccl_communicator::prepare_groups(const std::vector<std::vector<int>>& groups) {
   device_guard guard(device_);
   const auto rounds = nccl_plan::plan_groups(groups, groups_made_, world_);
-  std::vector<std::vector<std::vector<int>>> plain;
-  for (const auto& r : rounds) {
-    plain.push_back(r.comms);
-    groups_made_.insert(groups_made_.end(), r.comms.begin(), r.comms.end());
-  }
-  make_rounds(plain, false);
+  for (const auto& r : rounds) groups_made_.insert(groups_made_.end(), r.comms.begin(), r.comms.end());
+  make_rounds(rounds, false);
 }
 
 void nccl_communicator::prepare_links(const std::vector<std::pair<int, int>>& links) {
   device_guard guard(device_);
   const auto rounds = nccl_plan::plan_links(links, links_made_, world_);
-  std::vector<std::vector<std::vector<int>>> plain;
-  for (const auto& r : rounds) {
-    plain.push_back(r.comms);
+  for (const auto& r : rounds)
     for (const auto& c : r.comms) links_made_.emplace_back(c[0], c[1]);
-  }
-  make_rounds(plain, true);
+  make_rounds(rounds, true);
 }
 
-nccl_communicator::channel& nccl_communicator::group_channel(const std::vector<int>& group) {
-  const auto canonical = nccl_plan::canonical_group(group, world_);
+nccl_communicator::channel& nccl_communicator::group_channel(const std::vector<int>& canonical) {
   if (nccl_plan::is_world(canonical, world_)) return world_channel_;
   auto it = groups_.find(canonical);
   if (it == groups_.end()) throw std::invalid_argument("NCCL communicator: group was not prepared for this epoch");

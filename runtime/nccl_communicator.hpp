@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "runtime/communicator.hpp"
+#include "runtime/nccl_plan.hpp"
 
 namespace oobleck::runtime {
 
@@ -90,8 +91,9 @@ class nccl_communicator final : public communicator {
   void issued(ncclResult_t r, ncclComm_t comm, const char* what);
   /// With mutex_ held: waits until the world communicator is ready.
   void ready_locked();
-  void make_rounds(const std::vector<std::vector<std::vector<int>>>& rounds, bool links);
-  channel& group_channel(const std::vector<int>& group);
+  void make_rounds(const std::vector<nccl_plan::split_round>& rounds, bool links);
+  /// The communicator of a group in canonical form (nccl_plan::canonical_group).
+  channel& group_channel(const std::vector<int>& canonical);
   channel& link_channel(int from, int to);
   void reap_sends();
 

@@ -133,9 +133,7 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
     throw std::invalid_argument("profiler: microbatch and repeats must be >= 1, warmup >= 0");
   if (!planning::is_power_of_two(options.slots_per_node) || options.slots_per_node > 64)
     throw std::invalid_argument("profiler: slots_per_node must be a power of two in [1, 64]");
-  const torch::Device device = options.device.kind == "cpu"
-                                   ? torch::Device(torch::kCPU)
-                                   : make_device(parse_device_kind(options.device.kind), options.device.index);
+  const torch::Device device = make_device(options.device);
   if (device.is_cuda() && options.slots_per_node != 1)
     throw std::invalid_argument("profiler: a GPU runs one stage per worker: slots_per_node must be 1");
   allocator();
@@ -238,7 +236,7 @@ planning::profile make_profile(const gpt_config& model, const profiler_options& 
   if (options.device.kind == "cuda") p.device_kind = "cuda:" + cuda_device_name(options.device.index);
 #endif
   if (options.device.kind != "cpu" && p.device_kind == "cpu")
-    throw std::invalid_argument("profiler: this build has no CUDA support");
+    throw std::invalid_argument("profiler: " + no_cuda_build_reason());
   p.microbatch_size = options.microbatch;
   p.gpus_per_node = options.slots_per_node;
   p.device_memory_bytes = options.device_memory_bytes;
