@@ -2,6 +2,7 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,7 +26,12 @@ class counting_allocator final : public c10::Allocator {
  public:
   explicit counting_allocator(c10::Allocator* base) : base_(base), base_deleter_(base->raw_deleter()) {}
 
+  // LibTorch 2.3 made allocate() non-const and, with 2.2's copy_data(), both pure virtual.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t n) override {
+#else
   c10::DataPtr allocate(size_t n) const override {
+#endif
     auto inner = base_->allocate(n);
     void* data = inner.get();
     const auto device = inner.device();
@@ -40,6 +46,9 @@ class counting_allocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return base_deleter_ ? &release : nullptr; }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  void copy_data(void* dest, const void* src, std::size_t count) const override { base_->copy_data(dest, src, count); }
+#endif
 
   std::int64_t live() const { return live_.load(); }
 
