@@ -497,6 +497,7 @@ caf::error slot_zero_only(int slot, const char* what) {
 stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<stage_runtime> rt, int slot) {
   self->state.rt = std::move(rt);
   self->state.slot = slot;
+  runtime::use_device_on_this_thread(self->state.rt->store.device());  // a detached actor: its own thread
   return {
       [self](epoch_assignment& a) -> caf::result<form_timing> {
         if (self->state.slot != 0) return slot_zero_only(self->state.slot, "an epoch assignment");
@@ -591,7 +592,8 @@ std::vector<double> train_single_process(const stage_job& job, std::uint64_t ste
   const runtime::sampler samples(job.sample_seed, data.size(), job.global_batch);
   runtime::solo_communicator comm;
   const int layers = job.model.num_layers();
-  runtime::layer_store store(job.model);
+  // On the job's device, as the stages: a GPU job's reference run is on the same GPU.
+  runtime::layer_store store(job.model, runtime::make_device(runtime::device_spec{job.device, job.device_index}));
   store.ensure(0, layers);
   runtime::stage_executor executor(store, {0, layers, 0, 1, -1, -1}, comm, options_of(job));
   const int microbatches = job.global_batch / job.microbatch;

@@ -94,7 +94,7 @@ struct spawned_stage {
 spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job, int slots = 1);
 
 /// The same training in one process, one stage holding every layer and the whole global batch
-/// per step: what any cluster run of `job` must equal (ARCHITECTURE.md §5 "nothing lost" (3)). Returns the
+/// per step, on the job's device: what any cluster run of `job` must equal (ARCHITECTURE.md §5 "nothing lost" (3)). Returns the
 /// mean loss of each step. `final_layers` (optional) receives every layer's full state after the
 /// last step as the layer store serializes it (what a checkpoint's layer file holds).
 std::vector<double> train_single_process(const stage_job& job, std::uint64_t steps,

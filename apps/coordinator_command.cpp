@@ -111,12 +111,15 @@ planning::profile modelled_profile(const job_file& job) {
 }
 
 /// The file a profile measured at job start is kept in, in `folder`: one per model config,
-/// microbatch, slots per node and device kind (the job's cluster.device: a CPU profile is never
-/// read back for a job on GPUs, nor the other way round).
+/// microbatch, slots per node, device kind and precision (the job's cluster.device and
+/// training.precision: a CPU profile is never read back for a job on GPUs, nor an fp32 one for bf16).
 std::string profile_cache_file(const std::string& folder, const job_file& job) {
   return (std::filesystem::path(folder) / ("profile-" + job.model.hash() + "-mb" +
                                            std::to_string(job.training.microbatch) + "-slots" +
                                            std::to_string(job.cluster.slots_per_node) + "-" + job.cluster.device +
+                                           (job.model.precision == runtime::precision_kind::fp32
+                                                ? std::string()
+                                                : "-" + runtime::precision_name(job.model.precision)) +
                                            ".json"))
       .string();
 }

@@ -187,6 +187,15 @@ std::map<std::string, setter> schema(job_file& job) {
       {"training.global_batch", int_in(job.training.global_batch, 1)},
       {"training.microbatch", int_in(job.training.microbatch, 1)},
       {"training.seed", uint64_in(job.training.seed, 0)},
+      {"training.precision",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         const std::string name = d.text(v, key);
+         try {
+           job.model.precision = runtime::parse_precision(name);
+         } catch (const std::invalid_argument&) {
+           d.fail(v, key + " must be \"fp32\" or \"bf16\", got \"" + name + "\"");
+         }
+       }},
       {"training.overlap_gradient_reduce",
        [&](const decoder& d, const toml::node& v, const std::string& key) {
          if (!v.is_boolean()) d.fail(v, key + " must be true or false");

@@ -10,6 +10,7 @@
 //   [data]        corpus_bytes, corpus_seed | text | train, dtype; validation  (runtime::data_source)
 //   [eval]        every, windows                                           (runtime::evaluate)
 //   [training]    steps, global_batch, microbatch, seed                    (runtime::sampler)
+//                 precision ("fp32" | "bf16": kept in model.precision, runtime::precision_kind)
 //   [optimizer]   lr, beta1, beta2, eps, weight_decay, schedule, warmup_steps, min_lr
 //                                                                          (runtime::adamw_options)
 //   [cluster]     nodes, slots_per_node, fault_tolerance, device_memory_bytes,
@@ -73,6 +74,7 @@ struct training_section {
   std::uint64_t seed = 1;      ///< which samples form each step, and dropout masks (not the initial weights)
   /// Start each layer's gradient all-reduce during the last backward (runtime::executor_options).
   bool overlap_gradient_reduce = true;
+  // training.precision is parsed into job_file::model.precision: the layers compute with it.
 
   bool operator==(const training_section&) const = default;
 };

@@ -3,10 +3,10 @@
 // the plain loop's throughput).
 //
 // usage: executor_overhead [--quick] [--json PATH] [--device cpu|cuda[:N]] [--preset gpt2] [--seq-len N]
-//                          [--microbatch N] [--steps N]
+//                          [--microbatch N] [--steps N] [--precision fp32|bf16]
 //
 // Built a second time as gpu_executor_overhead in a CUDA build (scripts/gpu/test.sh runs it): the
-// same comparison on the GPU for GPT-2 small by default (fp32, untied embeddings and no dropout in
+// same comparison on the GPU for GPT-2 small by default (fp32 unless --precision bf16, untied embeddings and no dropout in
 // both loops, so that the two do the same work), each step timed to the device's completion.
 
 #include <torch/torch.h>
@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
 #endif
   std::string json_path = name + ".json";
   int microbatch = 4, steps = 0;
+  std::string precision_text = "fp32";
   CLI::App app{name + ": step time of a 1-stage pipeline (stage executor, 1F1B ops) against a plain\n"
                       "LibTorch loop with the same gradient accumulation and AdamW, one intra-op thread.",
                name};
@@ -76,6 +77,9 @@ int main(int argc, char** argv) {
   app.add_option("--seq-len", seq_len, "sequence length (default: the model's)")->check(CLI::PositiveNumber);
   app.add_option("--microbatch", microbatch, "samples per microbatch (default 4)")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "timed steps per round (default 12, 2 with --quick)")->check(CLI::PositiveNumber);
+  oobleck::bench::add_text(app, "--precision", precision_text,
+                           "fp32, or bf16: autocast around both loops' forwards, fp32 parameters and AdamW (default fp32)")
+      ->type_name("fp32|bf16");
   if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
   runtime::use_one_compute_thread();
   runtime::device_spec spec;
@@ -86,13 +90,14 @@ int main(int argc, char** argv) {
     spec = runtime::parse_device_spec(device_text);
     device = runtime::make_device(spec);
     if (!preset.empty()) model = runtime::preset(preset);
+    model.precision = runtime::parse_precision(precision_text);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;
   }
   if (!preset.empty()) {
     model.tie_embeddings = false;  // the plain loop has no tied pair
-    model.dropout = 0;             // masks are drawn on the CPU (issue 28 item 5): not the comparison here
+    model.dropout = 0;             // the plain loop draws no masks
     model.seed = 1;
     if (quick) model.blocks = 2;
   }
@@ -125,9 +130,13 @@ int main(int argc, char** argv) {
     for (auto& l : layers) states.push_back(runtime::initial_state(l->parameters()));
     auto plain_step = [&](const torch::Tensor& in, const torch::Tensor& out) {
       for (int m = 0; m < microbatches; ++m) {
-        torch::Tensor h = in.slice(0, m * microbatch, (m + 1) * microbatch).to(device);
-        for (auto& l : layers) h = l->forward(h);
-        (runtime::lm_loss(h, out.slice(0, m * microbatch, (m + 1) * microbatch).to(device)) / microbatches).backward();
+        torch::Tensor h = in.slice(0, m * microbatch, (m + 1) * microbatch).to(device), loss;
+        {
+          const runtime::autocast_scope cast(model.precision, device);
+          for (auto& l : layers) h = l->forward(h);
+          loss = runtime::lm_loss(h, out.slice(0, m * microbatch, (m + 1) * microbatch).to(device)) / microbatches;
+        }
+        loss.backward();
       }
       for (std::size_t i = 0; i < layers.size(); ++i) {
         runtime::adamw_step(layers[i]->parameters(), states[i], adamw);
@@ -172,10 +181,10 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < plain.size(); ++i) ratios.push_back(plain[i] / staged[i]);
   const double p = median(plain), s = median(staged), ratio = median(ratios);
   char line[200];
-  std::printf("model: %s, d_model %lld, %lld blocks, seq %lld; %d microbatches of %d; on %s; median of 2 x %d steps (both allocation orders)\n",
+  std::printf("model: %s, d_model %lld, %lld blocks, seq %lld; %d microbatches of %d; %s; on %s; median of 2 x %d steps (both allocation orders)\n",
               preset.empty() ? "oobleck-gpt" : preset.c_str(), static_cast<long long>(model.d_model),
               static_cast<long long>(model.blocks), static_cast<long long>(model.seq_len), microbatches, microbatch,
-              runtime::to_string(spec).c_str(), steps);
+              runtime::precision_name(model.precision).c_str(), runtime::to_string(spec).c_str(), steps);
   std::printf("%-28s %12s %14s\n", "", "step ms", "samples/s");
   std::snprintf(line, sizeof line, "%-28s %12.2f %14.1f\n", "plain LibTorch loop", p, microbatch * microbatches * 1000.0 / p);
   std::cout << line;
@@ -190,6 +199,7 @@ int main(int argc, char** argv) {
                                    {"seq_len", model.seq_len},
                                    {"microbatch", microbatch},
                                    {"microbatches", microbatches},
+                                   {"precision", runtime::precision_name(model.precision)},
                                    {"plain_step_ms", p},
                                    {"executor_step_ms", s},
                                    {"throughput_ratio", ratio}}

@@ -14,5 +14,7 @@ std::string cuda_device_name(int device);
 std::int64_t cuda_device_memory_bytes(int device);
 /// Bytes LibTorch's caching allocator has handed out on `device` now (live tensors).
 std::int64_t cuda_allocated_bytes(int device);
+/// The calling thread's current CUDA device (runtime/device.hpp's use_device_on_this_thread).
+void set_thread_cuda_device(int device);
 
 }  // namespace oobleck::runtime

@@ -2,6 +2,7 @@
 // OOBLECK_WITH_CUDA=ON; everything else reaches them through runtime/cuda_stream.hpp and
 // runtime/cuda_info.hpp, whose declarations need neither.
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
@@ -37,5 +38,7 @@ std::int64_t cuda_allocated_bytes(int device) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
   return stats.allocated_bytes[0].current;
 }
+
+void set_thread_cuda_device(int device) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(device)); }
 
 }  // namespace oobleck::runtime

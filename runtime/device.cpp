@@ -4,7 +4,16 @@
 
 #include <stdexcept>
 
+#include "runtime/cuda_info.hpp"
+
 namespace oobleck::runtime {
+
+void use_device_on_this_thread(const torch::Device& d) {
+  if (!d.is_cuda()) return;
+#ifdef OOBLECK_WITH_CUDA
+  set_thread_cuda_device(d.has_index() ? d.index() : 0);
+#endif
+}
 
 torch::Device make_device(device_kind kind, int index) {
   if (kind == device_kind::cpu) return torch::Device(torch::kCPU);

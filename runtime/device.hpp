@@ -19,6 +19,12 @@ torch::Device make_device(device_kind kind, int index = 0);
 /// The device a flag or a job names (runtime/device_spec.hpp), as make_device above.
 torch::Device make_device(const device_spec& d);
 
+/// Makes `d` the calling thread's current device when it is a GPU (nothing for the CPU): LibTorch's
+/// own operators guard their device, but a thread that never named one has no current CUDA context,
+/// and cuBLAS then warns and picks the primary context of device 0. Called by every thread of a stage
+/// that computes (the slots' threads, the gradient reducer's).
+void use_device_on_this_thread(const torch::Device& d);
+
 /// "cpu" or "cuda:<name>", the device kind a profile records.
 std::string describe(const torch::Device& d);
 

@@ -28,10 +28,13 @@ double evaluate(layer_store& store, const token_dataset& data, std::int64_t wind
       std::iota(ids.begin(), ids.end(), first);
       auto [x, targets] = data.batch(ids);
       x = x.to(store.device());
-      for (int l = 0; l < layers; ++l) x = store.module(l).forward(x, nullptr);
+      {
+        const autocast_scope precision(store.model().precision, store.device());
+        for (int l = 0; l < layers; ++l) x = store.module(l).forward(x, nullptr);
+      }
       // Per window: the mean over its T tokens; the windows' means summed in double.
       const auto per_token = torch::nn::functional::cross_entropy(
-          x.reshape({-1, x.size(-1)}).to(torch::kCPU), targets.reshape({-1}),
+          x.reshape({-1, x.size(-1)}).to(torch::kCPU, torch::kFloat32), targets.reshape({-1}),
           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
       const auto per_window = per_token.reshape({static_cast<std::int64_t>(ids.size()), -1}).to(torch::kFloat64).mean(1);
       sum += per_window.sum().item<double>();

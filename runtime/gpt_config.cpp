@@ -48,6 +48,22 @@ std::string gpt_config::hash() const {
 
 bool tied(const gpt_config& c) { return c.architecture == model_architecture::gpt2 && c.tie_embeddings; }
 
+std::string precision_name(precision_kind p) {
+  switch (p) {
+    case precision_kind::fp32:
+      return "fp32";
+    case precision_kind::bf16:
+      return "bf16";
+  }
+  throw std::invalid_argument("unknown precision " + std::to_string(static_cast<int>(p)));
+}
+
+precision_kind parse_precision(std::string_view name) {
+  if (name == "fp32") return precision_kind::fp32;
+  if (name == "bf16") return precision_kind::bf16;
+  throw std::invalid_argument("precision must be \"fp32\" or \"bf16\", got \"" + std::string(name) + "\"");
+}
+
 std::string architecture_name(model_architecture a) {
   switch (a) {
     case model_architecture::oobleck_gpt:

@@ -1,6 +1,8 @@
 #include "runtime/gpt_model.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
 #include <cmath>
@@ -22,12 +24,12 @@ at::Generator layer_generator(const gpt_config& c, int layer) {
   return at::detail::createCPUGenerator(c.seed * 1000003ULL + static_cast<std::uint64_t>(layer) * 7919ULL + 17);
 }
 
-/// Inverted dropout as LibTorch's, with the mask drawn from `gen` (on the CPU, then moved: the
-/// same bits on every device).
+/// Inverted dropout as LibTorch's, with the mask drawn from `gen` where `gen` draws: a CPU
+/// generator's mask is drawn on the CPU, then moved; a GPU generator's on its GPU, with no host work.
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training, at::Generator* gen) {
   if (p == 0 || !training) return x;
   if (gen == nullptr) throw std::logic_error("dropout > 0 in training needs a generator; none was given");
-  auto keep = torch::empty(x.sizes(), torch::kFloat32);
+  auto keep = torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kFloat32).device(gen->device()));
   keep.bernoulli_(1 - p, *gen).div_(1 - p);
   return x * keep.to(x.device(), x.scalar_type());
 }
@@ -283,18 +285,79 @@ std::vector<std::shared_ptr<model_layer>> build_layers(const gpt_config& c, int 
   return layers;
 }
 
-at::Generator dropout_generator(const gpt_config& c, std::int64_t step, std::int64_t microbatch, int layer) {
+at::Generator dropout_generator(const gpt_config& c, std::int64_t step, std::int64_t microbatch, int layer,
+                                torch::Device device) {
   // Chained so that no two (step, microbatch, layer) triples of a job share a seed by arithmetic
   // coincidence; the domain constant keeps these apart from the initialisation generators.
   std::uint64_t h = splitmix64(c.seed ^ 0x64726f706f7574ULL);  // "dropout"
   h = splitmix64(h ^ static_cast<std::uint64_t>(step));
   h = splitmix64(h ^ static_cast<std::uint64_t>(microbatch));
   h = splitmix64(h ^ static_cast<std::uint64_t>(layer));
-  return at::detail::createCPUGenerator(h);
+  if (device.is_cpu()) return at::detail::createCPUGenerator(h);
+  // A fresh generator of the device's own kind: a clone of its default one (never drawn from
+  // here), seeded anew (which also rewinds the Philox offset).
+  at::Generator of_device = at::globalContext().defaultGenerator(device);
+  at::Generator g;
+  {
+    std::lock_guard lock(of_device.mutex());
+    g = of_device.clone();
+  }
+  std::lock_guard lock(g.mutex());
+  g.set_current_seed(h);
+  return g;
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  // In fp32 whatever the head's precision (a no-op for fp32 logits): bf16 logits would round the loss.
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
+                                              targets.reshape({-1}));
+}
+
+namespace {
+
+// LibTorch 2.4 keyed autocast's state by device type; 1.13 has a function per device.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+bool autocast_enabled(c10::DeviceType t) { return at::autocast::is_autocast_enabled(t); }
+void set_autocast_enabled(c10::DeviceType t, bool on) { at::autocast::set_autocast_enabled(t, on); }
+at::ScalarType autocast_dtype(c10::DeviceType t) { return at::autocast::get_autocast_dtype(t); }
+void set_autocast_dtype(c10::DeviceType t, at::ScalarType d) { at::autocast::set_autocast_dtype(t, d); }
+#else
+bool autocast_enabled(c10::DeviceType t) {
+  return t == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+}
+void set_autocast_enabled(c10::DeviceType t, bool on) {
+  if (t == c10::DeviceType::CUDA) at::autocast::set_enabled(on);
+  else at::autocast::set_cpu_enabled(on);
+}
+at::ScalarType autocast_dtype(c10::DeviceType t) {
+  return t == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
+}
+void set_autocast_dtype(c10::DeviceType t, at::ScalarType d) {
+  if (t == c10::DeviceType::CUDA) at::autocast::set_autocast_gpu_dtype(d);
+  else at::autocast::set_autocast_cpu_dtype(d);
+}
+#endif
+
+}  // namespace
+
+autocast_scope::autocast_scope(precision_kind precision, const torch::Device& device) {
+  if (precision == precision_kind::fp32) return;
+  if (!device.is_cpu() && !device.is_cuda())
+    throw std::invalid_argument("bf16 autocast runs on the CPU or a CUDA GPU, not on " + device.str());
+  active_ = true;
+  type_ = device.type();
+  was_enabled_ = autocast_enabled(type_);
+  was_dtype_ = autocast_dtype(type_);
+  set_autocast_dtype(type_, at::kBFloat16);
+  set_autocast_enabled(type_, true);
+  at::autocast::increment_nesting();
+}
+
+autocast_scope::~autocast_scope() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  set_autocast_enabled(type_, was_enabled_);
+  set_autocast_dtype(type_, was_dtype_);
 }
 
 }  // namespace oobleck::runtime

@@ -23,6 +23,25 @@ class model_layer : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) { return forward(x, nullptr); }
 };
 
+/// The model's precision on the calling thread while it lives: for bf16, LibTorch's autocast to
+/// bfloat16 on `device`'s kind (the CPU's or the GPU's), as torch.autocast does (casts of the fp32
+/// parameters are cached inside the outermost scope and dropped when it ends); nothing for fp32.
+/// Every forward of the layers runs inside one (stage executor, profiler, evaluation); backward runs
+/// outside, as autograd recorded the casts.
+class autocast_scope {
+ public:
+  autocast_scope(precision_kind precision, const torch::Device& device);
+  ~autocast_scope();
+  autocast_scope(const autocast_scope&) = delete;
+  autocast_scope& operator=(const autocast_scope&) = delete;
+
+ private:
+  bool active_ = false;
+  c10::DeviceType type_ = c10::DeviceType::CPU;
+  bool was_enabled_ = false;
+  at::ScalarType was_dtype_ = at::kFloat;
+};
+
 /// How build_layers fills the parameters: from the layer's seed, or not at all (every value is
 /// about to be overwritten, e.g. by a copy from another node; drawing them would be wasted time).
 enum class layer_init { seeded, uninitialised };
@@ -35,7 +54,11 @@ std::vector<std::shared_ptr<model_layer>> build_layers(const gpt_config& c, int 
 
 /// The generator of layer l's dropout masks for global microbatch `microbatch` of step `step`:
 /// a pure function of (c.seed, step, microbatch, layer), whichever pipeline or stage runs it.
-at::Generator dropout_generator(const gpt_config& c, std::int64_t step, std::int64_t microbatch, int layer);
+/// On the CPU a CPU generator; on a GPU that GPU's own kind (Philox) with the same seed, so the masks
+/// are drawn on the device with no host work: replicas on GPUs of one model draw the same bits,
+/// which are not the CPU's (a GPU run's losses are compared with GPU runs).
+at::Generator dropout_generator(const gpt_config& c, std::int64_t step, std::int64_t microbatch, int layer,
+                                torch::Device device = torch::kCPU);
 
 /// The causal attention mask of sequence length s on `device` (true above the diagonal: the
 /// positions a query may not see), built once per (s, device) and shared by every forward on any

@@ -1,5 +1,7 @@
 #include "runtime/gradient_reducer.hpp"
 
+#include "runtime/device.hpp"
+
 namespace oobleck::runtime {
 
 gradient_reducer::gradient_reducer(communicator& comm) : comm_(comm) {}
@@ -35,6 +37,7 @@ void gradient_reducer::loop() {
       lock.unlock();
       std::exception_ptr failed;
       try {
+        use_device_on_this_thread(j.buffer.device());
         comm_.all_reduce_sum(j.buffer, j.group, j.tag);
       } catch (...) {
         failed = std::current_exception();

@@ -183,13 +183,17 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
       std::vector<double> fwd(L), bwd(L);
       std::vector<std::int64_t> retained(L);
       for (int l = 0; l < L; ++l) {
-        auto dropout = dropout_generator(model, it, 0, l);  // masks as in training, never the global generator
+        auto dropout = dropout_generator(model, it, 0, l, device);  // as in training: never the global generator
         inputs[l] = l == 0 ? tokens : outputs[l - 1].detach().requires_grad_(true);
         settle();
         const auto live_before = live_bytes();
         const auto start = now();
-        auto y = layers[l]->forward(inputs[l], &dropout);
-        if (l == L - 1) y = lm_loss(y, targets);
+        torch::Tensor y;
+        {
+          const autocast_scope precision(model.precision, device);
+          y = layers[l]->forward(inputs[l], &dropout);
+          if (l == L - 1) y = lm_loss(y, targets);
+        }
         settle();
         fwd[l] = ms_between(start, now());
         retained[l] = live_bytes() - live_before;
@@ -246,6 +250,8 @@ planning::profile make_profile(const gpt_config& model, const profiler_options& 
 #endif
   if (options.device.kind != "cpu" && p.device_kind == "cpu")
     throw std::invalid_argument("profiler: " + no_cuda_build_reason());
+  // Timings in bf16 are not fp32's: a profile says which it measured.
+  if (model.precision != precision_kind::fp32) p.device_kind += " " + precision_name(model.precision);
   p.microbatch_size = options.microbatch;
   p.gpus_per_node = options.slots_per_node;
   p.device_memory_bytes = options.device_memory_bytes;

@@ -98,7 +98,7 @@ torch::Tensor stage_executor::forward_layers(const torch::Tensor& x, std::int64_
       boundaries->push_back(h);
     }
     if (model.dropout > 0) {
-      auto gen = dropout_generator(model, step, microbatch, l);
+      auto gen = dropout_generator(model, step, microbatch, l, store_.device());
       h = store_.module(l).forward(h, &gen);
     } else {
       h = store_.module(l).forward(h, nullptr);
@@ -140,6 +140,7 @@ double stage_executor::run_step(std::int64_t step, std::int64_t first_microbatch
   const int final_microbatch = ops.at(last_backward).microbatch;
   // Forward of one microbatch; under checkpointing autograd records nothing until backward redoes it.
   auto forward = [&](in_flight& mb, int microbatch, bool record) {
+    const autocast_scope precision(model.precision, device);
     std::optional<torch::NoGradGuard> no_grad;
     if (!record) no_grad.emplace();
     // Only the microbatch of the final backward is cut at layer boundaries (per-layer backward

@@ -45,7 +45,7 @@ const std::vector<std::string> kKeys = {
     "model.init",
     "data.corpus_bytes", "data.corpus_seed", "data.train", "data.dtype", "data.text", "data.validation",
     "eval.every", "eval.windows",
-    "training.steps", "training.global_batch", "training.microbatch", "training.seed",
+    "training.steps", "training.global_batch", "training.microbatch", "training.seed", "training.precision",
     "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps", "optimizer.weight_decay",
     "optimizer.schedule", "optimizer.warmup_steps", "optimizer.min_lr",
     "cluster.nodes", "cluster.slots_per_node", "cluster.device", "cluster.fault_tolerance", "cluster.device_memory_bytes", "cluster.heartbeat_interval_ms",
@@ -644,6 +644,17 @@ TEST_CASE("cluster.device: cpu by default, cuda with one GPU per worker, anythin
             .find("cluster.device \"cuda\" runs one GPU per worker process: cluster.slots_per_node must be 1, got 2") !=
         std::string::npos);
   CHECK(error_of("[cluster]\ndevice = \"cpu\"\nslots_per_node = 2\n").empty());
+}
+
+TEST_CASE("training.precision: fp32 by default, bf16 into the model's precision, outside the model hash") {
+  const auto fp32 = apps::parse_job("");
+  CHECK(fp32.model.precision == runtime::precision_kind::fp32);
+  const auto bf16 = apps::parse_job("[training]\nprecision = \"bf16\"\n");
+  CHECK(bf16.model.precision == runtime::precision_kind::bf16);
+  CHECK(bf16.model.hash() == fp32.model.hash());  // the same layers, bytes and checkpoints
+  CHECK(apps::parse_job("[training]\nprecision = \"fp32\"\n").model.precision == runtime::precision_kind::fp32);
+  CHECK(error_of("[training]\nprecision = \"fp16\"\n") == "job.toml:2: training.precision must be \"fp32\" or \"bf16\", got \"fp16\"");
+  CHECK(error_of("[training]\nprecision = 16\n").find("training.precision") != std::string::npos);
 }
 
 TEST_CASE("oobleck-local --device: the job's text with cluster.device set and its paths absolute") {

@@ -278,6 +278,31 @@ TEST_CASE("gpt2 forward and backward equal LibTorch's modules within 1e-5, tied 
     }
 }
 
+TEST_CASE("autocast_scope: bf16 casts this thread's matrix products while it lives, fp32 none") {
+  const auto c = tiny_gpt2(false);
+  auto layers = runtime::build_layers(c, 0, 2);
+  const auto data = make_batch(c, 2);
+  const auto a = torch::randn({4, 8}), b = torch::randn({8, 3});
+  const auto full = layers[1]->forward(layers[0]->forward(data.tokens));
+  torch::Tensor cast;
+  {
+    const runtime::autocast_scope scope(runtime::precision_kind::bf16, torch::kCPU);
+    CHECK((torch::matmul(a, b).scalar_type() == torch::kBFloat16));
+    {
+      const runtime::autocast_scope inner(runtime::precision_kind::bf16, torch::kCPU);  // nested: still on after it
+    }
+    CHECK((torch::matmul(a, b).scalar_type() == torch::kBFloat16));
+    cast = layers[1]->forward(layers[0]->forward(data.tokens));
+  }
+  CHECK((torch::matmul(a, b).scalar_type() == torch::kFloat32));  // off again
+  CHECK_FALSE(torch::equal(cast.to(torch::kFloat32), full));
+  CHECK(torch::allclose(cast.to(torch::kFloat32), full, 0.05, 0.05));
+  {
+    const runtime::autocast_scope scope(runtime::precision_kind::fp32, torch::kCPU);
+    CHECK((torch::matmul(a, b).scalar_type() == torch::kFloat32));
+  }
+}
+
 TEST_CASE("gpt2 dropout draws its masks in training only, from the given generator") {
   const auto c = tiny_gpt2(true, 0.1);
   auto layers = runtime::build_layers(c, 0, 2);

@@ -203,6 +203,16 @@ TEST_CASE("a profile carries its job's identity and is refused for another job")
   CHECK_THROWS_AS(planning::check_matches(p, {.microbatch_size = 8}), planning::planning_error);
 }
 
+TEST_CASE("a bf16 profile says so in its device kind, and is refused for an fp32 job on the same device") {
+  auto c = model();
+  c.precision = runtime::precision_kind::bf16;
+  const runtime::profiler_options options{.microbatch = 4, .warmup = 0, .repeats = 1};
+  const auto p = runtime::make_profile(c, options, runtime::measure_layers(c, options));
+  CHECK(p.device_kind == "cpu bf16");
+  CHECK(p.config_hash == c.hash());
+  CHECK_THROWS_AS(planning::check_matches(p, {.device_kind = "cpu"}), planning::planning_error);
+}
+
 TEST_CASE("oobleck-profile --json feeds oobleck-plan directly") {
   const std::string job = "/tmp/oobleck-profile-job-" + std::to_string(::getpid()) + ".toml";
   const std::string json = "/tmp/oobleck-profile-" + std::to_string(::getpid()) + ".json";

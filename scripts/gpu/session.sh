@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One GPU session's whole run on the device machine (README, "A GPU session's run"), inside a
+# deadline: the GPU build of the GPU targets, the cuda tests and GPU benchmarks (scripts/gpu/test.sh),
+# the executor bench again in bf16, the per-layer profile of GPT-2 small on the GPU and the planner's
+# prediction against the measured step (bench/throughput on bench/gpt2_small_cuda.toml). Each part
+# gets what is left of the deadline and a part that does not finish does not stop the next; logs go
+# to $OUT (or build-gpu/gpu-results).
+# usage: bash scripts/gpu/session.sh [SECONDS]   (default 480: the whole run ends by then)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+deadline=$((SECONDS + ${1:-480}))
+out=${OUT:-build-gpu/gpu-results}
+mkdir -p "$out"
+left() { echo $((deadline - SECONDS)); }
+part() {  # part NAME SECONDS_AT_MOST COMMAND...: runs COMMAND within min(SECONDS, what is left)
+  local name=$1 most=$2
+  shift 2
+  local t=$(($(left) < most ? $(left) : most))
+  ((t > 5)) || { echo "session: no time left for $name"; return 1; }
+  echo "session: $name (at most $t s, $(left) s left)"
+  local rc=0
+  timeout -k 5 "$t" "$@" || rc=$?
+  echo "session: $name exited $rc after it ran; $(left) s left"
+  return $rc
+}
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' || true
+  c++ --version | head -1; cmake --version | head -1; nproc
+} 2>&1 | tee "$out/session.log"
+part build 300 bash scripts/gpu/build.sh --keep-going --target nccl_tests --target cuda_model_tests --target cuda_local_e2e_tests \
+  --target gpu_executor_overhead --target throughput --target oobleck-local --target oobleck-coordinator \
+  --target oobleck-worker --target oobleck-profile >"$out/build.log" 2>&1
+tail -40 "$out/build.log"
+grep -E 'error|Error' "$out/build.log" | head -40
+source build-gpu/env.sh 2>/dev/null || true
+OOBLECK_GPU_TEST_TIMEOUT=170 OOBLECK_GPU_BENCH_TIMEOUT=70 part tests 250 bash scripts/gpu/test.sh
+rm -f "$out/ctest-cuda.xml"  # its content is in gpu-test.log; the device tool returns 8 files at most
+if [[ -x build-gpu/bench/gpu_executor_overhead ]]; then
+  part bf16 60 build-gpu/bench/gpu_executor_overhead --precision bf16 --json "$out/gpu_executor_overhead_bf16.json"
+fi
+if [[ -x build-gpu/apps/oobleck-profile ]]; then
+  part profile 60 build-gpu/apps/oobleck-profile --config bench/gpt2_small_cuda.toml --repeats 20 --no-link \
+    --out "$out/profile_gpt2_small_cuda.json" 2>&1 | tail -30
+fi
+if [[ -x build-gpu/bench/throughput ]]; then
+  part throughput 200 build-gpu/bench/throughput --config bench/gpt2_small_cuda.toml --nodes 1,2 --steps 8 \
+    --warmup 2 --profile-repeats 20 --json "$out/throughput_gpt2_small_cuda.json" 2>&1 | tail -40
+fi
+echo "session: done, $(left) s left"
