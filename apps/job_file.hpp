@@ -92,7 +92,9 @@ struct cluster_section {
   /// "cuda" needs workers built with OOBLECK_WITH_CUDA (the coordinator needs no GPU).
   std::string device = "cpu";
   int fault_tolerance = 1;  ///< f: at least f + 1 pipelines, so any f simultaneous losses are survived
-  std::int64_t device_memory_bytes = 4LL << 30;  ///< memory of one slot (GPU or CPU slot)
+  /// Memory of one slot (GPU or CPU slot); a profile measured on a GPU records the smaller of this
+  /// and the GPU's memory.
+  std::int64_t device_memory_bytes = 4LL << 30;
   /// CAF's middleman heartbeat and the silence after which a peer is declared lost (a hung
   /// process, a cut network): a hang is caught within timeout + interval (< 2 s). Heartbeats are
   /// sent and checked by each process's middleman thread, not by its compute, so a healthy node

@@ -255,6 +255,11 @@ planning::profile make_profile(const gpt_config& model, const profiler_options& 
   p.microbatch_size = options.microbatch;
   p.gpus_per_node = options.slots_per_node;
   p.device_memory_bytes = options.device_memory_bytes;
+#ifdef OOBLECK_WITH_CUDA
+  // The job's budget, but never more than the GPU has: the planner then fits stages to the card.
+  if (options.device.kind == "cuda")
+    p.device_memory_bytes = std::min(p.device_memory_bytes, cuda_device_memory_bytes(options.device.index));
+#endif
   for (const auto& m : layers)
     p.layers.push_back({m.name, m.forward_ms_by_width, m.backward_ms_by_width, m.param_bytes, m.activation_bytes,
                         m.output_bytes, m.optimizer_ms});

@@ -8,8 +8,10 @@
 
 #include <cmath>
 
+#include "runtime/cuda_info.hpp"
 #include "runtime/gpt_config.hpp"
 #include "runtime/gpt_model.hpp"
+#include "runtime/profiler.hpp"
 
 using namespace oobleck;
 using runtime::gpt_config;
@@ -136,4 +138,21 @@ TEST_CASE("cuda: bf16 autocast on the GPU: near the fp32 loss, fp32 gradients") 
     CHECK((torch::matmul(torch::randn({4, 8}, gpu), torch::randn({8, 3}, gpu)).scalar_type() == torch::kBFloat16));
   }
   CHECK((torch::matmul(torch::randn({4, 8}, gpu), torch::randn({8, 3}, gpu)).scalar_type() == torch::kFloat32));
+}
+
+TEST_CASE("cuda: a GPU profile names the GPU, records at most its memory, and its precision") {
+  if (!have_gpu()) return;
+  auto c = small_gpt2(0.1);
+  runtime::profiler_options options{.microbatch = 2, .warmup = 1, .repeats = 2};
+  options.device = runtime::device_spec{"cuda", 0};
+  options.device_memory_bytes = std::int64_t{1} << 60;  // more than any GPU
+  const auto p = runtime::make_profile(c, options, runtime::measure_layers(c, options));
+  CHECK(p.device_kind == "cuda:" + runtime::cuda_device_name(0));
+  CHECK(p.device_memory_bytes == runtime::cuda_device_memory_bytes(0));
+  for (const auto& l : p.layers) CHECK(l.forward_ms.front() > 0);
+  options.device_memory_bytes = 1 << 30;
+  c.precision = runtime::precision_kind::bf16;
+  const auto q = runtime::make_profile(c, options, runtime::measure_layers(c, options));
+  CHECK(q.device_memory_bytes == (1 << 30));
+  CHECK(q.device_kind == "cuda:" + runtime::cuda_device_name(0) + " bf16");
 }
