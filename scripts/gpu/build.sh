@@ -131,11 +131,6 @@ else
   sed -i -e "s|/usr/bin/capnp|$prefix/wrappers/capnp|" -e "s|CAPNP_INCLUDE_DIRECTORY /usr/include|CAPNP_INCLUDE_DIRECTORY $usr/include|" \
     "$usr/lib/$multiarch/cmake/CapnProto/CapnProtoConfig.cmake"
   sed -i "s|^prefix=/usr\$|prefix=$usr|" "$usr/lib/$multiarch/pkgconfig/"*.pc "$usr/share/pkgconfig/"*.pc
-  # Cap'n Proto 0.9.2's blob.h compares 'const char* == kj::StringPtr', which GCC 13 in C++20 finds
-  # no operator for (bookworm's GCC 12 does; Cap'n Proto 0.10 changed these lines): compare from
-  # the StringPtr side, as those lines mean.
-  sed -i -e 's|{ return a == b.asString(); }|{ return kj::StringPtr(a) == b.asString(); }|' \
-    -e 's|{ return a != b.asString(); }|{ return !(kj::StringPtr(a) == b.asString()); }|' "$usr/include/capnp/blob.h"
   # The tools the build runs from the prefix find its libraries themselves, so that a later
   # 'cmake --build' needs no env.sh; this pkg-config reads the prefix's .pc files and no others.
   mkdir -p "$prefix/wrappers"
@@ -166,6 +161,11 @@ else
 fi
 usr=$prefix/usr
 libdir=$usr/lib/$multiarch
+# Cap'n Proto 0.9.2's blob.h compares 'const char* == kj::StringPtr', which GCC 13 in C++20 finds
+# no operator for (bookworm's GCC 12 does; Cap'n Proto 0.10 changed these lines): compare from the
+# StringPtr side, as those lines mean. Idempotent, so a prefix unpacked before this fix gets it too.
+sed -i -e 's|{ return a == b.asString(); }|{ return kj::StringPtr(a) == b.asString(); }|' \
+  -e 's|{ return a != b.asString(); }|{ return !(kj::StringPtr(a) == b.asString()); }|' "$usr/include/capnp/blob.h"
 [[ -x $usr/bin/capnp && -x $usr/bin/pkgconf && -x $prefix/wrappers/pkg-config && -f $libdir/libcaf_core.so &&
   -f $usr/include/boost/asio.hpp ]] ||
   die "$prefix lacks capnp, pkgconf, libcaf_core.so or boost/asio.hpp after unpacking: remove it and run again"

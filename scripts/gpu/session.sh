@@ -5,22 +5,42 @@
 # prediction against the measured step (bench/throughput on bench/gpt2_small_cuda.toml). Each part
 # gets what is left of the deadline and a part that does not finish does not stop the next; logs go
 # to $OUT (or build-gpu/gpu-results).
-# usage: bash scripts/gpu/session.sh [SECONDS]   (default 480: the whole run ends by then)
+# Exits 0 when every part ran and passed, 1 otherwise (each part's status is in the output).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
+
+usage() {
+  cat <<'EOF2'
+usage: bash scripts/gpu/session.sh [SECONDS]
+
+  SECONDS  the whole run ends within this many seconds (default 480); give the device tool's
+           timeout_s some 50 s more for the machine's start and the transfers
+
+Environment: OUT (where logs and results go; default <build>/gpu-results), OOBLECK_BUILD_DIR
+(default build-gpu). Needs .gpu-deps/ (scripts/gpu/fetch-debs.sh, carried).
+EOF2
+}
+case ${1:-} in
+  -h | --help) usage; exit 0 ;;
+  "" | *[!0-9]*) [[ -z ${1:-} ]] || { echo "session: SECONDS must be a whole number, got '$1'" >&2; usage >&2; exit 2; } ;;
+esac
+build=${OOBLECK_BUILD_DIR:-build-gpu}
 deadline=$((SECONDS + ${1:-480}))
-out=${OUT:-build-gpu/gpu-results}
+out=${OUT:-$build/gpu-results}
 mkdir -p "$out"
+failed=()
+exec 3>&1  # the parts' own lines reach the terminal even when a part's output goes to a log
 left() { echo $((deadline - SECONDS)); }
 part() {  # part NAME SECONDS_AT_MOST COMMAND...: runs COMMAND within min(SECONDS, what is left)
   local name=$1 most=$2
   shift 2
   local t=$(($(left) < most ? $(left) : most))
-  ((t > 5)) || { echo "session: no time left for $name"; return 1; }
-  echo "session: $name (at most $t s, $(left) s left)"
+  ((t > 5)) || { echo "session: no time left for $name" >&3; failed+=("$name (no time)"); return 1; }
+  echo "session: $name (at most $t s, $(left) s left)" >&3
   local rc=0
   timeout -k 5 "$t" "$@" || rc=$?
-  echo "session: $name exited $rc after it ran; $(left) s left"
+  echo "session: $name exited $rc; $(left) s left" >&3
+  ((rc == 0)) || failed+=("$name")
   return $rc
 }
 {
@@ -33,18 +53,23 @@ part build 300 bash scripts/gpu/build.sh --keep-going --target nccl_tests --targ
   --target oobleck-worker --target oobleck-profile >"$out/build.log" 2>&1
 tail -40 "$out/build.log"
 grep -E 'error|Error' "$out/build.log" | head -40
-source build-gpu/env.sh 2>/dev/null || true
+# shellcheck source=/dev/null
+source "$build/env.sh" 2>/dev/null || true
 OOBLECK_GPU_TEST_TIMEOUT=170 OOBLECK_GPU_BENCH_TIMEOUT=70 part tests 250 bash scripts/gpu/test.sh
 rm -f "$out/ctest-cuda.xml"  # its content is in gpu-test.log; the device tool returns 8 files at most
-if [[ -x build-gpu/bench/gpu_executor_overhead ]]; then
-  part bf16 60 build-gpu/bench/gpu_executor_overhead --precision bf16 --json "$out/gpu_executor_overhead_bf16.json"
+if [[ -x $build/bench/gpu_executor_overhead ]]; then
+  part bf16 60 "$build/bench/gpu_executor_overhead" --precision bf16 --json "$out/gpu_executor_overhead_bf16.json"
 fi
-if [[ -x build-gpu/apps/oobleck-profile ]]; then
-  part profile 60 build-gpu/apps/oobleck-profile --config bench/gpt2_small_cuda.toml --repeats 20 --no-link \
-    --out "$out/profile_gpt2_small_cuda.json" 2>&1 | tail -30
+if [[ -x $build/apps/oobleck-profile ]]; then
+  part profile 60 "$build/apps/oobleck-profile" --config bench/gpt2_small_cuda.toml --repeats 20 --no-link \
+    --out "$out/profile_gpt2_small_cuda.json"
 fi
-if [[ -x build-gpu/bench/throughput ]]; then
-  part throughput 200 build-gpu/bench/throughput --config bench/gpt2_small_cuda.toml --nodes 1,2 --steps 8 \
-    --warmup 2 --profile-repeats 20 --json "$out/throughput_gpt2_small_cuda.json" 2>&1 | tail -40
+if [[ -x $build/bench/throughput ]]; then
+  part throughput 200 "$build/bench/throughput" --config bench/gpt2_small_cuda.toml --nodes 1,2 --steps 8 \
+    --warmup 2 --profile-repeats 20 --json "$out/throughput_gpt2_small_cuda.json"
 fi
-echo "session: done, $(left) s left"
+if ((${#failed[@]} > 0)); then
+  echo "session: failed: ${failed[*]}; $(left) s left"
+  exit 1
+fi
+echo "session: done, nothing failed; $(left) s left"
