@@ -4,7 +4,7 @@
 # the executor bench again in bf16, the per-layer profile of GPT-2 small on the GPU and the planner's
 # prediction against the measured step (bench/throughput on bench/gpt2_small_cuda.toml). Each part
 # gets what is left of the deadline and a part that does not finish does not stop the next; logs go
-# to $OUT (or build-gpu/gpu-results).
+# to $OUT (or build-gpu/gpu-results), the benchmarks' JSON files merged into results.json.
 # Exits 0 when every part ran and passed, 1 otherwise (each part's status is in the output).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -49,7 +49,7 @@ part() {  # part NAME SECONDS_AT_MOST COMMAND...: runs COMMAND within min(SECOND
   c++ --version | head -1; cmake --version | head -1; nproc
 } 2>&1 | tee "$out/session.log"
 part build 300 bash scripts/gpu/build.sh --keep-going --target nccl_tests --target cuda_model_tests --target cuda_local_e2e_tests \
-  --target gpu_executor_overhead --target throughput --target oobleck-local --target oobleck-coordinator \
+  --target gpu_executor_overhead --target gpu_nccl --target throughput --target oobleck-local --target oobleck-coordinator \
   --target oobleck-worker --target oobleck-profile >"$out/build.log" 2>&1
 tail -40 "$out/build.log"
 grep -E 'error|Error' "$out/build.log" | head -40
@@ -68,6 +68,21 @@ if [[ -x $build/bench/throughput ]]; then
   part throughput 200 "$build/bench/throughput" --config bench/gpt2_small_cuda.toml --nodes 1,2 --steps 8 \
     --warmup 2 --profile-repeats 20 --json "$out/throughput_gpt2_small_cuda.json"
 fi
+# The device tool returns 8 files at most: the results' JSON files become one, results.json.
+python3 - "$out" <<'EOF2' || failed+=("results.json")
+import glob, json, os, sys
+folder = sys.argv[1]
+merged = {}
+for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+    if os.path.basename(path) == "results.json":
+        continue
+    with open(path) as f:
+        merged[os.path.basename(path)] = json.load(f)
+    os.remove(path)
+with open(os.path.join(folder, "results.json"), "w") as f:
+    json.dump(merged, f, indent=1)
+print("session: results.json holds " + ", ".join(merged) if merged else "session: no results")
+EOF2
 if ((${#failed[@]} > 0)); then
   echo "session: failed: ${failed[*]}; $(left) s left"
   exit 1
