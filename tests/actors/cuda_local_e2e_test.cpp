@@ -28,7 +28,7 @@ const std::string bin = OOBLECK_APPS_DIR;
 /// run; the host transport's all-reduce does. 1e-4 relative, as on the CPU, unless measured otherwise.
 constexpr double tolerance = 1e-4;
 
-std::vector<nlohmann::json> run_on_gpu(const std::vector<std::string>& extra) {
+local_run run_on_gpu(const std::vector<std::string>& extra) {
   const testing::temp_dir tmp("oobleck-cuda-local-");
   const auto metrics = (tmp.path() / "metrics.jsonl").string();
   std::vector<std::string> args{"--device", "cuda", "--nodes", "4", "--steps", "30", "--metrics-out", metrics,
@@ -38,15 +38,20 @@ std::vector<nlohmann::json> run_on_gpu(const std::vector<std::string>& extra) {
                             std::chrono::seconds(240));
   INFO(r.output);
   REQUIRE(r.status == 0);
-  return r.steps;
+  return r;
 }
 
 }  // namespace
 
 TEST_CASE("cuda: 4 workers on one GPU, one killed mid-step: the job goes on, on the failure-free loss curve" *
           doctest::timeout(600)) {
-  const auto clean = run_on_gpu({});
-  const auto failed = run_on_gpu({"--fail-at", "8:2"});
+  const auto clean = run_on_gpu({}).steps;
+  const auto run = run_on_gpu({"--fail-at", "8:2"});
+  const auto& failed = run.steps;
+  // The recovery on the GPU: its layer copies went through host memory (the host transport).
+  REQUIRE(!run.records.empty());
+  MESSAGE("reconfiguration on the GPU: " << run.records.front().dump());
+  CHECK(run.records.front()["event"] == "reconfigured");
   REQUIRE(clean.size() == 30);
   REQUIRE(failed.size() == 30);
   double worst = 0;
