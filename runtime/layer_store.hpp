@@ -138,7 +138,19 @@ class layer_store {
   std::map<int, std::unique_ptr<slot>> slots_;
 };
 
-/// FNV-1a over the raw bytes of tensors, 8-byte words at a time (then the tail bytes) (moved to CPU, contiguous).
+/// A digest of the raw bytes of tensors: equal digests = bitwise equal tensors (up to a ~2^-64
+/// collision). CPU tensors: FNV-1a over their bytes, 8-byte words at a time (then the tail bytes).
+/// Tensors on a GPU: word_sum_digest, computed there (one small result crosses to the host, not the
+/// parameters). The two kinds differ, and digests are only compared among the replicas of one job,
+/// whose nodes are all of its cluster.device.
 std::uint64_t tensor_digest(const std::vector<torch::Tensor>& tensors);
+
+/// The device-side digest of tensor_digest, on any device: the tensor's bytes as 32-bit words w_i
+/// (a tensor of a size not a multiple of 4 bytes is refused), Σ w_i · c_i mod 2^64 with c_i an odd
+/// mix of the word's position i; integer sums in any order give the same bits, so a GPU's parallel
+/// reduction is exact. Changing one word, or swapping two unequal words, changes it (an odd c_i is
+/// invertible mod 2^64). Computed in chunks of `chunk_words` words (the result does not depend on
+/// it) so that its temporaries stay bounded. Chained from `h`.
+std::uint64_t word_sum_digest(std::uint64_t h, const torch::Tensor& t, std::int64_t chunk_words = 1 << 24);
 
 }  // namespace oobleck::runtime

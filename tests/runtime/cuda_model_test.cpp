@@ -11,6 +11,7 @@
 #include "runtime/cuda_info.hpp"
 #include "runtime/gpt_config.hpp"
 #include "runtime/gpt_model.hpp"
+#include "runtime/layer_store.hpp"
 #include "runtime/profiler.hpp"
 
 using namespace oobleck;
@@ -155,4 +156,16 @@ TEST_CASE("cuda: a GPU profile names the GPU, records at most its memory, and it
   const auto q = runtime::make_profile(c, options, runtime::measure_layers(c, options));
   CHECK(q.device_memory_bytes == (1 << 30));
   CHECK(q.device_kind == "cuda:" + runtime::cuda_device_name(0) + " bf16");
+}
+
+TEST_CASE("cuda: a parameter digest is computed on the GPU, the same bits as the same function on the CPU") {
+  if (!have_gpu()) return;
+  const auto t = torch::randn({(1 << 22) + 3});
+  const auto on_gpu = t.to(gpu);
+  CHECK(runtime::word_sum_digest(5, on_gpu) == runtime::word_sum_digest(5, t));
+  CHECK(runtime::word_sum_digest(5, on_gpu, 1000) == runtime::word_sum_digest(5, t));
+  CHECK(runtime::tensor_digest({on_gpu}) == runtime::word_sum_digest(1469598103934665603ULL, t));
+  auto changed = on_gpu.clone();
+  changed.view(torch::kInt32)[12345].bitwise_xor_(1);
+  CHECK(runtime::tensor_digest({changed}) != runtime::tensor_digest({on_gpu}));
 }

@@ -110,6 +110,35 @@ testing::training_setup with_dropout(double p) {
 
 }  // namespace
 
+TEST_CASE("word_sum_digest (a GPU's digest): equal bytes equal it, a changed or swapped word changes it, chunks do not") {
+  using oobleck::runtime::word_sum_digest;
+  const auto t = torch::randn({1000});
+  const auto d = word_sum_digest(1, t);
+  CHECK(d == word_sum_digest(1, t.clone()));
+  CHECK(d == word_sum_digest(1, t, 7));  // any chunking
+  CHECK(d == word_sum_digest(1, t, 1));
+  CHECK(d == word_sum_digest(1, t.view({10, 100})));  // the bytes count, not the shape
+  CHECK(d != word_sum_digest(2, t));                  // chained from h
+  for (const std::int64_t i : {0, 499, 999}) {
+    auto flipped = t.clone();
+    flipped.view(torch::kInt32)[i].bitwise_xor_(1);  // the lowest bit of one float
+    CAPTURE(i);
+    CHECK(d != word_sum_digest(1, flipped));
+  }
+  auto swapped = t.clone();
+  swapped[3] = t[4];
+  swapped[4] = t[3];
+  REQUIRE(!torch::equal(t[3], t[4]));
+  CHECK(d != word_sum_digest(1, swapped));
+  CHECK(d != word_sum_digest(1, t.slice(0, 0, 999)));  // a word fewer
+  const auto m = torch::randn({4, 6});
+  CHECK(word_sum_digest(1, m.t()) == word_sum_digest(1, m.t().contiguous()));  // values in logical order
+  CHECK_THROWS_AS(word_sum_digest(1, torch::zeros({3}, torch::kUInt8)), std::invalid_argument);
+  CHECK_THROWS_AS(word_sum_digest(1, t, 0), std::invalid_argument);
+  // A CPU tensor's tensor_digest stays FNV-1a over its bytes (the one digest replicas on CPUs compare).
+  CHECK(oobleck::runtime::tensor_digest({t}) != word_sum_digest(1469598103934665603ULL, t));
+}
+
 TEST_CASE("a layer's full state round-trips through bytes bitwise") {
   staged_pipeline trained(testing::small_setup(), {{0, 6}});
   trained.train(0, 2);
