@@ -49,6 +49,18 @@ planning::profile measure_job_profile(const job_file& job, int repeats, const li
       *progress << line;
     }
   }
+  if (!choice.none && options.device.kind != "cpu") {
+    // The host data plane stages device tensors through host memory: messages pay that too.
+    constexpr std::int64_t staged_bytes = 4 << 20;
+    const double staging = runtime::measure_device_staging(options.device, staged_bytes, options.repeats * 3);
+    link = runtime::with_staging(link, staging);
+    if (progress) {
+      std::snprintf(line, sizeof line,
+                    "device staging (device to host and back, %lld-byte messages): %.2f GB/s; the link with it: %.2f GB/s\n",
+                    static_cast<long long>(staged_bytes), staging / 1e6, link.bytes_per_ms / 1e6);
+      *progress << line;
+    }
+  }
   return runtime::make_profile(job.model, options, layers, link);
 }
 

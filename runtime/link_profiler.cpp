@@ -10,6 +10,13 @@
 
 namespace oobleck::runtime {
 
+planning::link_profile with_staging(planning::link_profile link, double staging_bytes_per_ms) {
+  if (!(staging_bytes_per_ms > 0)) throw std::invalid_argument("with_staging: the staging rate must be > 0");
+  link.bytes_per_ms =
+      link.bytes_per_ms > 0 ? 1.0 / (1.0 / link.bytes_per_ms + 1.0 / staging_bytes_per_ms) : staging_bytes_per_ms;
+  return link;
+}
+
 link_measurement measure_loopback_link(int repeats, std::int64_t small_bytes, std::int64_t bulk_bytes) {
   if (repeats < 1 || small_bytes < 1 || bulk_bytes < small_bytes)
     throw std::invalid_argument("measure_loopback_link: need repeats >= 1 and 1 <= small_bytes <= bulk_bytes");

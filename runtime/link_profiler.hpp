@@ -25,4 +25,10 @@ struct link_measurement {
 /// figures are given to oobleck-profile instead. Throws transport_error if the sockets fail.
 link_measurement measure_loopback_link(int repeats, std::int64_t small_bytes = 64, std::int64_t bulk_bytes = 4 << 20);
 
+/// `link` for device tensors, which the host data plane stages through host memory at
+/// `staging_bytes_per_ms` (runtime::measure_device_staging): a message's bytes pay the wire and the
+/// staging one after the other, 1 / (1 / wire + 1 / staging); a free wire (bytes_per_ms 0) leaves
+/// the staging alone. The latency is unchanged. std::invalid_argument for a staging rate <= 0.
+planning::link_profile with_staging(planning::link_profile link, double staging_bytes_per_ms);
+
 }  // namespace oobleck::runtime

@@ -238,6 +238,28 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
   return out;
 }
 
+double measure_device_staging(const device_spec& spec, std::int64_t bytes, int repeats) {
+  if (spec.kind == "cpu") throw std::invalid_argument("measure_device_staging: a CPU tensor is sent as it is, not staged");
+  if (bytes < 1 || repeats < 1) throw std::invalid_argument("measure_device_staging: need bytes >= 1 and repeats >= 1");
+  const auto device = make_device(spec);
+  const auto on_device = torch::ones({bytes / 4 + 1}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  const auto settle = [&] {
+#ifdef OOBLECK_WITH_CUDA
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+#endif
+  };
+  std::vector<double> ms;
+  for (int i = 0; i < repeats + 2; ++i) {  // two warm-ups: the first copies allocate
+    settle();
+    const auto start = std::chrono::steady_clock::now();
+    const auto host = on_device.to(torch::kCPU);  // as host_communicator stages a send
+    const auto back = host.to(device);            // and lands a receive
+    settle();
+    if (i >= 2) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  return static_cast<double>(on_device.nbytes()) / std::max(median(ms), 1e-6);
+}
+
 planning::profile make_profile(const gpt_config& model, const profiler_options& options,
                                const std::vector<layer_measurement>& layers, planning::link_profile link) {
   planning::profile p;

@@ -57,6 +57,12 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
 planning::profile make_profile(const gpt_config& model, const profiler_options& options,
                                const std::vector<layer_measurement>& layers, planning::link_profile link = {});
 
+/// A device tensor on the host data plane is staged through host memory: copied to the host before
+/// it is sent and back to a device after it arrives (runtime/host_communicator.cpp). The bytes per
+/// ms of that staging for a message of `bytes` on `device`: the median of `repeats` copies there and
+/// back, each timed to the device's completion. std::invalid_argument for the CPU (nothing is staged).
+double measure_device_staging(const device_spec& device, std::int64_t bytes, int repeats);
+
 /// Bytes currently allocated through LibTorch's CPU allocator (counting starts at the first call).
 std::int64_t live_cpu_bytes();
 

@@ -169,3 +169,11 @@ TEST_CASE("cuda: a parameter digest is computed on the GPU, the same bits as the
   changed.view(torch::kInt32)[12345].bitwise_xor_(1);
   CHECK(runtime::tensor_digest({changed}) != runtime::tensor_digest({on_gpu}));
 }
+
+TEST_CASE("cuda: staging a message through host memory is measured, and a GPU profile's link pays it") {
+  if (!have_gpu()) return;
+  const double staging = runtime::measure_device_staging({"cuda", 0}, 4 << 20, 5);
+  MESSAGE("device to host and back, 4 MiB: " << staging / 1e6 << " GB/s");
+  CHECK(staging > 0);
+  CHECK(std::isfinite(staging));
+}

@@ -276,6 +276,18 @@ TEST_CASE("the profile carries each layer's output bytes and AdamW time, and the
   CHECK(runtime::make_profile(c, o, layers).link == planning::link_profile{});
 }
 
+TEST_CASE("device tensors' staging through host memory slows the link's bytes, not its latency") {
+  const planning::link_profile wire{.latency_ms = 0.05, .bytes_per_ms = 2e6};
+  const auto staged = runtime::with_staging(wire, 2e6);
+  CHECK(staged.latency_ms == wire.latency_ms);
+  CHECK(staged.bytes_per_ms == doctest::Approx(1e6));  // the wire, then the staging: half the rate
+  CHECK(runtime::with_staging(wire, 1e12).bytes_per_ms == doctest::Approx(2e6).epsilon(1e-5));
+  CHECK(runtime::with_staging({.latency_ms = 0.05, .bytes_per_ms = 0}, 3e6).bytes_per_ms == 3e6);  // free wire
+  CHECK_THROWS_AS(runtime::with_staging(wire, 0), std::invalid_argument);
+  // On the CPU nothing is staged: asking to measure it is a mistake, not a zero.
+  CHECK_THROWS_AS(runtime::measure_device_staging({"cpu", 0}, 1 << 20, 3), std::invalid_argument);
+}
+
 TEST_CASE("the loopback link measurement: a round trip per repeat, latency and bandwidth from them") {
   const auto m = runtime::measure_loopback_link(5, 64, 1 << 20);
   CHECK(m.round_trip_ms.size() == 5);
