@@ -56,6 +56,35 @@ namespace {
 std::atomic<int> stop_signal{0};
 extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
 
+/// Runs `wait_for` (a wait for something to end); if it has not returned after `after`, says
+/// `what` once, so that a stop that hangs names what it waits for instead of going silent (a
+/// loaded CI run once hung silently after "training finished", with a replacement coordinator).
+void say_if_slow(const std::function<void(const std::string&)>& say, const std::string& what,
+                 std::chrono::seconds after, const std::function<void()>& wait_for) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watch([&] {
+    std::unique_lock lock(mu);
+    if (!cv.wait_for(lock, after, [&] { return done; })) say(what);
+  });
+  auto finish = [&] {
+    {
+      std::lock_guard lock(mu);
+      done = true;
+    }
+    cv.notify_all();
+    watch.join();
+  };
+  try {
+    wait_for();
+  } catch (...) {
+    finish();
+    throw;
+  }
+  finish();
+}
+
 /// Carries out one trace event: kill -9 of the removed nodes' workers, then the added nodes'
 /// workers started (numbered as the schedule says, which is the order they are started in).
 /// Returns the progress line.
@@ -451,7 +480,8 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
          : seen                    ? "right after step " + std::to_string(step) + " committed"
                                    : "before it saw step " + std::to_string(step) + " commit"));
   }
-  echo.join();
+  say_if_slow(say, local + "still reading the first coordinator's output after 20 s", std::chrono::seconds(20),
+              [&] { echo.join(); });
   // A worker that never registered (one started by --join-at or a trace near the end) would wait
   // for the coordinator until its own connect timeout: it holds nothing, so it goes now.
   for (std::size_t i = 0; i < workers.size(); ++i)
@@ -486,7 +516,8 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
       });
     }
     injector_stop.injector = nullptr;
-    caf_sys.reset();  // waits for the injector
+    say_if_slow(say, local + "the failure injector has not stopped after 20 s", std::chrono::seconds(20),
+                [&] { caf_sys.reset(); });  // waits for the injector
     if (*unfired > 0) {
       error() << "error: " << *unfired << " injected fault(s) did not fire; the job ran without them\n";
       return 1;
