@@ -90,6 +90,12 @@ class watched_communicator final : public runtime::communicator {
   slot_activity& activity_;
 };
 
+/// Where the job's stages compute: its cluster.device on the worker's GPU (make_device says why a
+/// GPU is not there).
+torch::Device device_of(const stage_job& job) {
+  return runtime::make_device(runtime::device_spec{job.device, job.device_index});
+}
+
 /// The node's layers and, per epoch, its data plane and one executor per stage it runs. The
 /// transport may be aborted from another thread (under `abort_mu`). The node's slot actors share
 /// it: slot 0 forms epochs, commits and writes checkpoints, slot j runs the epoch's stage j; the
@@ -105,8 +111,7 @@ struct stage_runtime {
         slots(slot_count),
         data(runtime::make_dataset(job.train, job.model.seq_len, job.model.vocab)),
         samples(job.sample_seed, data.size(), job.global_batch),
-        // The job's cluster.device on the worker's GPU; make_device says why one is not there.
-        store(job.model, runtime::make_device(runtime::device_spec{job.device, job.device_index})),
+        store(job.model, device_of(job)),
         activity(static_cast<std::size_t>(slot_count)),
         gradients_done(static_cast<std::size_t>(slot_count), -1) {
     validation.resize(static_cast<std::size_t>(slot_count));
@@ -593,7 +598,7 @@ std::vector<double> train_single_process(const stage_job& job, std::uint64_t ste
   runtime::solo_communicator comm;
   const int layers = job.model.num_layers();
   // On the job's device, as the stages: a GPU job's reference run is on the same GPU.
-  runtime::layer_store store(job.model, runtime::make_device(runtime::device_spec{job.device, job.device_index}));
+  runtime::layer_store store(job.model, device_of(job));
   store.ensure(0, layers);
   runtime::stage_executor executor(store, {0, layers, 0, 1, -1, -1}, comm, options_of(job));
   const int microbatches = job.global_batch / job.microbatch;

@@ -16,9 +16,19 @@
 #include "runtime/median.hpp"
 #include "runtime/optimizer.hpp"
 
+// LibTorch 2.3 made Allocator::allocate() non-const and, with 2.2's copy_data(), both pure virtual.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define OOBLECK_TORCH_ALLOCATOR_2_3 1
+#endif
+
 namespace oobleck::runtime {
 
 namespace {
+
+/// A GPU queues work and returns: a time is read once the device has finished what came before.
+void settle(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
 
 /// Wraps LibTorch's CPU allocator to count live bytes. LibTorch's raw_allocate() requires the
 /// context to be the data pointer, so sizes live in a side table keyed by pointer.
@@ -26,8 +36,7 @@ class counting_allocator final : public c10::Allocator {
  public:
   explicit counting_allocator(c10::Allocator* base) : base_(base), base_deleter_(base->raw_deleter()) {}
 
-  // LibTorch 2.3 made allocate() non-const and, with 2.2's copy_data(), both pure virtual.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#ifdef OOBLECK_TORCH_ALLOCATOR_2_3
   c10::DataPtr allocate(size_t n) override {
 #else
   c10::DataPtr allocate(size_t n) const override {
@@ -46,7 +55,7 @@ class counting_allocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return base_deleter_ ? &release : nullptr; }
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#ifdef OOBLECK_TORCH_ALLOCATOR_2_3
   void copy_data(void* dest, const void* src, std::size_t count) const override { base_->copy_data(dest, src, count); }
 #endif
 
@@ -97,7 +106,7 @@ double ms_between(std::chrono::steady_clock::time_point from, std::chrono::stead
 /// as commit() does, so no layer's state is still in the caches from its own last step. Read from
 /// the steady clock (options.clock scripts the layer timings only).
 std::vector<double> time_optimizer(const std::vector<std::shared_ptr<model_layer>>& layers,
-                                   const profiler_options& options, const std::function<void()>& settle) {
+                                   const profiler_options& options, const torch::Device& device) {
   const auto now = [] { return std::chrono::steady_clock::now(); };
   torch::NoGradGuard no_grad;
   torch::set_num_threads(1);
@@ -122,10 +131,10 @@ std::vector<double> time_optimizer(const std::vector<std::shared_ptr<model_layer
   std::vector<std::vector<double>> samples(layers.size());
   for (int it = 0; it < options.warmup + options.repeats; ++it)
     for (std::size_t l = 0; l < states.size(); ++l) {
-      settle();
+      settle(device);
       const auto start = now();
       flat_adamw_step(states[l].buffers, states[l].decayed, states[l].step, adamw_options{});
-      settle();
+      settle(device);
       if (it >= options.warmup) samples[l].push_back(ms_between(start, now()));
     }
   std::vector<double> medians;
@@ -148,10 +157,6 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
   allocator();
   runtime::use_one_compute_thread();
   const auto now = options.clock ? options.clock : [] { return std::chrono::steady_clock::now(); };
-  // A GPU queues work and returns: a time is read once the device has finished what came before.
-  const std::function<void()> settle = [device] {
-    if (device.is_cuda()) torch::cuda::synchronize(device.index());
-  };
   const auto live_bytes = [device]() -> std::int64_t {
 #ifdef OOBLECK_WITH_CUDA
     if (device.is_cuda()) return cuda_allocated_bytes(device.index());
@@ -185,7 +190,7 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
       for (int l = 0; l < L; ++l) {
         auto dropout = dropout_generator(model, it, 0, l, device);  // as in training: never the global generator
         inputs[l] = l == 0 ? tokens : outputs[l - 1].detach().requires_grad_(true);
-        settle();
+        settle(device);
         const auto live_before = live_bytes();
         const auto start = now();
         torch::Tensor y;
@@ -194,18 +199,18 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
           y = layers[l]->forward(inputs[l], &dropout);
           if (l == L - 1) y = lm_loss(y, targets);
         }
-        settle();
+        settle(device);
         fwd[l] = ms_between(start, now());
         retained[l] = live_bytes() - live_before;
         if (l < L - 1) out[l].output_bytes = static_cast<std::int64_t>(y.nbytes());
         outputs[l] = std::move(y);
       }
       for (int l = L - 1; l >= 0; --l) {
-        settle();
+        settle(device);
         const auto start = now();
         if (l == L - 1) outputs[l].backward();
         else outputs[l].backward(inputs[l + 1].grad());
-        settle();
+        settle(device);
         bwd[l] = ms_between(start, now());
       }
       for (int l = 0; l < L; ++l)
@@ -227,7 +232,7 @@ std::vector<layer_measurement> measure_layers(const gpt_config& model, const pro
       }
     }
   }
-  const auto optimizer_ms = time_optimizer(layers, options, settle);
+  const auto optimizer_ms = time_optimizer(layers, options, device);
   for (int l = 0; l < L; ++l) {
     auto& m = out[l];
     m.forward_ms = m.forward_ms_by_width.front();
@@ -243,18 +248,13 @@ double measure_device_staging(const device_spec& spec, std::int64_t bytes, int r
   if (bytes < 1 || repeats < 1) throw std::invalid_argument("measure_device_staging: need bytes >= 1 and repeats >= 1");
   const auto device = make_device(spec);
   const auto on_device = torch::ones({bytes / 4 + 1}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
-  const auto settle = [&] {
-#ifdef OOBLECK_WITH_CUDA
-    if (device.is_cuda()) torch::cuda::synchronize(device.index());
-#endif
-  };
   std::vector<double> ms;
   for (int i = 0; i < repeats + 2; ++i) {  // two warm-ups: the first copies allocate
-    settle();
+    settle(device);
     const auto start = std::chrono::steady_clock::now();
     const auto host = on_device.to(torch::kCPU);  // as host_communicator stages a send
     const auto back = host.to(device);            // and lands a receive
-    settle();
+    settle(device);
     if (i >= 2) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
   return static_cast<double>(on_device.nbytes()) / std::max(median(ms), 1e-6);
@@ -267,8 +267,13 @@ planning::profile make_profile(const gpt_config& model, const profiler_options& 
             std::to_string(model.d_model);
   p.config_hash = model.hash();
   p.device_kind = "cpu";
+  p.device_memory_bytes = options.device_memory_bytes;
 #ifdef OOBLECK_WITH_CUDA
-  if (options.device.kind == "cuda") p.device_kind = "cuda:" + cuda_device_name(options.device.index);
+  if (options.device.kind == "cuda") {
+    p.device_kind = "cuda:" + cuda_device_name(options.device.index);
+    // The job's budget, but never more than the GPU has: the planner then fits stages to the card.
+    p.device_memory_bytes = std::min(p.device_memory_bytes, cuda_device_memory_bytes(options.device.index));
+  }
 #endif
   if (options.device.kind != "cpu" && p.device_kind == "cpu")
     throw std::invalid_argument("profiler: " + no_cuda_build_reason());
@@ -276,12 +281,6 @@ planning::profile make_profile(const gpt_config& model, const profiler_options& 
   if (model.precision != precision_kind::fp32) p.device_kind += " " + precision_name(model.precision);
   p.microbatch_size = options.microbatch;
   p.gpus_per_node = options.slots_per_node;
-  p.device_memory_bytes = options.device_memory_bytes;
-#ifdef OOBLECK_WITH_CUDA
-  // The job's budget, but never more than the GPU has: the planner then fits stages to the card.
-  if (options.device.kind == "cuda")
-    p.device_memory_bytes = std::min(p.device_memory_bytes, cuda_device_memory_bytes(options.device.index));
-#endif
   for (const auto& m : layers)
     p.layers.push_back({m.name, m.forward_ms_by_width, m.backward_ms_by_width, m.param_bytes, m.activation_bytes,
                         m.output_bytes, m.optimizer_ms});
