@@ -225,12 +225,19 @@ struct coordinator_deps {
   std::function<void(const waiting_record&)> on_waiting = [](const waiting_record&) {};
   std::function<void(const resumed_record&)> on_resumed = [](const resumed_record&) {};
   /// Fault injection into the coordinator itself (oobleck-local --kill-coordinator-at,
-  /// --hang-coordinator-at): called as each step is sent to the pipelines.
+  /// --hang-coordinator-at): called as each step is sent to the pipelines (a step whose orders
+  /// went out with the previous commit: when that commit completed and the step is in force).
   std::function<void(std::uint64_t step)> on_step_sent = [](std::uint64_t) {};
   /// Called when the first pipeline of a step reports it done: the step is under way everywhere
   /// and its commit not decided (--kill-coordinator-at kills the coordinator here, a point in the
   /// middle of the step that no scheduling delay can move).
   std::function<void(std::uint64_t step)> on_first_pipeline_done = [](std::uint64_t) {};
+  /// Run-ahead: when the step after a commit follows at once (no evaluation, checkpoint or join
+  /// due, not the job's last step), its orders go out with the commit (run_step::commit_first,
+  /// commit_step::with_run) instead of after every node acknowledged it: the commit's round trip
+  /// leaves the step's critical path. Every node still applies the commit before anything of the
+  /// next step. The programs turn it on; off, the step waits for the acknowledgements.
+  bool run_ahead = false;
   /// Testing: at this step's commit, commit_step goes to the first node only, then `die` runs.
   std::optional<std::uint64_t> partial_commit_at;
   std::function<void()> die = [] {};

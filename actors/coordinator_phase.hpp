@@ -176,6 +176,12 @@ struct committing {
   static constexpr std::string_view name = "committing";
   step_progress step;
   std::set<node_id> pending;  ///< nodes whose step_committed has not arrived
+  /// Run-ahead (coordinator_deps::run_ahead): the next step's orders went out with this commit,
+  /// at `ahead_sent`; its pipelines' reports that arrive before the last acknowledgement wait in
+  /// `early` and are handled once the step is in force.
+  bool ahead = false;
+  std::chrono::steady_clock::time_point ahead_sent;
+  std::vector<messages::pipeline_done> early;
 };
 
 /// A checkpoint is being written (periodic, between steps; or the fallback before stopping).

@@ -96,6 +96,50 @@ void run_eval(coordinator_pointer self) {
   arm_step_deadline(self);
 }
 
+/// Whether the step after the one being committed (st.step) follows its commit at once: what
+/// after_commit and maybe_periodic_checkpoint will decide, as far as it is known now (a node that
+/// registers during the commit waits for the next boundary).
+bool next_step_follows(const coordinator_state& st) {
+  const std::uint64_t next = st.step + 1;
+  if (!st.deps.run_ahead || next >= st.deps.steps || !st.joining.empty()) return false;
+  if (st.deps.eval_every > 0 && next % st.deps.eval_every == 0) return false;  // an evaluation round first
+  const auto& ck = st.deps.checkpoint;
+  if (ck.every != 0 && !ck.root.empty() && next % ck.every == 0) return false;  // a checkpoint first
+  return true;
+}
+
+bool runs_stages(const coordinator_state& st, node_id id) {
+  for (const auto& p : st.current.pipelines)
+    if (std::find(p.nodes.begin(), p.nodes.end(), id) != p.nodes.end()) return true;
+  return false;
+}
+
+/// committing(ahead) -> training: the step whose orders went out with the commit just completed is
+/// in force now; its wall time starts here, its breakdown at its orders. Reports that came early
+/// are handled in order.
+void enter_ahead_round(coordinator_pointer self, phase::committing& ph) {
+  auto& st = self->state;
+  const auto sent = ph.ahead_sent;
+  auto early = std::move(ph.early);
+  phase::training next;
+  next.pipelines_pending = st.current.pipelines.size();
+  next.step.record.step = st.step;
+  next.step.record.epoch = st.epoch;
+  st.step_started = st.deps.now();
+  next.step.timing.start(sent);
+  next.step.timing.ahead_ms = ms_between(sent, st.step_started);
+  enter(self, std::move(next));
+  arm_step_deadline(self);
+  // The step is under way (its orders went out with the commit) and now the one in force: the
+  // coordinator's own fault injection sees it here, once its previous step is recorded.
+  st.deps.on_step_sent(st.step);
+  for (auto& d : early) {
+    auto* t = std::get_if<phase::training>(&st.phase);
+    if (!t) break;  // a report failed the step, or the last one committed it
+    if (!handle(self, *t, d)) ++st.dropped;
+  }
+}
+
 }  // namespace
 
 /// -> training: sends step st.step to every pipeline actor of the epoch (an evaluation round first
@@ -233,9 +277,28 @@ bool handle(coordinator_pointer self, phase::training& ph, pipeline_done& d) {
     st.deps.die();
     return true;
   }
+  auto& committing = std::get<phase::committing>(st.phase);
+  committing.ahead = next_step_follows(st);
   for (node_id id : st.current.nodes)
-    self->send(st.nodes.at(id).monitor, commit_step{st.epoch, st.step, scale, digests});
+    self->send(st.nodes.at(id).monitor,
+               commit_step{st.epoch, st.step, scale, digests, committing.ahead && runs_stages(st, id)});
+  if (committing.ahead) {
+    // The next step's orders go with the commit: every stage applies it before running them.
+    committing.ahead_sent = st.deps.now();
+    messages::run_step order{st.epoch, st.step + 1};
+    order.commit_first = true;
+    order.commit = commit_step{st.epoch, st.step, scale, digests, true};
+    for (auto& p : st.current.pipelines) self->send(p.actor, order);
+  }
   arm_commit_deadline(self);
+  return true;
+}
+
+bool handle(coordinator_pointer, phase::committing& ph, pipeline_done& d) {
+  // A report of the step sent ahead (the gate checked its epoch and sender): it waits until the
+  // commit before it completes.
+  if (!ph.ahead || d.eval || d.step != ph.step.record.step + 1) return false;
+  ph.early.push_back(std::move(d));
   return true;
 }
 
@@ -265,6 +328,7 @@ bool handle(coordinator_pointer self, phase::committing& ph, step_committed& c) 
     st.restoring.reset();
   }
   st.last_commit = st.deps.now();
+  if (ph.ahead) return enter_ahead_round(self, ph), true;  // none of after_commit's cases is due
   if (maybe_periodic_checkpoint(self)) return true;  // after_commit once it is written
   after_commit(self);
   return true;

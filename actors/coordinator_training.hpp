@@ -114,6 +114,7 @@ bool handle(coordinator_pointer self, phase::training& ph, messages::node_fault&
 bool handle(coordinator_pointer self, phase::committing& ph, messages::node_fault& f);
 bool handle(coordinator_pointer self, phase::training& ph, messages::pipeline_done& d);
 bool handle(coordinator_pointer self, phase::committing& ph, messages::step_committed& c);
+bool handle(coordinator_pointer self, phase::committing& ph, messages::pipeline_done& d);
 
 // Coordinator loss (coordinator_adoption.cpp): a node that came back with the job's state, and the
 // adoption's commit completions and deadline.

@@ -192,6 +192,12 @@ void start_stage(monitor_pointer self) {
         caf::send_as(monitor, target->coordinator, node_fault{epoch, target->node, what, true});
     });
   }
+  if (st.stage->report_commits_to) {
+    const caf::actor_addr me = self->address();
+    st.stage->report_commits_to([me](std::uint64_t epoch, std::uint64_t step) {
+      if (auto monitor = caf::actor_cast<caf::actor>(me)) caf::anon_send(monitor, applied_atom_v, epoch, step);
+    });
+  }
 }
 
 void on_assignment(monitor_pointer self, epoch_assignment& a) {
@@ -268,6 +274,27 @@ void note_committed(monitor_state& st, const commit_step& c) {
   st.committed_at = std::chrono::steady_clock::now();
 }
 
+/// Sends the node's answer to commit `c` to the coordinator.
+void answer_commit(monitor_pointer self, const commit_step& c, step_committed done) {
+  auto& st = self->state;
+  note_committed(st, c);
+  done.node = st.node;
+  self->send(st.deps.coordinator, std::move(done));
+}
+
+/// The awaited commit (epoch, step) is applied: answered now, once.
+void answer_awaited(monitor_pointer self, std::uint64_t epoch, std::uint64_t step) {
+  auto& st = self->state;
+  if (!st.awaiting_commit || st.awaiting_commit->epoch != epoch || st.awaiting_commit->step != step || !st.stage ||
+      !st.stage->applied)
+    return;
+  auto done = st.stage->applied(epoch, step);
+  if (!done) return;
+  const commit_step c = *st.awaiting_commit;
+  st.awaiting_commit.reset();
+  answer_commit(self, c, std::move(*done));
+}
+
 void on_commit(monitor_pointer self, commit_step& c) {
   auto& st = self->state;
   if (c.epoch != st.epoch) {
@@ -279,12 +306,26 @@ void on_commit(monitor_pointer self, commit_step& c) {
     self->send(st.deps.coordinator, step_committed{c.epoch, c.step, st.node, {}});
     return;
   }
+  const bool awaited = c.with_run && st.stage->applied;  // stages built by spawn_stage
+  if (awaited) {
+    // The next step's orders ride with this commit: a stage may have applied it already, or
+    // will, and nudges this monitor (applied_atom). Slot 0 still gets it below, so that it is
+    // applied before anything this monitor sends slot 0 later (a new epoch), whatever happens
+    // to the orders; its reply then answers only if the nudge did not.
+    st.awaiting_commit = c;
+    answer_awaited(self, c.epoch, c.step);
+    if (!st.awaiting_commit) return;
+  }
   self->request(st.stage->actor, caf::infinite, c)
       .then(
-          [self, c](step_committed& done) {
-            note_committed(self->state, c);
-            done.node = self->state.node;
-            self->send(self->state.deps.coordinator, std::move(done));
+          [self, c, awaited](step_committed& done) {
+            auto& st = self->state;
+            if (awaited) {
+              if (!st.awaiting_commit || st.awaiting_commit->epoch != c.epoch || st.awaiting_commit->step != c.step)
+                return;  // answered when a stage applied it
+              st.awaiting_commit.reset();
+            }
+            answer_commit(self, c, std::move(done));
           },
           [self, c](caf::error& err) {
             self->send(self->state.deps.coordinator,
@@ -348,6 +389,7 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
   return {
       [self](epoch_assignment& a) { on_assignment(self, a); },
       [self](commit_step& c) { on_commit(self, c); },
+      [self](applied_atom, std::uint64_t epoch, std::uint64_t step) { answer_awaited(self, epoch, step); },
       [self](write_checkpoint& w) { on_write_checkpoint(self, w); },
       [self](abort_epoch& a) {
         // At once, from this thread: the stage may be blocked in a collective with a dead peer.

@@ -88,6 +88,9 @@ struct monitor_state {
   std::int64_t committed_step = -1;
   std::uint64_t committed_epoch = 0;
   double committed_scale = 1;
+  /// A commit whose next step's orders rode with it (commit_step::with_run) and that this monitor
+  /// has not answered yet: the first of the stage's nudge and slot 0's reply answers it.
+  std::optional<messages::commit_step> awaiting_commit;
   std::chrono::steady_clock::time_point committed_at = std::chrono::steady_clock::now();
   /// Set while the coordinator is lost: until when to look for one.
   std::optional<std::chrono::steady_clock::time_point> orphaned_until;

@@ -113,8 +113,13 @@ pipeline_actor::behavior_type pipeline(pipeline_pointer self, pipeline_deps deps
         st.forward_ms.assign(st.deps.stages.size(), {});
         st.backward_ms.assign(st.deps.stages.size(), {});
         st.allreduce_ms = 0;
-        const stage_step order = r.eval ? stage_step{r.epoch, r.step, r.first_window, r.windows, true}
-                                        : stage_step{r.epoch, r.step, st.deps.first_microbatch, st.deps.microbatches};
+        stage_step order = r.eval ? stage_step{r.epoch, r.step, r.first_window, r.windows, true}
+                                  : stage_step{r.epoch, r.step, st.deps.first_microbatch, st.deps.microbatches};
+        // Orders that ride with the previous step's commit: every stage applies it first.
+        if (!r.eval && r.commit_first) {
+          order.commit_first = true;
+          order.commit = r.commit;
+        }
         for (std::size_t s = 0; s < st.deps.stages.size(); ++s) {
           // A stage's step may take minutes; its loss is a down message or an error, not a timeout.
           const auto mid = self->request(st.deps.stages[s], caf::infinite, order).id();

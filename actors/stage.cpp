@@ -164,6 +164,16 @@ struct stage_runtime {
   /// Where a failure of the node's own stage goes (the monitor): set once, before the first epoch.
   std::mutex sink_mu;
   std::function<void(std::uint64_t, const std::string&)> failure_sink;
+  /// Where a stage that applied a commit its stage_step carried says so (the monitor): set once.
+  std::function<void(std::uint64_t, std::uint64_t)> commit_sink;  // under sink_mu
+
+  /// The newest commit applied on this node and the node's answer to it: a commit arrives twice
+  /// when the next step's orders ride with it (the monitor's commit_step to slot 0 and every
+  /// stage_step), and only the first applies it. Taken before views_mu, never while holding it.
+  std::mutex commit_mu;
+  std::uint64_t applied_epoch = 0;    // guarded by commit_mu
+  std::int64_t applied_step = -1;     // guarded by commit_mu
+  messages::step_committed applied_answer;  // guarded by commit_mu
 
   /// The stage's own failure (not the data plane's): the epoch's data plane is aborted at once, so
   /// that every peer waiting for this stage fails within milliseconds instead of waiting forever,
@@ -493,6 +503,65 @@ stage_done run(stage_runtime& rt, const stage_step& order, int slot) {
   return done;
 }
 
+/// The layers' digests of the node's stages after a commit (where the coordinator checks replicas).
+/// Caller holds views_mu.
+void add_digests(stage_runtime& rt, step_committed& out) {
+  const auto& model = rt.store.model();
+  for (auto& e : rt.executors) {
+    const auto& p = e->position();
+    for (int l = p.first_layer; l < p.end_layer; ++l) {
+      out.digests.push_back({l, e->parameter_digest(l)});
+      if (runtime::tied(model) && (l == 0 || l == model.num_layers() - 1))
+        out.tied_digests.push_back(
+            {l, runtime::tensor_digest({rt.store.flat_parameters(l).slice(0, 0, model.vocab * model.d_model)})});
+    }
+  }
+}
+
+/// Applies commit `c` to every stage of the node, once: a commit applied already (the same epoch
+/// and step) answers what it answered then (with digests computed now if they were not asked for
+/// then). A commit of another epoch than the node's changes nothing. Throws (after reporting the
+/// node's own failure) when applying fails: part of the step may be applied.
+step_committed apply_commit(stage_runtime& rt, const commit_step& c) {
+  std::lock_guard commit_lock(rt.commit_mu);
+  if (rt.applied_epoch == c.epoch && rt.applied_step == static_cast<std::int64_t>(c.step)) {
+    step_committed again = rt.applied_answer;
+    if (c.digests && again.digests.empty()) {
+      std::shared_lock views(rt.views_mu);
+      if (c.epoch == rt.assignment.epoch) add_digests(rt, again);
+    }
+    return again;
+  }
+  std::unique_lock views(rt.views_mu);  // no stage of the node runs now (see views_mu)
+  const auto started = std::chrono::steady_clock::now();
+  step_committed out{c.epoch, c.step, -1, {}};
+  if (c.epoch != rt.assignment.epoch) return out;
+  if (rt.pruned_epoch != c.epoch) {  // a step of this epoch committed: it formed everywhere
+    rt.drop_layers_outside_range();  // an idle node: every layer it kept for a failed forming
+    rt.pruned_epoch = c.epoch;
+  }
+  // Every stage of the node has reported (the coordinator commits only then) and none runs until
+  // the next step: this thread applies the step to all of them.
+  try {
+    for (auto& e : rt.executors) {
+      e->commit(c.grad_scale.value);
+      out.optimizer_ms += e->last_step_timing().optimizer_ms;
+    }
+    if (c.digests) add_digests(rt, out);
+  } catch (const std::exception& e) {
+    // Part of the step may be applied: this node's layers are no longer the committed state.
+    const std::string what = "applying the commit of step " + std::to_string(c.step) + ": " + what_of(e);
+    rt.own_failure(c.epoch, what);
+    throw std::runtime_error(what);
+  }
+  std::fill(rt.gradients_done.begin(), rt.gradients_done.end(), -1);
+  out.commit_ms = ms_since(started);
+  rt.applied_epoch = c.epoch;
+  rt.applied_step = static_cast<std::int64_t>(c.step);
+  rt.applied_answer = out;
+  return out;
+}
+
 /// Slot 0's: only it forms epochs, applies commits and writes checkpoints for the node.
 caf::error slot_zero_only(int slot, const char* what) {
   return make_error(protocol_error::bad_request,
@@ -522,44 +591,35 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
           return {order.epoch, order.step, -1, -1, 0,
                   "stage slot " + std::to_string(slot) + " is not formed for epoch " + std::to_string(order.epoch)};
         };
+        if (order.commit_first) {
+          // The previous step's commit rode with these orders: applied here unless the monitor's
+          // commit_step or another slot's order applied it already; the monitor hears at once.
+          if (order.commit.epoch != order.epoch || order.commit.step + 1 != order.step)
+            return {order.epoch, order.step, -1, -1, 0,
+                    "the commit sent with step " + std::to_string(order.step) + " is not its previous step's"};
+          try {
+            apply_commit(rt, order.commit);
+          } catch (const std::exception& e) {
+            return {order.epoch, order.step, -1, -1, 0, e.what()};
+          }
+          std::function<void(std::uint64_t, std::uint64_t)> sink;
+          {
+            std::lock_guard lock(rt.sink_mu);
+            sink = rt.commit_sink;
+          }
+          if (sink) sink(order.commit.epoch, order.commit.step);
+        }
         std::shared_lock views(rt.views_mu);
         if (slot >= rt.executors.size() || order.epoch != rt.assignment.epoch) return not_formed();
         return run(rt, order, self->state.slot);
       },
       [self](commit_step& c) -> caf::result<step_committed> {
         if (self->state.slot != 0) return slot_zero_only(self->state.slot, "a commit");
-        auto& rt = *self->state.rt;
-        std::unique_lock views(rt.views_mu);  // no stage of the node runs now (see views_mu)
-        const auto started = std::chrono::steady_clock::now();
-        step_committed out{c.epoch, c.step, -1, {}};
-        if (c.epoch != rt.assignment.epoch) return out;
-        if (rt.pruned_epoch != c.epoch) {  // a step of this epoch committed: it formed everywhere
-          rt.drop_layers_outside_range();  // an idle node: every layer it kept for a failed forming
-          rt.pruned_epoch = c.epoch;
-        }
-        // Every stage of the node has reported (the coordinator commits only then) and none runs
-        // until the next step: this thread applies the step to all of them.
         try {
-          const auto& model = rt.store.model();
-          for (auto& e : rt.executors) {
-            e->commit(c.grad_scale.value);
-            const auto& p = e->position();
-            for (int l = p.first_layer; l < p.end_layer && c.digests; ++l) {
-              out.digests.push_back({l, e->parameter_digest(l)});
-              if (runtime::tied(model) && (l == 0 || l == model.num_layers() - 1))
-                out.tied_digests.push_back(
-                    {l, runtime::tensor_digest({rt.store.flat_parameters(l).slice(0, 0, model.vocab * model.d_model)})});
-            }
-            out.optimizer_ms += e->last_step_timing().optimizer_ms;
-          }
+          return apply_commit(*self->state.rt, c);
         } catch (const std::exception& e) {
-          // Part of the step may be applied: this node's layers are no longer the committed state.
-          rt.own_failure(c.epoch, "applying the commit of step " + std::to_string(c.step) + ": " + what_of(e));
-          return make_error(protocol_error::bad_request, "commit failed: " + what_of(e));
+          return make_error(protocol_error::bad_request, "commit failed: " + std::string(e.what()));
         }
-        std::fill(rt.gradients_done.begin(), rt.gradients_done.end(), -1);
-        out.commit_ms = ms_since(started);
-        return out;
       },
       [self](memory_atom) -> caf::result<node_memory> {
         if (self->state.slot != 0) return slot_zero_only(self->state.slot, "a memory request");
@@ -649,6 +709,15 @@ spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job, int slot
   out.report_failures_to = [rt](std::function<void(std::uint64_t, const std::string&)> sink) {
     std::lock_guard lock(rt->sink_mu);
     rt->failure_sink = std::move(sink);
+  };
+  out.applied = [rt](std::uint64_t epoch, std::uint64_t step) -> std::optional<messages::step_committed> {
+    std::lock_guard lock(rt->commit_mu);
+    if (rt->applied_epoch != epoch || rt->applied_step != static_cast<std::int64_t>(step)) return std::nullopt;
+    return rt->applied_answer;
+  };
+  out.report_commits_to = [rt](std::function<void(std::uint64_t, std::uint64_t)> sink) {
+    std::lock_guard lock(rt->sink_mu);
+    rt->commit_sink = std::move(sink);
   };
   return out;
 }

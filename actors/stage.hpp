@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,14 @@ struct spawned_stage {
   /// that is not the data plane's: out of memory, a c10::Error), from the failing stage's thread,
   /// after they aborted the epoch's data plane. Set once, before the first epoch.
   std::function<void(std::function<void(std::uint64_t epoch, const std::string& what)>)> report_failures_to;
+  /// The node's answer to commit (epoch, step) once it is applied (by the commit_step slot 0
+  /// received or by the first stage whose stage_step carried it), from any thread; nullopt while
+  /// it is not. `node` is left for the caller.
+  std::function<std::optional<messages::step_committed>(std::uint64_t epoch, std::uint64_t step)> applied;
+  /// Where a stage says that it applied a commit carried by its stage_step (the monitor answers
+  /// the coordinator at once instead of after the step), from that stage's thread. Set once,
+  /// before the first epoch.
+  std::function<void(std::function<void(std::uint64_t epoch, std::uint64_t step)>)> report_commits_to;
 };
 
 /// Spawns the detached stage actors of a node of `slots` slots (a power of two, <= 64) for `job`;

@@ -32,6 +32,7 @@ step_breakdown step_clock::finish(clock::time_point t2) const {
   b.control_ms = (ms(reported - started) - s.busy_ms) + (ms(t2 - reported) - slowest_commit_ms);
   b.other_ms = (s.busy_ms - s.compute_ms - s.p2p_wait_ms - s.allreduce_ms) +
                (slowest_commit_ms - slowest_commit_optimizer_ms);
+  b.ahead_ms = ahead_ms;
   return b;
 }
 

@@ -16,7 +16,9 @@
 // step and the replies back, then commit_step -> monitor -> stage and step_committed back. For
 // each phase it is at least the critical stage's own messaging latency and at most the largest
 // messaging latency of any stage (a stage that starts late makes its neighbours wait, which they
-// count as p2p wait). So wall_ms = compute + p2p_wait + allreduce + optimizer + control + other.
+// count as p2p wait). So wall_ms = compute + p2p_wait + allreduce + optimizer + control + other
+// - ahead_ms, where ahead_ms is 0 unless the step's orders went out with the previous commit
+// (run-ahead): T0 is then before the previous step's T2, where the step's wall time starts.
 // Private to actors/; no LibTorch.
 
 #include <chrono>
@@ -33,6 +35,10 @@ struct step_breakdown {
   double optimizer_ms = 0;
   double control_ms = 0;
   double other_ms = 0;
+  /// A step whose orders rode with the previous commit (run-ahead): how long they were out before
+  /// that commit completed. Its wall time starts there, its parts at the orders: they add up to
+  /// wall_ms + ahead_ms. 0 otherwise.
+  double ahead_ms = 0;
 };
 
 /// The coordinator's timestamps and the slowest reports of the step in progress.
@@ -43,6 +49,7 @@ struct step_clock {
   messages::stage_timing slowest_stage;
   double slowest_commit_ms = 0;
   double slowest_commit_optimizer_ms = 0;
+  double ahead_ms = 0;  ///< step_breakdown::ahead_ms
 
   void start(clock::time_point t0);
   void on_pipeline_done(const messages::pipeline_done& d, clock::time_point now);

@@ -329,6 +329,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.faults.digest_every =
       digest_every ? static_cast<std::uint64_t>(*digest_every) : job.faults.digest_every;
   deps.clip_norm = job.optimizer.clip_norm;
+  deps.run_ahead = true;  // the next step's orders go out with each commit (coordinator_deps::run_ahead)
   const std::string root = !checkpoint_dir.empty() ? checkpoint_dir : job.checkpoint.dir;
   choose_profile(deps, job, profile_file,
                  !profile_cache.empty() ? profile_cache : !job.profile.cache.empty() ? job.profile.cache : root, log);

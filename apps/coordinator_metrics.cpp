@@ -52,6 +52,7 @@ std::string step_json(const actors::step_record& r) {
   breakdown["optimizer_ms"] = b.optimizer_ms;
   breakdown["control_ms"] = b.control_ms;
   breakdown["other_ms"] = b.other_ms;
+  breakdown["ahead_ms"] = b.ahead_ms;
   j["breakdown"] = breakdown;
   // When the line is written (at the commit): throughput over time, and over a window, from the
   // file alone (oobleck-local --trace, bench/sim_validation).

@@ -177,6 +177,7 @@ run_result run_cluster(const options& o, const fs::path& dir, const std::string&
     wall += j["wall_ms"].get<double>();
     ideal += j.contains("ideal_ms") ? j["ideal_ms"].get<double>() : NAN;
     for (const char* key : bench::breakdown_keys) sums[key] += j["breakdown"][key].get<double>();
+    sums["ahead_ms"] += j["breakdown"].value("ahead_ms", 0.0);
   }
   const int measured = k - o.warmup;
   if (measured <= 0) throw std::runtime_error("no measured steps in " + metrics.string());
@@ -321,14 +322,16 @@ int main(int argc, char** argv) {
                 "control", "other", "pred comp", "ideal ms", "overhd");
     nlohmann::ordered_json rows = nlohmann::json::array();
     for (const auto& r : results) {
+      // The control messages on the step's critical path: a step sent with the previous commit
+      // (run-ahead) counts its parts from its orders, ahead_ms before its wall time starts.
+      const double control = r.breakdown.at("control_ms") - r.breakdown.at("ahead_ms");
       const double efficiency = r.samples_per_s / (r.nodes_in_use * single_sps);
       const double overhead = r.step_ms / r.ideal_ms - 1;
       std::printf("%5d %7s %9s %9.2f %9.2f %7.2f %9.1f %7.3f | %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | %9.2f %9.2f %7.1f%%\n",
                   r.nodes, r.overlap ? "on" : "off", r.shape.c_str(), r.predicted_ms, r.step_ms,
                   r.step_ms / r.predicted_ms, r.samples_per_s, efficiency, r.breakdown.at("compute_ms"),
                   r.breakdown.at("p2p_wait_ms"), r.breakdown.at("allreduce_ms"), r.breakdown.at("optimizer_ms"),
-                  r.breakdown.at("control_ms"), r.breakdown.at("other_ms"), r.predicted_compute_ms, r.ideal_ms,
-                  100 * overhead);
+                  control, r.breakdown.at("other_ms"), r.predicted_compute_ms, r.ideal_ms, 100 * overhead);
       nlohmann::ordered_json row;
       row["nodes"] = r.nodes;
       row["overlap_gradient_reduce"] = r.overlap;
@@ -345,7 +348,7 @@ int main(int argc, char** argv) {
       row["overhead"] = std::isnan(overhead) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(overhead);
       row["targets"] = {{"step_le_1.15x_predicted", r.step_ms <= 1.15 * r.predicted_ms},
                         {"efficiency_ge_0.85", efficiency >= 0.85},
-                        {"control_le_2ms", r.breakdown.at("control_ms") <= 2.0},
+                        {"control_le_2ms", control <= 2.0},
                         {"overhead_le_10pct", overhead <= 0.10}};
       rows.push_back(row);
     }
@@ -373,7 +376,8 @@ int main(int argc, char** argv) {
     std::ofstream(json_path) << out.dump(2) << "\n";
     std::printf("(pipelines: nodes per pipeline; pred ms: the planner's predicted step from the profile (1F1B\n"
                 " makespan with link costs, plus all-reduce and AdamW); compute .. other: breakdown means,\n"
-                " slowest stage; pred comp: the profile's compute of the busiest stage; ideal ms: the step's\n"
+                " slowest stage, control less ahead_ms (the time a step's orders rode ahead of the previous\n"
+                " commit's end); pred comp: the profile's compute of the busiest stage; ideal ms: the step's\n"
                 " own 1F1B makespan from its measured op times plus all-reduce wait and AdamW; overhd: step / ideal - 1,\n"
                 " the framework's overhead: control, waiting beyond the schedule, copies, digests)\n");
     std::printf("\nload average (1 min) %.2f before the cluster runs, %.2f after; JSON: %s\n", load_before, load_after,

@@ -47,7 +47,11 @@ using monitor_actor =
                      // Measure the job's model on this node: the planning profile as JSON
                      // (messages/profile_json.hpp). A job without a profile asks one node before
                      // its first plan.
-                     caf::replies_to<profile_atom>::with<std::string>>;
+                     caf::replies_to<profile_atom>::with<std::string>,
+                     // From the node's own stage: it applied commit (epoch, step), which rode with
+                     // the next step's orders. A nudge only: the monitor reads what was applied
+                     // from the stage runtime itself.
+                     caf::reacts_to<applied_atom, std::uint64_t, std::uint64_t>>;
 
 using pipeline_actor = caf::typed_actor<caf::reacts_to<run_step>>;
 

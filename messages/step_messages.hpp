@@ -8,6 +8,11 @@
 //     | <- pipeline_done |
 //     | -- commit_step (after every pipeline) ---------------------------------->  | AdamW on its layers
 //     | <---------------------------------------------------------- step_committed |  digests per layer
+//
+// Run-ahead (the default in the programs): when the step after a commit starts at once (no
+// evaluation, checkpoint or join due, not the job's last), the coordinator sends its run_step with
+// the commit (commit_step::with_run, run_step::commit_first). Every node still applies the commit
+// before anything of the next step; the commit's round trip is off the step's critical path.
 
 #include <cstdint>
 #include <string>
@@ -20,6 +25,31 @@
 
 namespace oobleck::messages {
 
+/// Coordinator -> every node in use: the step is committed; apply the optimizer step, after
+/// multiplying the gradients by `grad_scale` (global-norm clipping: one factor for every replica,
+/// so they stay bitwise equal; 1: none).
+struct commit_step {
+  std::uint64_t epoch = 0;
+  std::uint64_t step = 0;
+  wire_double grad_scale = 1.0;
+  /// Whether the node reports every committed layer's digest in step_committed: where the
+  /// coordinator checks the replicas ([faults] digest_every, the first commit of an epoch, the
+  /// job's last step, an adoption); hashing every layer is a pass over all parameters.
+  bool digests = true;
+  /// The node's stages receive the next step's orders together with this commit
+  /// (stage_step::commit_first): it is applied where it arrives first, once, and the node answers
+  /// as soon as it is applied, not after the next step (ARCHITECTURE.md §5 "Orders that ride with
+  /// the commit").
+  bool with_run = false;
+
+  bool operator==(const commit_step&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, commit_step& x) {
+  return f(caf::meta::type_name("commit_step"), x.epoch, x.step, x.grad_scale, x.digests, x.with_run);
+}
+
 /// Coordinator -> pipeline actor: run step `step` of epoch `epoch`; or, with `eval`, evaluate the
 /// weights committed before step `step` on validation windows [first_window, first_window +
 /// windows) (ARCHITECTURE.md §5 "Evaluation").
@@ -29,13 +59,19 @@ struct run_step {
   bool eval = false;
   std::int32_t first_window = 0;
   std::int32_t windows = 0;
+  /// Sent with the commit of step `step` - 1 (the coordinator's run-ahead): every stage applies
+  /// `commit` before it runs this step, where it has not been applied yet (its node's monitor
+  /// receives the same commit; whichever comes first applies it, once).
+  bool commit_first = false;
+  commit_step commit;
 
   bool operator==(const run_step&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, run_step& x) {
-  return f(caf::meta::type_name("run_step"), x.epoch, x.step, x.eval, x.first_window, x.windows);
+  return f(caf::meta::type_name("run_step"), x.epoch, x.step, x.eval, x.first_window, x.windows, x.commit_first,
+           x.commit);
 }
 
 /// Where a stage's step went, in milliseconds of its own steady clock (runtime::step_timing plus
@@ -65,13 +101,16 @@ struct stage_step {
   std::int32_t first_microbatch = 0;
   std::int32_t microbatches = 0;
   bool eval = false;
+  bool commit_first = false;  ///< run_step::commit_first: apply `commit` first, unless applied already
+  commit_step commit;
 
   bool operator==(const stage_step&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_step& x) {
-  return f(caf::meta::type_name("stage_step"), x.epoch, x.step, x.first_microbatch, x.microbatches, x.eval);
+  return f(caf::meta::type_name("stage_step"), x.epoch, x.step, x.first_microbatch, x.microbatches, x.eval,
+           x.commit_first, x.commit);
 }
 
 /// Stage -> pipeline actor: forward, backward and gradient all-reduce done (or failed: `error`).
@@ -124,26 +163,6 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, pipeline_done& x) {
   return f(caf::meta::type_name("pipeline_done"), x.epoch, x.step, x.pipeline, x.loss_sum, x.error, x.slowest,
            x.grad_sq, x.eval, x.ideal_ms);
-}
-
-/// Coordinator -> every node in use: the step is committed; apply the optimizer step, after
-/// multiplying the gradients by `grad_scale` (global-norm clipping: one factor for every replica,
-/// so they stay bitwise equal; 1: none).
-struct commit_step {
-  std::uint64_t epoch = 0;
-  std::uint64_t step = 0;
-  wire_double grad_scale = 1.0;
-  /// Whether the node reports every committed layer's digest in step_committed: where the
-  /// coordinator checks the replicas ([faults] digest_every, the first commit of an epoch, the
-  /// job's last step, an adoption); hashing every layer is a pass over all parameters.
-  bool digests = true;
-
-  bool operator==(const commit_step&) const = default;
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, commit_step& x) {
-  return f(caf::meta::type_name("commit_step"), x.epoch, x.step, x.grad_scale, x.digests);
 }
 
 /// A layer's parameter digest after a commit (FNV-1a over its parameter bytes, 8-byte words at a time).

@@ -188,6 +188,7 @@ fixture::fixture(options o) : opts(o) {
   d.wait_below_minimum = o.wait_below_minimum;
   d.wait_for_nodes_ms = o.wait_for_nodes_ms;
   d.faults.digest_every = o.digest_every;
+  d.run_ahead = o.run_ahead;
   measured = profile;
   if (o.profile_at_start) {
     d.profile_at_start = true;

@@ -107,6 +107,7 @@ struct fixture {
     /// coordinator_deps::profile_at_start: a node measures the model (its monitor's profile_job
     /// answers `measured`, or throws when the worker's profile_fails) before the first plan.
     bool profile_at_start = false;
+    bool run_ahead = true;  ///< coordinator_deps::run_ahead (on, as in the programs)
   };
   /// The step protocol tests' jobs: `nodes` nodes of `slots` slots, any of which holds the whole
   /// model, a global batch of 8 (4 microbatches).

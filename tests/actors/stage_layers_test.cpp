@@ -7,6 +7,9 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <mutex>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include <caf/actor_system.hpp>
@@ -75,12 +78,39 @@ struct node {
     return out;
   }
   std::string commit(std::uint64_t epoch, std::uint64_t step) {
+    step_committed ignored;
+    return commit(commit_step{epoch, step}, ignored);
+  }
+  std::string commit(const commit_step& c, step_committed& answer) {
     std::string out = "no reply";
-    self->request(stage.actor, std::chrono::seconds(60), commit_step{epoch, step})
-        .receive([&](step_committed&) { out.clear(); }, [&](caf::error& e) { out = describe(e); });
+    self->request(stage.actor, std::chrono::seconds(60), c)
+        .receive(
+            [&](step_committed& a) {
+              answer = std::move(a);
+              out.clear();
+            },
+            [&](caf::error& e) { out = describe(e); });
     return out;
   }
+  /// Runs `order` on slot 0: "" or the stage's error.
+  std::string run(const stage_step& order) {
+    std::string out = "no reply";
+    self->request(stage.actor, std::chrono::seconds(60), order)
+        .receive([&](stage_done& d) { out = d.error; }, [&](caf::error& e) { out = describe(e); });
+    return out;
+  }
+  node_memory memory() {
+    node_memory m;
+    self->request(stage.actor, std::chrono::seconds(60), memory_atom_v)
+        .receive([&](node_memory& r) { m = std::move(r); }, [&](caf::error& e) { FAIL(describe(e)); });
+    return m;
+  }
 };
+
+/// Step `k` of the one-stage epoch `e`: every microbatch of the global batch.
+stage_step step_of(std::uint64_t e, std::uint64_t k, const actors::stage_job& job) {
+  return stage_step{e, k, 0, job.global_batch / job.microbatch};
+}
 
 }  // namespace
 
@@ -97,4 +127,56 @@ TEST_CASE("stage layers: an idle node keeps its layers until an epoch that does 
   REQUIRE(n.commit(4, 0) == "");
   const auto refused = n.form(epoch_of(5, n.job, false));
   CHECK(refused.find("is neither kept nor copied") != std::string::npos);
+}
+
+TEST_CASE("stage: a commit that rides with the next step's orders is applied once, where it arrives first") {
+  // The coordinator's run-ahead sends step k + 1's orders with the commit of step k: the stage
+  // applies the commit before it runs the step, tells its monitor at once, and the monitor's own
+  // commit_step (which reaches slot 0 later) finds it applied and answers the same.
+  node classic, ahead;
+  for (node* n : {&classic, &ahead}) {
+    REQUIRE(n->form(epoch_of(1, n->job, false)) == "");
+    REQUIRE(n->run(step_of(1, 0, n->job)) == "");
+  }
+  std::mutex mu;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> told;
+  ahead.stage.report_commits_to([&](std::uint64_t e, std::uint64_t k) {
+    std::lock_guard lock(mu);
+    told.emplace_back(e, k);
+  });
+  // The classic order: commit step 0, then run step 1.
+  step_committed classic_answer;
+  REQUIRE(classic.commit(commit_step{1, 0, 1.0, true}, classic_answer) == "");
+  REQUIRE(classic.run(step_of(1, 1, classic.job)) == "");
+  // Run-ahead: step 1's orders carry the commit of step 0.
+  CHECK(!ahead.stage.applied(1, 0));
+  auto order = step_of(1, 1, ahead.job);
+  order.commit_first = true;
+  order.commit = commit_step{1, 0, 1.0, true, true};
+  REQUIRE(ahead.run(order) == "");
+  {
+    std::lock_guard lock(mu);
+    CHECK(told == std::vector<std::pair<std::uint64_t, std::uint64_t>>{{1, 0}});
+  }
+  const auto applied = ahead.stage.applied(1, 0);
+  REQUIRE(applied);
+  CHECK(applied->digests == classic_answer.digests);
+  step_committed again;
+  REQUIRE(ahead.commit(commit_step{1, 0, 1.0, true, true}, again) == "");
+  CHECK(again.digests == classic_answer.digests);
+  // Applied once: one AdamW update per layer so far, the same weights as the classic order's.
+  for (const auto& l : ahead.memory().layers) CHECK(l.updates == 1);
+  REQUIRE(classic.commit(1, 1) == "");
+  REQUIRE(ahead.commit(1, 1) == "");
+  const auto a = ahead.memory(), c = classic.memory();
+  REQUIRE(a.layers.size() == c.layers.size());
+  for (std::size_t i = 0; i < a.layers.size(); ++i) {
+    CHECK(a.layers[i].digest == c.layers[i].digest);
+    CHECK(a.layers[i].updates == 2);
+  }
+  // Orders that carry another step's commit than their previous one's are refused.
+  auto wrong = step_of(1, 3, ahead.job);
+  wrong.commit_first = true;
+  wrong.commit = commit_step{1, 1};
+  CHECK(ahead.run(wrong).find("is not its previous step's") != std::string::npos);
 }

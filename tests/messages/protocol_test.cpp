@@ -118,6 +118,8 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: actor handles inside messages rou
 TEST_CASE_FIXTURE(protocol_fixture, "protocol: step messages round-trip") {
   check(run_step{2, 11});
   check(stage_step{2, 11, 4, 3});
+  check(stage_step{2, 11, 4, 3, false, true, commit_step{2, 10, 0.5, false, true}});
+  check(run_step{2, 11, false, 0, 0, true, commit_step{2, 10, 0.25, true, true}});
   check(stage_done{2, 11, 1, 3, 12.5, ""});
   check(stage_done{2, 11, 1, 3, 0, "stage failed: out of memory"});
   check(pipeline_done{2, 11, 1, 12.5, ""});
