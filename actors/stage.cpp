@@ -518,10 +518,14 @@ void add_digests(stage_runtime& rt, step_committed& out) {
   }
 }
 
-/// Applies commit `c` to every stage of the node, once: a commit applied already (the same epoch
+/// Applies commit `c` to every stage of the node, once. The commit applied last (the same epoch
 /// and step) answers what it answered then (with digests computed now if they were not asked for
-/// then). A commit of another epoch than the node's changes nothing. Throws (after reporting the
-/// node's own failure) when applying fails: part of the step may be applied.
+/// then); an older one of the same epoch changes nothing and answers without digests (steps
+/// commit in order, each once; only a new epoch may start again from a checkpoint's earlier
+/// step). Such late copies are ordinary with run-ahead: slot 0's copy of commit k may wait in its
+/// mailbox behind step k + 1, whose orders applied k, and then behind k + 1's own commit, applied
+/// by step k + 2's orders. A commit of another epoch than the node's changes nothing. Throws
+/// (after reporting the node's own failure) when applying fails: part of the step may be applied.
 step_committed apply_commit(stage_runtime& rt, const commit_step& c) {
   std::lock_guard commit_lock(rt.commit_mu);
   if (rt.applied_epoch == c.epoch && rt.applied_step == static_cast<std::int64_t>(c.step)) {
@@ -532,6 +536,8 @@ step_committed apply_commit(stage_runtime& rt, const commit_step& c) {
     }
     return again;
   }
+  if (c.epoch == rt.applied_epoch && static_cast<std::int64_t>(c.step) < rt.applied_step)
+    return {c.epoch, c.step, -1, {}};
   std::unique_lock views(rt.views_mu);  // no stage of the node runs now (see views_mu)
   const auto started = std::chrono::steady_clock::now();
   step_committed out{c.epoch, c.step, -1, {}};

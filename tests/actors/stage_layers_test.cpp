@@ -174,6 +174,17 @@ TEST_CASE("stage: a commit that rides with the next step's orders is applied onc
     CHECK(a.layers[i].digest == c.layers[i].digest);
     CHECK(a.layers[i].updates == 2);
   }
+  // A late copy of an older commit (slot 0's copy of commit k can wait behind step k + 1 and
+  // commit k + 1) changes nothing: it was applied, in order, once. (It was applied again, with
+  // step k + 1's gradients, and blocked a 2-slot node whose other stage ran the next step.)
+  step_committed late;
+  REQUIRE(ahead.commit(commit_step{1, 0, 1.0, true, true}, late) == "");
+  CHECK(late.digests.empty());
+  const auto after_late = ahead.memory();
+  for (std::size_t i = 0; i < after_late.layers.size(); ++i) {
+    CHECK(after_late.layers[i].digest == c.layers[i].digest);
+    CHECK(after_late.layers[i].updates == 2);
+  }
   // Orders that carry another step's commit than their previous one's are refused.
   auto wrong = step_of(1, 3, ahead.job);
   wrong.commit_first = true;
