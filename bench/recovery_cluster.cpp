@@ -7,7 +7,10 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "apps/job_file.hpp"
 #include "bench/cluster_programs.hpp"
+#include "messages/profile_file.hpp"
+#include "planning/synthetic_profile.hpp"
 
 namespace fs = std::filesystem;
 
@@ -18,9 +21,20 @@ local_cluster::local_cluster(const options& o) : o_(o) {
   if (!::mkdtemp(tmpl)) throw std::runtime_error("cannot create a scratch directory");
   dir_ = tmpl;
   std::ofstream(dir_ / "job.toml") << o.job_text;
+  // Planned from the job's modelled profile, the one the benchmark's replay of the planner uses
+  // (recovery_plan.hpp): without a profile the coordinator measures one at the job's start, and
+  // the plan, with whether a loss leaves enough nodes, would depend on this machine (the large
+  // job planned 2 pipelines of 3 from a measured one, and its first loss stopped it).
+  {
+    const auto job = apps::parse_job(o.job_text, "job");
+    auto modelled = planning::synthetic_gpt_profile(apps::synthetic_model(job));
+    modelled.config_hash = job.model.hash();
+    messages::write_profile_json(modelled, (dir_ / "profile.json").string());
+  }
   events_ = std::make_unique<event_log>(dir_ / "events.jsonl");  // watched before the coordinator writes
   start(o.bin + "/oobleck-coordinator",
-        {"--listen", "127.0.0.1:0", "--config", (dir_ / "job.toml").string(), "--token-file", (dir_ / "token").string(),
+        {"--listen", "127.0.0.1:0", "--config", (dir_ / "job.toml").string(), "--profile",
+         (dir_ / "profile.json").string(), "--token-file", (dir_ / "token").string(),
          "--nodes", std::to_string(o.nodes), "--steps", std::to_string(o.steps), "--metrics-out", metrics_path(),
          "--events-out", events_->path().string(), "--address-file", (dir_ / "address").string()},
         runtime::child_output::file((dir_ / "coordinator.log").string()));
