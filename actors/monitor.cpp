@@ -282,12 +282,15 @@ void answer_commit(monitor_pointer self, const commit_step& c, step_committed do
   self->send(st.deps.coordinator, std::move(done));
 }
 
+/// Whether commit (epoch, step) is the one this monitor awaits (and has not answered).
+bool awaiting(const monitor_state& st, std::uint64_t epoch, std::uint64_t step) {
+  return st.awaiting_commit && st.awaiting_commit->epoch == epoch && st.awaiting_commit->step == step;
+}
+
 /// The awaited commit (epoch, step) is applied: answered now, once.
 void answer_awaited(monitor_pointer self, std::uint64_t epoch, std::uint64_t step) {
   auto& st = self->state;
-  if (!st.awaiting_commit || st.awaiting_commit->epoch != epoch || st.awaiting_commit->step != step || !st.stage ||
-      !st.stage->applied)
-    return;
+  if (!awaiting(st, epoch, step) || !st.stage || !st.stage->applied) return;
   auto done = st.stage->applied(epoch, step);
   if (!done) return;
   const commit_step c = *st.awaiting_commit;
@@ -321,8 +324,7 @@ void on_commit(monitor_pointer self, commit_step& c) {
           [self, c, awaited](step_committed& done) {
             auto& st = self->state;
             if (awaited) {
-              if (!st.awaiting_commit || st.awaiting_commit->epoch != c.epoch || st.awaiting_commit->step != c.step)
-                return;  // answered when a stage applied it
+              if (!awaiting(st, c.epoch, c.step)) return;  // answered when a stage applied it
               st.awaiting_commit.reset();
             }
             answer_commit(self, c, std::move(done));

@@ -175,6 +175,12 @@ struct stage_runtime {
   std::int64_t applied_step = -1;     // guarded by commit_mu
   messages::step_committed applied_answer;  // guarded by commit_mu
 
+  /// The answer to commit (epoch, step) when it is the one applied last, else null. Caller holds
+  /// commit_mu.
+  const messages::step_committed* answer_to(std::uint64_t epoch, std::uint64_t step) const {
+    return applied_epoch == epoch && applied_step == static_cast<std::int64_t>(step) ? &applied_answer : nullptr;
+  }
+
   /// The stage's own failure (not the data plane's): the epoch's data plane is aborted at once, so
   /// that every peer waiting for this stage fails within milliseconds instead of waiting forever,
   /// and the monitor reports it to the coordinator (a strike towards eviction).
@@ -528,8 +534,8 @@ void add_digests(stage_runtime& rt, step_committed& out) {
 /// (after reporting the node's own failure) when applying fails: part of the step may be applied.
 step_committed apply_commit(stage_runtime& rt, const commit_step& c) {
   std::lock_guard commit_lock(rt.commit_mu);
-  if (rt.applied_epoch == c.epoch && rt.applied_step == static_cast<std::int64_t>(c.step)) {
-    step_committed again = rt.applied_answer;
+  if (const auto* answer = rt.answer_to(c.epoch, c.step)) {
+    step_committed again = *answer;
     if (c.digests && again.digests.empty()) {
       std::shared_lock views(rt.views_mu);
       if (c.epoch == rt.assignment.epoch) add_digests(rt, again);
@@ -718,8 +724,8 @@ spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job, int slot
   };
   out.applied = [rt](std::uint64_t epoch, std::uint64_t step) -> std::optional<messages::step_committed> {
     std::lock_guard lock(rt->commit_mu);
-    if (rt->applied_epoch != epoch || rt->applied_step != static_cast<std::int64_t>(step)) return std::nullopt;
-    return rt->applied_answer;
+    const auto* answer = rt->answer_to(epoch, step);
+    return answer ? std::optional(*answer) : std::nullopt;
   };
   out.report_commits_to = [rt](std::function<void(std::uint64_t, std::uint64_t)> sink) {
     std::lock_guard lock(rt->sink_mu);

@@ -102,14 +102,6 @@ planning::profile_expectation expected_of(const job_file& job) {
           .config_hash = job.model.hash(), .device_kind = std::nullopt};
 }
 
-/// The modelled profile of the job's model: checks the job before anyone registers when its
-/// profile is measured at its start (planned well enough to cut the model; times are modelled).
-planning::profile modelled_profile(const job_file& job) {
-  auto p = planning::synthetic_gpt_profile(synthetic_model(job));
-  p.config_hash = job.model.hash();
-  return p;
-}
-
 /// The file a profile measured at job start is kept in, in `folder`: one per model config,
 /// microbatch, slots per node, device kind and precision (the job's cluster.device and
 /// training.precision: a CPU profile is never read back for a job on GPUs, nor an fp32 one for bf16).

@@ -556,6 +556,12 @@ planning::synthetic_gpt synthetic_model(const job_file& job) {
           .device_memory_bytes = job.cluster.device_memory_bytes};
 }
 
+planning::profile modelled_profile(const job_file& job) {
+  auto p = planning::synthetic_gpt_profile(synthetic_model(job));
+  p.config_hash = job.model.hash();
+  return p;
+}
+
 planning::job_config planner_job(const job_file& job, int nodes, int fault_tolerance) {
   planning::job_config c;
   c.nodes = nodes;

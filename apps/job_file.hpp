@@ -218,6 +218,12 @@ std::string job_text_on_device(std::string_view text, const std::string& path, c
 /// Throws messages::input_error when a model dimension does not fit an int.
 planning::synthetic_gpt synthetic_model(const job_file& job);
 
+/// The modelled profile of the job's model (synthetic_model's), tagged with the model's config hash
+/// so that a coordinator accepts it for the job: what a job without a measured profile is planned
+/// from before anyone registers, and what tests and benchmarks plan from to be independent of this
+/// machine's speed.
+planning::profile modelled_profile(const job_file& job);
+
 /// What the planner needs of the job on `nodes` nodes with fault tolerance `fault_tolerance`: its
 /// global batch, microbatch and slot memory.
 planning::job_config planner_job(const job_file& job, int nodes, int fault_tolerance);

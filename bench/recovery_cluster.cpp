@@ -10,7 +10,6 @@
 #include "apps/job_file.hpp"
 #include "bench/cluster_programs.hpp"
 #include "messages/profile_file.hpp"
-#include "planning/synthetic_profile.hpp"
 
 namespace fs = std::filesystem;
 
@@ -25,12 +24,8 @@ local_cluster::local_cluster(const options& o) : o_(o) {
   // (recovery_plan.hpp): without a profile the coordinator measures one at the job's start, and
   // the plan, with whether a loss leaves enough nodes, would depend on this machine (the large
   // job planned 2 pipelines of 3 from a measured one, and its first loss stopped it).
-  {
-    const auto job = apps::parse_job(o.job_text, "job");
-    auto modelled = planning::synthetic_gpt_profile(apps::synthetic_model(job));
-    modelled.config_hash = job.model.hash();
-    messages::write_profile_json(modelled, (dir_ / "profile.json").string());
-  }
+  messages::write_profile_json(apps::modelled_profile(apps::parse_job(o.job_text, "job")),
+                               (dir_ / "profile.json").string());
   events_ = std::make_unique<event_log>(dir_ / "events.jsonl");  // watched before the coordinator writes
   start(o.bin + "/oobleck-coordinator",
         {"--listen", "127.0.0.1:0", "--config", (dir_ / "job.toml").string(), "--profile",

@@ -3,12 +3,11 @@
 #include <algorithm>
 #include <map>
 
-#include "planning/synthetic_profile.hpp"
 
 namespace oobleck::bench {
 
 job_model::job_model(const std::string& text, int nodes) : job(apps::parse_job(text, "job")) {
-  profile = planning::synthetic_gpt_profile(apps::synthetic_model(job));
+  profile = apps::modelled_profile(job);
   config = apps::planner_job(job, nodes, job.cluster.fault_tolerance);
 }
 

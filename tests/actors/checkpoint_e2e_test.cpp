@@ -35,7 +35,6 @@
 #include "apps/stage_job.hpp"
 #include "planning/planner.hpp"
 #include "planning/reconfiguration.hpp"
-#include "planning/synthetic_profile.hpp"
 #include "runtime/checkpoint.hpp"
 #include "support/background_process.hpp"
 #include "support/local_run.hpp"
@@ -153,8 +152,7 @@ void check_state(const fs::path& dir, const reference_run& ref, std::uint64_t st
 /// The nodes of the first epoch's first pipeline, as the coordinator plans the job.
 std::vector<int> first_pipeline(const std::string& text, int nodes) {
   const auto job = apps::parse_job(text, "job");
-  auto profile = planning::synthetic_gpt_profile(apps::synthetic_model(job));
-  profile.config_hash = job.model.hash();
+  const auto profile = apps::modelled_profile(job);
   const auto cfg = apps::planner_job(job, nodes, job.cluster.fault_tolerance);
   const auto plan = planning::plan_job(profile, cfg);
   REQUIRE(plan.pipelines.size() == 2);

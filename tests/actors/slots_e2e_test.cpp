@@ -26,7 +26,6 @@
 #include "apps/stage_job.hpp"
 #include "messages/profile_file.hpp"
 #include "planning/planner.hpp"
-#include "planning/synthetic_profile.hpp"
 #include "support/local_run.hpp"
 
 using namespace oobleck;
@@ -85,9 +84,7 @@ void write_profile(const job_dir& d, const apps::job_file& job) {
 /// width 2 beats two of width 1: what the planner's own check below plans from too (a profile
 /// measured at the job's start would make the shape depend on this machine's load).
 void write_modelled_profile(const job_dir& d, const apps::job_file& job) {
-  auto p = planning::synthetic_gpt_profile(apps::synthetic_model(job));
-  p.config_hash = job.model.hash();
-  messages::write_profile_json(p, d.path("profile.json"));
+  messages::write_profile_json(apps::modelled_profile(job), d.path("profile.json"));
 }
 
 /// Runs the job of `text` (on its cluster.nodes workers) for `steps` steps, with `extra` flags,
@@ -178,8 +175,7 @@ TEST_CASE("slots: 2 workers of 2 slots, one stage of width 2 each (2 intra-op th
   // The width: the planner, on the same synthetic profile as the coordinator, gives that one stage
   // both of its node's slots.
   const auto job = apps::parse_job(job_text(1, ""), "job");
-  auto profile = planning::synthetic_gpt_profile(apps::synthetic_model(job));
-  profile.config_hash = job.model.hash();
+  const auto profile = apps::modelled_profile(job);
   const auto plan = planning::plan_job(profile, apps::planner_job(job, job.cluster.nodes, job.cluster.fault_tolerance));
   REQUIRE(plan.pipelines.size() == 2u);
   for (const auto& p : plan.pipelines) {

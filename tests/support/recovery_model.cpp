@@ -8,7 +8,6 @@
 #include <stdexcept>
 
 #include "messages/profile_json.hpp"
-#include "planning/synthetic_profile.hpp"
 #include "support/subprocess.hpp"
 
 namespace oobleck::testing {
@@ -58,9 +57,7 @@ job_case make_job(const std::string& apps_dir, int nodes, int f, std::int64_t me
   c.text = job_with(apps_dir, keys);
   c.job = apps::parse_job(c.text, "job");
   c.nodes = nodes;
-  auto profile = planning::synthetic_gpt_profile(apps::synthetic_model(c.job));
-  profile.config_hash = c.job.model.hash();
-  c.profile_json = messages::profile_json_text(profile);
+  c.profile_json = messages::profile_json_text(apps::modelled_profile(c.job));
   return c;
 }
 

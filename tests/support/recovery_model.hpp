@@ -51,8 +51,7 @@ std::string write_job(const job_case& c, const std::filesystem::path& dir);
 class planner_model {
  public:
   explicit planner_model(const job_case& c) {
-    profile_ = planning::synthetic_gpt_profile(apps::synthetic_model(c.job));
-    profile_.config_hash = c.job.model.hash();
+    profile_ = apps::modelled_profile(c.job);
     job_ = apps::planner_job(c.job, c.nodes, c.job.cluster.fault_tolerance);
     plan_ = planning::plan_job(profile_, job_);
     costs_.emplace(profile_, planning::job_memory(profile_, job_));
