@@ -38,7 +38,7 @@ struct commit_step {
   bool digests = true;
   /// The node's stages receive the next step's orders together with this commit
   /// (stage_step::commit_first): it is applied where it arrives first, once, and the node answers
-  /// as soon as it is applied, not after the next step (ARCHITECTURE.md §5 "Orders that ride with
+  /// as soon as it is applied, not after the next step (ARCHITECTURE.md §11 "Orders that ride with
   /// the commit").
   bool with_run = false;
 
