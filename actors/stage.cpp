@@ -16,6 +16,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/stage_checkpoint.hpp"
+#include "actors/stage_digests.hpp"
 #include "planning/profile.hpp"
 #include "runtime/dataset.hpp"
 #include "runtime/device.hpp"
@@ -262,6 +263,9 @@ struct stage_runtime {
       if (local) local->abort();  // wakes a stage waiting for another stage of this node
     }
   }
+  /// The digests of the commit applied last when they are computed while the next step runs
+  /// (actors/stage_digests.hpp). Last: destroyed (joined) before anything its thread may use.
+  deferred_digests digests;
 };
 
 /// Executor options of a job (the same for every stage and for the single-process run).
@@ -309,6 +313,7 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   rt.forming_blocked.store(true);  // until the node's step of the old epoch gives up the views
   std::unique_lock views(rt.views_mu);
   rt.forming_blocked.store(false);
+  rt.digests.join();  // a commit's digests still computed read the layers this may replace
   // The old epoch ends here: its uncommitted gradients go, its mesh closes. Its layers stay in
   // the store until an epoch has formed everywhere.
   for (auto& e : rt.executors) e->discard();
@@ -509,18 +514,57 @@ stage_done run(stage_runtime& rt, const stage_step& order, int slot) {
   return done;
 }
 
-/// The layers' digests of the node's stages after a commit (where the coordinator checks replicas).
-/// Caller holds views_mu.
-void add_digests(stage_runtime& rt, step_committed& out) {
+/// What the layers' digests of the node's stages are computed over after a commit (where the
+/// coordinator checks replicas). Caller holds views_mu.
+digest_inputs digest_inputs_of(stage_runtime& rt) {
   const auto& model = rt.store.model();
+  digest_inputs in;
   for (auto& e : rt.executors) {
     const auto& p = e->position();
     for (int l = p.first_layer; l < p.end_layer; ++l) {
-      out.digests.push_back({l, e->parameter_digest(l)});
+      in.layers.emplace_back(l, rt.store.flat_parameters(l));
       if (runtime::tied(model) && (l == 0 || l == model.num_layers() - 1))
-        out.tied_digests.push_back(
-            {l, runtime::tensor_digest({rt.store.flat_parameters(l).slice(0, 0, model.vocab * model.d_model)})});
+        in.tied.emplace_back(l, rt.store.flat_parameters(l).slice(0, 0, model.vocab * model.d_model));
     }
+  }
+  return in;
+}
+
+/// The layers' digests of the node's stages, now. Caller holds views_mu.
+void add_digests(stage_runtime& rt, step_committed& out) { compute_digests(digest_inputs_of(rt), out); }
+
+/// Hands the digests of commit (epoch, step) to their own thread (stage_digests.hpp): the step
+/// whose orders carried the commit runs meanwhile. The monitor hears when they are ready. Caller
+/// holds commit_mu and views_mu exclusively, and has just applied the commit.
+void defer_digests(stage_runtime& rt, std::uint64_t epoch, std::uint64_t step) {
+  const auto device = rt.store.device();
+  rt.digests.start(
+      epoch, step, digest_inputs_of(rt), [device] { runtime::use_device_on_this_thread(device); },
+      [&rt, epoch, step] {
+        std::function<void(std::uint64_t, std::uint64_t)> sink;
+        {
+          std::lock_guard lock(rt.sink_mu);
+          sink = rt.commit_sink;
+        }
+        if (sink) sink(epoch, step);
+      });
+}
+
+/// The digests of commit (epoch, step) computed on their own thread, into `answer`: waited for
+/// when `wait`, else left while they are not ready (false). Throws (after reporting the node's own
+/// failure) when computing them failed. Caller holds commit_mu.
+bool take_deferred_digests(stage_runtime& rt, std::uint64_t epoch, std::uint64_t step, step_committed& answer,
+                           bool wait) {
+  if (wait) rt.digests.join();
+  std::string error;
+  switch (rt.digests.take(epoch, step, answer, error)) {
+    case deferred_digests::taken::not_ready: return false;
+    case deferred_digests::taken::failed: {
+      const std::string what = "the digests of step " + std::to_string(step) + ": " + error;
+      rt.own_failure(epoch, what);
+      throw std::runtime_error(what);
+    }
+    default: return true;
   }
 }
 
@@ -532,9 +576,14 @@ void add_digests(stage_runtime& rt, step_committed& out) {
 /// mailbox behind step k + 1, whose orders applied k, and then behind k + 1's own commit, applied
 /// by step k + 2's orders. A commit of another epoch than the node's changes nothing. Throws
 /// (after reporting the node's own failure) when applying fails: part of the step may be applied.
-step_committed apply_commit(stage_runtime& rt, const commit_step& c) {
+/// `deferred`: the commit rode with the next step's orders, which this thread runs next; its
+/// digests are then computed on their own thread meanwhile (defer_digests), and the answer is
+/// the monitor's to collect (stage_runtime's commit_sink says when).
+step_committed apply_commit(stage_runtime& rt, const commit_step& c, bool deferred = false) {
   std::lock_guard commit_lock(rt.commit_mu);
   if (const auto* answer = rt.answer_to(c.epoch, c.step)) {
+    if (deferred) return *answer;  // orders that carried it: applied, which is all they need
+    take_deferred_digests(rt, c.epoch, c.step, rt.applied_answer, true);
     step_committed again = *answer;
     if (c.digests && again.digests.empty()) {
       std::shared_lock views(rt.views_mu);
@@ -545,6 +594,7 @@ step_committed apply_commit(stage_runtime& rt, const commit_step& c) {
   if (c.epoch == rt.applied_epoch && static_cast<std::int64_t>(c.step) < rt.applied_step)
     return {c.epoch, c.step, -1, {}};
   std::unique_lock views(rt.views_mu);  // no stage of the node runs now (see views_mu)
+  rt.digests.join();  // the last commit's digests, if still computed, read what this one updates
   const auto started = std::chrono::steady_clock::now();
   step_committed out{c.epoch, c.step, -1, {}};
   if (c.epoch != rt.assignment.epoch) return out;
@@ -559,7 +609,7 @@ step_committed apply_commit(stage_runtime& rt, const commit_step& c) {
       e->commit(c.grad_scale.value);
       out.optimizer_ms += e->last_step_timing().optimizer_ms;
     }
-    if (c.digests) add_digests(rt, out);
+    if (c.digests && !deferred) add_digests(rt, out);
   } catch (const std::exception& e) {
     // Part of the step may be applied: this node's layers are no longer the committed state.
     const std::string what = "applying the commit of step " + std::to_string(c.step) + ": " + what_of(e);
@@ -571,6 +621,7 @@ step_committed apply_commit(stage_runtime& rt, const commit_step& c) {
   rt.applied_epoch = c.epoch;
   rt.applied_step = static_cast<std::int64_t>(c.step);
   rt.applied_answer = out;
+  if (c.digests && deferred) defer_digests(rt, c.epoch, c.step);
   return out;
 }
 
@@ -610,16 +661,19 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
             return {order.epoch, order.step, -1, -1, 0,
                     "the commit sent with step " + std::to_string(order.step) + " is not its previous step's"};
           try {
-            apply_commit(rt, order.commit);
+            apply_commit(rt, order.commit, true);
           } catch (const std::exception& e) {
             return {order.epoch, order.step, -1, -1, 0, e.what()};
           }
-          std::function<void(std::uint64_t, std::uint64_t)> sink;
-          {
-            std::lock_guard lock(rt.sink_mu);
-            sink = rt.commit_sink;
+          // With digests asked for, their thread tells the monitor once they are ready.
+          if (!order.commit.digests) {
+            std::function<void(std::uint64_t, std::uint64_t)> sink;
+            {
+              std::lock_guard lock(rt.sink_mu);
+              sink = rt.commit_sink;
+            }
+            if (sink) sink(order.commit.epoch, order.commit.step);
           }
-          if (sink) sink(order.commit.epoch, order.commit.step);
         }
         std::shared_lock views(rt.views_mu);
         if (slot >= rt.executors.size() || order.epoch != rt.assignment.epoch) return not_formed();
@@ -724,8 +778,15 @@ spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job, int slot
   };
   out.applied = [rt](std::uint64_t epoch, std::uint64_t step) -> std::optional<messages::step_committed> {
     std::lock_guard lock(rt->commit_mu);
-    const auto* answer = rt->answer_to(epoch, step);
-    return answer ? std::optional(*answer) : std::nullopt;
+    if (!rt->answer_to(epoch, step)) return std::nullopt;
+    // Digests computed while the next step runs: their thread says when they are ready. One that
+    // failed is reported by slot 0's reply to the commit (it throws there).
+    try {
+      if (!take_deferred_digests(*rt, epoch, step, rt->applied_answer, false)) return std::nullopt;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+    return rt->applied_answer;
   };
   out.report_commits_to = [rt](std::function<void(std::uint64_t, std::uint64_t)> sink) {
     std::lock_guard lock(rt->sink_mu);

@@ -184,7 +184,8 @@ struct step_committed {
   std::uint64_t step = 0;
   planning::node_id node;
   std::vector<layer_digest> digests;
-  wire_double commit_ms = 0;     ///< the stage's commit handling: optimizer and digests (its clock)
+  wire_double commit_ms = 0;     ///< the stage's commit handling: optimizer and digests, unless they were
+                                 ///< computed while the next step ran (ARCHITECTURE.md §11) (its clock)
   wire_double optimizer_ms = 0;  ///< of which AdamW
   /// A tied-embedding model: the digest of the tied matrix alone in each of layer 0 and the last
   /// layer the node holds (their whole-layer digests differ; these must all be equal).

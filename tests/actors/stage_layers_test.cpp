@@ -7,6 +7,8 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <future>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -139,10 +141,12 @@ TEST_CASE("stage: a commit that rides with the next step's orders is applied onc
     REQUIRE(n->run(step_of(1, 0, n->job)) == "");
   }
   std::mutex mu;
+  std::condition_variable cv;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> told;
   ahead.stage.report_commits_to([&](std::uint64_t e, std::uint64_t k) {
     std::lock_guard lock(mu);
     told.emplace_back(e, k);
+    cv.notify_all();
   });
   // The classic order: commit step 0, then run step 1.
   step_committed classic_answer;
@@ -155,7 +159,9 @@ TEST_CASE("stage: a commit that rides with the next step's orders is applied onc
   order.commit = commit_step{1, 0, 1.0, true, true};
   REQUIRE(ahead.run(order) == "");
   {
-    std::lock_guard lock(mu);
+    // The digests were asked for: their own thread tells the monitor, once they are ready.
+    std::unique_lock lock(mu);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return !told.empty(); }));
     CHECK(told == std::vector<std::pair<std::uint64_t, std::uint64_t>>{{1, 0}});
   }
   const auto applied = ahead.stage.applied(1, 0);
@@ -190,4 +196,64 @@ TEST_CASE("stage: a commit that rides with the next step's orders is applied onc
   wrong.commit_first = true;
   wrong.commit = commit_step{1, 1};
   CHECK(ahead.run(wrong).find("is not its previous step's") != std::string::npos);
+}
+
+TEST_CASE("stage: the digests of a commit that rides with the next step's orders are computed while that step runs") {
+  // Hashing every layer is a pass over every parameter: with run-ahead, the stage applies the
+  // commit, hands its digests to a thread of their own and runs the next step at once; that
+  // thread tells the monitor when they are ready. Here the monitor's side holds that thread: the
+  // step still runs to its end, the answer already has the digests, and the next commit, which
+  // updates the layers they are computed over, waits for the thread. The digests are the
+  // committed step's, as in the classic order (commit, digests, then the next step).
+  node classic, ahead;
+  for (node* n : {&classic, &ahead}) {
+    REQUIRE(n->form(epoch_of(1, n->job, false)) == "");
+    REQUIRE(n->run(step_of(1, 0, n->job)) == "");
+  }
+  step_committed classic_answer;
+  REQUIRE(classic.commit(commit_step{1, 0, 1.0, true}, classic_answer) == "");
+  REQUIRE(!classic_answer.digests.empty());
+  REQUIRE(classic.run(step_of(1, 1, classic.job)) == "");
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int told = 0;
+  bool release = false;
+  ahead.stage.report_commits_to([&](std::uint64_t, std::uint64_t) {
+    std::unique_lock lock(mu);
+    ++told;
+    cv.notify_all();
+    cv.wait_for(lock, std::chrono::seconds(20), [&] { return release; });
+  });
+  auto order = step_of(1, 1, ahead.job);
+  order.commit_first = true;
+  order.commit = commit_step{1, 0, 1.0, true, true};
+  // Had the stage computed the digests (and told the monitor) before the step, it would be held
+  // here, and the step would not answer before the 20 s above.
+  const auto ran = std::chrono::steady_clock::now();
+  REQUIRE(ahead.run(order) == "");
+  CHECK(std::chrono::steady_clock::now() - ran < std::chrono::seconds(15));
+  {
+    std::unique_lock lock(mu);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return told == 1; }));
+  }
+  const auto applied = ahead.stage.applied(1, 0);
+  REQUIRE(applied);
+  CHECK(applied->digests == classic_answer.digests);
+  // The next commit updates the layers: it waits until the digests' thread is done.
+  auto next = std::async(std::launch::async, [&] { return ahead.commit(1, 1); });
+  CHECK(next.wait_for(std::chrono::milliseconds(300)) == std::future_status::timeout);
+  {
+    std::lock_guard lock(mu);
+    release = true;
+    cv.notify_all();
+  }
+  CHECK(next.get() == "");
+  REQUIRE(classic.commit(1, 1) == "");
+  const auto a = ahead.memory(), c = classic.memory();
+  REQUIRE(a.layers.size() == c.layers.size());
+  for (std::size_t i = 0; i < a.layers.size(); ++i) {
+    CHECK(a.layers[i].digest == c.layers[i].digest);
+    CHECK(a.layers[i].updates == 2);
+  }
 }
