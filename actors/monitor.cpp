@@ -325,6 +325,12 @@ void on_commit(monitor_pointer self, commit_step& c) {
             auto& st = self->state;
             if (awaited) {
               if (!awaiting(st, c.epoch, c.step)) return;  // answered when a stage applied it
+              if (c.digests && done.digests.empty()) {
+                // Its digests are computed while the next step runs: ready now, or their thread
+                // nudges this monitor once they are (answer_awaited).
+                if (auto ready = st.stage->applied(c.epoch, c.step)) done = std::move(*ready);
+                else if (st.stage->digests_coming && st.stage->digests_coming(c.epoch, c.step)) return;
+              }
               st.awaiting_commit.reset();
             }
             answer_commit(self, c, std::move(done));

@@ -576,14 +576,17 @@ bool take_deferred_digests(stage_runtime& rt, std::uint64_t epoch, std::uint64_t
 /// mailbox behind step k + 1, whose orders applied k, and then behind k + 1's own commit, applied
 /// by step k + 2's orders. A commit of another epoch than the node's changes nothing. Throws
 /// (after reporting the node's own failure) when applying fails: part of the step may be applied.
-/// `deferred`: the commit rode with the next step's orders, which this thread runs next; its
-/// digests are then computed on their own thread meanwhile (defer_digests), and the answer is
-/// the monitor's to collect (stage_runtime's commit_sink says when).
+/// `deferred`: the commit rode with the next step's orders (which a slot runs next); its digests
+/// are then computed on their own thread meanwhile (defer_digests), the answer returned has none,
+/// and the monitor collects them when that thread says they are ready (stage_runtime's
+/// commit_sink, then spawned_stage::applied).
 step_committed apply_commit(stage_runtime& rt, const commit_step& c, bool deferred = false) {
   std::lock_guard commit_lock(rt.commit_mu);
   if (const auto* answer = rt.answer_to(c.epoch, c.step)) {
-    if (deferred) return *answer;  // orders that carried it: applied, which is all they need
-    take_deferred_digests(rt, c.epoch, c.step, rt.applied_answer, true);
+    // Orders that carried it need nothing more; slot 0's copy of a commit sent with orders
+    // answers without waiting for digests still computed (the monitor waits for their nudge).
+    take_deferred_digests(rt, c.epoch, c.step, rt.applied_answer, !deferred);
+    if (deferred) return *answer;
     step_committed again = *answer;
     if (c.digests && again.digests.empty()) {
       std::shared_lock views(rt.views_mu);
@@ -682,7 +685,9 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
       [self](commit_step& c) -> caf::result<step_committed> {
         if (self->state.slot != 0) return slot_zero_only(self->state.slot, "a commit");
         try {
-          return apply_commit(*self->state.rt, c);
+          // With the next step's orders on their way (with_run), its digests are computed while
+          // that step runs, wherever the commit is applied first.
+          return apply_commit(*self->state.rt, c, c.with_run);
         } catch (const std::exception& e) {
           return make_error(protocol_error::bad_request, "commit failed: " + std::string(e.what()));
         }
@@ -788,6 +793,7 @@ spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job, int slot
     }
     return rt->applied_answer;
   };
+  out.digests_coming = [rt](std::uint64_t epoch, std::uint64_t step) { return rt->digests.holds(epoch, step); };
   out.report_commits_to = [rt](std::function<void(std::uint64_t, std::uint64_t)> sink) {
     std::lock_guard lock(rt->sink_mu);
     rt->commit_sink = std::move(sink);

@@ -92,6 +92,11 @@ struct spawned_stage {
   /// received or by the first stage whose stage_step carried it), from any thread; nullopt while
   /// it is not. `node` is left for the caller.
   std::function<std::optional<messages::step_committed>(std::uint64_t epoch, std::uint64_t step)> applied;
+  /// Whether the digests of commit (epoch, step) are computed on a thread of their own (the
+  /// commit rode with the next step's orders) and `applied` has not handed them out yet: an
+  /// answer without them is then not the node's answer; report_commits_to's sink is called once
+  /// they are ready. From any thread.
+  std::function<bool(std::uint64_t epoch, std::uint64_t step)> digests_coming;
   /// Where a stage says that it applied a commit carried by its stage_step (the monitor answers
   /// the coordinator at once instead of after the step), from that stage's thread. Set once,
   /// before the first epoch.

@@ -228,6 +228,17 @@ TEST_CASE("stage: the digests of a commit that rides with the next step's orders
   auto order = step_of(1, 1, ahead.job);
   order.commit_first = true;
   order.commit = commit_step{1, 0, 1.0, true, true};
+  SUBCASE("the orders apply the commit") {}
+  SUBCASE("slot 0's copy of the commit (the monitor's) applies it first") {
+    // As on a node of one slot whose monitor's commit_step beats the orders: slot 0 answers at
+    // once without the digests, which are still coming (the monitor waits for their nudge).
+    step_committed early;
+    const auto asked = std::chrono::steady_clock::now();
+    REQUIRE(ahead.commit(commit_step{1, 0, 1.0, true, true}, early) == "");
+    CHECK(std::chrono::steady_clock::now() - asked < std::chrono::seconds(15));
+    CHECK(early.digests.empty());
+    CHECK(ahead.stage.digests_coming(1, 0));
+  }
   // Had the stage computed the digests (and told the monitor) before the step, it would be held
   // here, and the step would not answer before the 20 s above.
   const auto ran = std::chrono::steady_clock::now();
@@ -240,6 +251,7 @@ TEST_CASE("stage: the digests of a commit that rides with the next step's orders
   const auto applied = ahead.stage.applied(1, 0);
   REQUIRE(applied);
   CHECK(applied->digests == classic_answer.digests);
+  CHECK(!ahead.stage.digests_coming(1, 0));  // handed out
   // The next commit updates the layers: it waits until the digests' thread is done.
   auto next = std::async(std::launch::async, [&] { return ahead.commit(1, 1); });
   CHECK(next.wait_for(std::chrono::milliseconds(300)) == std::future_status::timeout);
