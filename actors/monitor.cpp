@@ -71,6 +71,42 @@ void admitted(monitor_pointer self, admission& a) {
   }
 }
 
+/// Starts looking for a coordinator for the grace period (deps.find_coordinator), unless it
+/// already does. False where the node cannot look (no find_coordinator).
+bool start_looking(monitor_pointer self) {
+  auto& st = self->state;
+  if (!st.deps.find_coordinator) return false;
+  if (st.orphaned_until) return true;  // a reconnect_atom is on its way
+  st.orphaned_at = std::chrono::steady_clock::now();
+  st.orphaned_until = st.orphaned_at + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                           std::chrono::duration<double>(st.deps.grace_s));
+  self->send(self, reconnect_atom_v);
+  return true;
+}
+
+/// The coordinator went away while a request to it was pending (not a refusal).
+bool coordinator_gone(const caf::error& err) {
+  return err == caf::sec::request_receiver_down || err == caf::exit_reason::remote_link_unreachable;
+}
+
+/// A first registration failed: the node stops with the coordinator's refusal, or, when the
+/// coordinator went away before it answered (its connection lost under load, a crash), looks for
+/// one (the same back, or another address), as an admitted node does.
+void registration_failed(monitor_pointer self, caf::error err) {
+  auto& d = self->state.deps;
+  if (coordinator_gone(err)) {
+    const bool looking = self->state.orphaned_until.has_value();  // its loss was heard first
+    if (start_looking(self)) {
+      if (!looking)
+        d.log("lost the coordinator before it admitted this node (" + describe(err) + "): looking for a coordinator for " +
+            std::to_string(d.grace_s) + " s");
+      return;
+    }
+  }
+  d.log("refused by the coordinator: " + describe(err));
+  self->quit(std::move(err));
+}
+
 /// Registers with deps.coordinator; `memory` carries what the node kept when it comes back.
 void start_registration(monitor_pointer self, node_memory memory = {}) {
   auto& d = self->state.deps;
@@ -92,10 +128,11 @@ void start_registration(monitor_pointer self, node_memory memory = {}) {
             self->request(d.coordinator, wait, std::move(r))
                 .then([self](admission& a) { admitted(self, a); },
                       [self, rejoining](caf::error& err) {
+                        if (!rejoining) return registration_failed(self, std::move(err));
                         self->state.deps.log("refused by the coordinator: " + describe(err));
                         const bool removed = is_protocol_error(err) &&
                                              err.code() == static_cast<std::uint8_t>(protocol_error::unknown_node);
-                        if (!rejoining || removed) {
+                        if (removed) {
                           retire_stage(self, "refused by the coordinator");
                           return self->quit(std::move(err));
                         }
@@ -103,8 +140,8 @@ void start_registration(monitor_pointer self, node_memory memory = {}) {
                       });
           },
           [self, rejoining](caf::error& err) {
+            if (!rejoining) return registration_failed(self, std::move(err));
             self->state.deps.log("refused by the coordinator: " + describe(err));
-            if (!rejoining) return self->quit(std::move(err));
             look_for_coordinator(self);
           });
 }
@@ -375,6 +412,13 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
     // its stage's old epoch is aborted so nothing of it touches the data plane again.
     auto& st = self->state;
     if (st.orphaned_until) return;  // already looking (a registration under way fails on its own)
+    if (st.node.value < 0 && start_looking(self)) {
+      // Not admitted yet, so nothing to keep: it registers afresh with whichever coordinator it
+      // reaches (the request under way, if any, fails on its own).
+      st.deps.log("lost contact with the coordinator before it admitted this node (" + self->system().render(dm.reason) +
+                  "): looking for a coordinator for " + std::to_string(st.deps.grace_s) + " s");
+      return;
+    }
     if (!st.deps.find_coordinator || st.node.value < 0) {
       st.deps.log("lost contact with the coordinator (" + self->system().render(dm.reason) +
                   "): it stopped, or it declared this node lost; stopping");
@@ -464,6 +508,11 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
           // (The same coordinator back, woken or reconnected, has the same address: a new proxy.)
           st.deps.coordinator = *found;
           self->monitor(st.deps.coordinator);
+          if (st.node.value < 0) {  // never admitted: a first registration
+            st.orphaned_until.reset();
+            st.deps.log("reached a coordinator: registering");
+            return start_registration(self);
+          }
           st.deps.log("reached a coordinator: coming back with this node's state");
           return rejoin(self);
         }

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include <caf/event_based_actor.hpp>
+
 #include "actors/protocol_fixture.hpp"
 
 using namespace oobleck::actors;
@@ -74,6 +76,51 @@ TEST_CASE("coordinator: a worker with the wrong token or job is refused and the 
   CHECK(s.state == "ready");
   CHECK(s.nodes.size() == 1);
   CHECK(f.alive(good.handle));
+}
+
+TEST_CASE("monitor: a worker that loses its coordinator before it was admitted looks for one and registers there") {
+  // Its coordinator went away while it registered (a crash, or its connection dropped on a loaded
+  // machine): with somewhere to look (--coordinator A,B, or the same address back within the
+  // grace), it registers afresh with the coordinator it reaches instead of exiting. Without, it
+  // stops, as before.
+  for (const bool can_look : {true, false})
+    for (const bool holds_request : {true, false}) {
+      CAPTURE(can_look);
+      CAPTURE(holds_request);
+      fixture f({.nodes = 1});
+      // A coordinator that dies holding the nonce request (its answer never comes; the worker hears
+      // of the death), or is gone before the request reaches it (the request bounces).
+      auto vanishing = f.sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+        return {[self](nonce_request&) { return self->make_response_promise<std::string>(); }};
+      });
+      if (!holds_request) caf::anon_send_exit(vanishing, caf::exit_reason::kill);
+      auto& w = f.add_worker({.name = "late", .stages = false,
+                              .first_coordinator = caf::actor_cast<coordinator_actor>(vanishing),
+                              .finds_coordinator = can_look});
+      f.sched.run();
+      if (holds_request) {
+        CHECK(w.node == -1);
+        caf::anon_send_exit(vanishing, caf::exit_reason::kill);
+        f.sched.run();
+      }
+      std::string said;
+      for (const auto& line : w.log) said += line + "\n";
+      INFO(said);
+      INFO(describe(f.events));
+      if (can_look) {
+        CHECK(w.node == 0);
+        CHECK(f.alive(w.handle));
+        CHECK(count(f.events, {.kind = event_kind::node_joined}) == 1);
+        CHECK(f.status().state == "ready");
+        CHECK(std::any_of(w.log.begin(), w.log.end(), [](const std::string& l) {
+          return l.find("before it admitted this node") != std::string::npos;
+        }));
+      } else {
+        CHECK(w.node == -1);
+        CHECK(!f.alive(w.handle));
+        CHECK(count(f.events, {.kind = event_kind::node_joined}) == 0);
+      }
+    }
 }
 
 TEST_CASE("coordinator: a nonce request of another protocol version is refused") {

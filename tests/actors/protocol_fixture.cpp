@@ -237,7 +237,9 @@ fixture::worker& fixture::add_worker(worker_options o) {
   auto* w = workers.emplace_back(std::make_unique<worker>()).get();
   w->name = o.name;
   monitor_deps d;
-  d.coordinator = coord;
+  d.coordinator = o.first_coordinator.value_or(coord);
+  if (o.finds_coordinator) d.find_coordinator = [this]() -> std::optional<coordinator_actor> { return coord; };
+  d.grace_s = o.grace_s;
   d.token = o.token.value_or(token);
   d.name = o.name;
   d.slots = o.slots;

@@ -122,6 +122,12 @@ struct fixture {
     std::string job_hash;              ///< of the worker's own job file; empty: any job
     bool stages = true;                ///< false: the node cannot run stages (admission tests)
     bool profile_fails = false;        ///< its profile_job throws (options::profile_at_start)
+    /// Where it registers first (default: the fixture's coordinator).
+    std::optional<messages::coordinator_actor> first_coordinator;
+    /// It looks for a coordinator when it loses one (monitor_deps::find_coordinator): it finds
+    /// the fixture's; grace_s as given.
+    bool finds_coordinator = false;
+    double grace_s = 5;
   };
   struct worker {
     std::string name;

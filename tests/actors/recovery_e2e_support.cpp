@@ -181,7 +181,10 @@ run_summary check_run(const job_case& c, const run_result& run, int steps, const
       // its state, at its place), not a join. (Without a coordinator loss no node registers twice.)
       const bool again = e.kind == event_kind::node_joined && !registered.insert({static_cast<int>(e.node), e.detail}).second;
       if (e.kind == event_kind::node_joined && training && !again) waiting.insert(static_cast<int>(e.node));
-      if (e.kind == event_kind::step_committed && static_cast<int>(e.step) + 1 < steps) {
+      // With run-ahead, the step after a commit may have gone out with it before the node
+      // registered: then it enters after that step, so a boundary with a step after it is one
+      // more step away (ARCHITECTURE.md §11).
+      if (e.kind == event_kind::step_committed && static_cast<int>(e.step) + 2 < steps) {
         due.insert(waiting.begin(), waiting.end());
         waiting.clear();
       }
