@@ -19,7 +19,7 @@ int gradient_tag(int layer) { return layer; }
 
 using planning::op_kind;
 
-/// Point-to-point tags stay below this (the copy plan's start there: actors/stage.cpp).
+/// Point-to-point tags stay below this (the copy plan's start there: actors/stage_forming.cpp).
 constexpr std::int64_t p2p_tag_limit = std::int64_t{1} << 24;
 
 /// The tied embedding's gradient between a pipeline's first and last stage, one tag per direction.

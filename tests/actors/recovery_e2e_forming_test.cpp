@@ -113,7 +113,7 @@ TEST_CASE("recovery e2e: a copy source is lost while the first reconfiguration f
 
 // Was a bug (fixed): a node lost while the job's first epoch forms stops the job (exit 1) although nothing was
 // trained yet. The survivors' stages block in the first epoch's transport connect (the frozen node
-// never connects) before they build their layers from the seed (actors/stage.cpp, form(): ensure()
+// never connects) before they build their layers from the seed (actors/stage_forming.cpp, form(): ensure()
 // runs after connect()); the abort fails the connect, so their stores stay empty and formed_once
 // false. The coordinator then treats the loss like any other: reconfigure() from the first plan
 // (st.formed, set in form_epoch() before anything formed) with a copy plan whose sources are the

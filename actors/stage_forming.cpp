@@ -1,0 +1,162 @@
+// Forming an epoch on a node (slot 0): the old epoch's uncommitted work goes, the new data plane
+// connects, the copy plan runs, and one executor per stage views the store (actors/stage.hpp).
+
+#include <algorithm>
+#include <string>
+
+#include "actors/stage_checkpoint.hpp"
+#include "actors/stage_runtime.hpp"
+#include "planning/profile.hpp"
+#include "runtime/layer_copies.hpp"
+
+namespace oobleck::actors::stage_detail {
+
+namespace {
+
+/// Checks that the node's slots can run the stages it is given: one slot actor per stage, and
+/// their widths (the planner's d, a power of two) add up to at most M.
+void check_fits_slots(const stage_runtime& rt, const epoch_assignment& a) {
+  std::int64_t width = 0;
+  for (const auto& s : a.stages) {
+    if (!planning::is_power_of_two(s.width))
+      throw std::invalid_argument("stage " + std::to_string(s.stage) + " has width " + std::to_string(s.width) +
+                                  "; a width is a power of two");
+    width += s.width;
+  }
+  if (static_cast<std::int64_t>(a.stages.size()) > rt.slots || width > rt.slots)
+    throw std::invalid_argument("the epoch gives this node " + std::to_string(a.stages.size()) + " stage(s) of " +
+                                std::to_string(width) + " slot(s) in all; it has " + std::to_string(rt.slots));
+}
+
+}  // namespace
+
+form_timing form(stage_runtime& rt, const epoch_assignment& a) {
+  form_timing t;
+  check_fits_slots(rt, a);
+  if (a.rank.value >= static_cast<std::int32_t>(a.peers.size()))
+    throw std::invalid_argument(to_string(a.rank) + " is not among the epoch's peers");
+  // The old epoch's data plane goes now (it would at its destruction below anyway): a stage of
+  // this node still in a step of it fails at once and gives up the views.
+  rt.abort(a.epoch - 1, "epoch " + std::to_string(a.epoch) + " is forming");
+  rt.forming_epoch.store(a.epoch);
+  rt.forming_blocked.store(true);  // until the node's step of the old epoch gives up the views
+  std::unique_lock views(rt.views_mu);
+  rt.forming_blocked.store(false);
+  rt.digests.join();  // a commit's digests still computed read the layers this may replace
+  // The old epoch ends here: its uncommitted gradients go, its mesh closes. Its layers stay in
+  // the store until an epoch has formed everywhere.
+  for (auto& e : rt.executors) e->discard();
+  rt.executors.clear();
+  std::fill(rt.gradients_done.begin(), rt.gradients_done.end(), -1);
+  rt.watched.clear();
+  {
+    std::lock_guard lock(rt.abort_mu);
+    rt.local.reset();
+  }
+  rt.comm.reset();
+  {
+    std::lock_guard lock(rt.abort_mu);
+    rt.transport.reset();
+    if (a.epoch <= rt.aborted_through)
+      throw std::runtime_error("epoch " + std::to_string(a.epoch) + " was aborted: " + rt.abort_reason);
+  }
+  rt.assignment = a;
+  rt.layer_groups.clear();
+  if (a.rank == planning::no_rank) {
+    // Idle: the layers it holds stay until this epoch has formed everywhere (its first commit,
+    // which reaches idle nodes too): if it does not form, the next plan starts again from the
+    // last formed configuration, which may ask this node to send them.
+    rt.formed_epoch.store(a.epoch);
+    return t;
+  }
+
+  runtime::transport_config cfg;
+  cfg.rank = a.rank.value;
+  cfg.epoch = a.epoch;
+  cfg.connect_timeout = std::chrono::milliseconds(rt.job.connect_timeout_ms);
+  // Every link of the mesh proves the job token (never sent) over this epoch's nonce: without
+  // them anyone who knows the epoch and a rank could take the rank or feed the all-reduce.
+  if (rt.job.data_token.empty() || a.data_nonce.empty())
+    throw std::invalid_argument("the data plane has no key: the worker's job token (stage_job::data_token) and the "
+                                "epoch's nonce (epoch_assignment::data_nonce) must both be set");
+  cfg.auth_key = rt.job.data_token;
+  cfg.auth_nonce = a.data_nonce;
+  cfg.max_frame_bytes = runtime::largest_frame_bytes(rt.job.model, rt.job.microbatch);
+  // The buffers of the layers this node receives are allocated and their pages faulted in
+  // before its links come up: a copy starts as soon as its link is up, and the pages would
+  // otherwise be faulted in during the transfer, on the transport's I/O thread.
+  const auto preparing = std::chrono::steady_clock::now();
+  std::vector<runtime::copy_entry> copy_plan;
+  for (const auto& c : a.copies) copy_plan.push_back({c.layer.value, c.source.value, c.target.value});
+  runtime::layer_copies copies(rt.store, a.rank.value, !a.stages.empty(), std::move(copy_plan));
+  t.prepare_us = runtime::micros_since(preparing);
+  const auto phase = std::chrono::steady_clock::now();
+  for (const auto& p : a.peers) cfg.peers.push_back({p.host, p.port});
+  {
+    std::lock_guard lock(rt.abort_mu);
+    rt.transport = std::make_unique<runtime::host_transport>(cfg);
+    if (a.epoch <= rt.aborted_through) rt.transport->abort(rt.abort_reason);
+  }
+  rt.comm = std::make_unique<runtime::host_communicator>(*rt.transport);  // used as its links come up
+  // The mesh connects on a thread of its own; each copy starts as soon as its link is up.
+  std::exception_ptr connect_failed;
+  std::jthread connecting([&] {
+    try {
+      rt.transport->connect();
+    } catch (...) {
+      connect_failed = std::current_exception();
+    }
+    t.connect_us = runtime::micros_since(phase);
+  });
+  try {
+    // Layers are built from their seed only at the job's first epoch (or installed from the
+    // checkpoint of a resumed job, which the coordinator names until an epoch has formed
+    // everywhere); later a layer is kept (it stayed in the store) or copied.
+    for (const auto& s : a.stages) {
+      if (!a.resume_dir.empty()) install_from_checkpoint(rt.store, a.resume_dir, s.first_layer, s.end_layer);
+      else if (!rt.formed_once) rt.store.ensure(s.first_layer.value, s.end_layer.value);
+    }
+    const runtime::copy_timing copied = copies.run(*rt.transport, *rt.comm, copies.time_limit(cfg.connect_timeout));
+    t.copies_us = copied.copies_us;
+    t.copy_wait_us = copied.copy_wait_us;
+    t.bytes_sent = copied.bytes_sent;
+    t.bytes_received = copied.bytes_received;
+  } catch (...) {
+    // The epoch cannot form here: end a connect() that still waits for peers. A connect() that
+    // failed first has aborted the transport with its reason, which the copy's error names.
+    rt.transport->abort("forming epoch " + std::to_string(a.epoch) + " failed on " + to_string(a.rank));
+    connecting.join();
+    throw;
+  }
+  connecting.join();
+  if (connect_failed) std::rethrow_exception(connect_failed);
+  {
+    std::lock_guard lock(rt.abort_mu);
+    rt.local = std::make_unique<runtime::loopback_communicator>(*rt.comm);
+    if (a.epoch <= rt.aborted_through) rt.local->abort();
+  }
+
+  const auto views_started = std::chrono::steady_clock::now();
+  for (const auto& s : a.stages) {
+    for (int l = s.first_layer.value; l < s.end_layer.value; ++l)
+      if (!rt.store.holds(l))
+        throw std::logic_error("epoch " + std::to_string(a.epoch) + ": layer " + std::to_string(l) +
+                               " is neither kept nor copied to " + to_string(a.rank));
+    // The runtime below speaks plain integers (ranks of this epoch, layer numbers of the model).
+    runtime::stage_position pos{s.first_layer.value, s.end_layer.value, s.stage,          s.num_stages,
+                                s.prev_rank.value,   s.next_rank.value, s.first_rank.value, s.last_rank.value};
+    const std::size_t slot = rt.executors.size();
+    rt.watched.push_back(std::make_unique<watched_communicator>(*rt.local, rt.activity.at(slot)));
+    rt.executors.push_back(std::make_unique<runtime::stage_executor>(rt.store, pos, *rt.watched.back(), options_of(rt.job)));
+  }
+  t.views_us = runtime::micros_since(views_started);
+  rt.formed_once = true;
+  rt.formed_epoch.store(a.epoch);
+  for (const auto& g : a.layer_groups) {
+    auto& group = rt.layer_groups.emplace_back();
+    for (auto r : g) group.push_back(r.value);
+  }
+  return t;
+}
+
+}  // namespace oobleck::actors::stage_detail
