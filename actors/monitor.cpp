@@ -412,30 +412,26 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
     // its stage's old epoch is aborted so nothing of it touches the data plane again.
     auto& st = self->state;
     if (st.orphaned_until) return;  // already looking (a registration under way fails on its own)
-    if (st.node.value < 0 && start_looking(self)) {
-      // Not admitted yet, so nothing to keep: it registers afresh with whichever coordinator it
-      // reaches (the request under way, if any, fails on its own).
-      st.deps.log("lost contact with the coordinator before it admitted this node (" + self->system().render(dm.reason) +
-                  "): looking for a coordinator for " + std::to_string(st.deps.grace_s) + " s");
-      return;
-    }
-    if (!st.deps.find_coordinator || st.node.value < 0) {
+    if (!st.deps.find_coordinator) {
       st.deps.log("lost contact with the coordinator (" + self->system().render(dm.reason) +
                   "): it stopped, or it declared this node lost; stopping");
       retire_stage(self, "lost contact with the coordinator");
       return self->quit(caf::make_error(caf::exit_reason::remote_link_unreachable));
     }
-    // The node outlives its coordinator (ARCHITECTURE.md §10 "Coordinator loss"): its data plane
-    // stops at once (no peer waits on it), its layers and a finished step's gradients stay, and it
-    // looks for a coordinator (the same one back, or a replacement) for the grace period.
-    st.deps.log("lost contact with the coordinator (" + self->system().render(dm.reason) + "): keeping this node's " +
-                "state and looking for a coordinator for " + std::to_string(st.deps.grace_s) + " s");
-    if (st.stage) st.stage->abort(st.epoch, "lost contact with the coordinator");
-    st.orphaned_at = std::chrono::steady_clock::now();
-    st.orphaned_until = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(st.deps.grace_s));
-    self->send(self, reconnect_atom_v);
+    if (st.node.value < 0) {
+      // Not admitted yet, so nothing to keep: it registers afresh with whichever coordinator it
+      // reaches (the request under way, if any, fails on its own).
+      st.deps.log("lost contact with the coordinator before it admitted this node (" + self->system().render(dm.reason) +
+                  "): looking for a coordinator for " + std::to_string(st.deps.grace_s) + " s");
+    } else {
+      // The node outlives its coordinator (ARCHITECTURE.md §10 "Coordinator loss"): its data plane
+      // stops at once (no peer waits on it), its layers and a finished step's gradients stay, and it
+      // looks for a coordinator (the same one back, or a replacement) for the grace period.
+      st.deps.log("lost contact with the coordinator (" + self->system().render(dm.reason) + "): keeping this node's " +
+                  "state and looking for a coordinator for " + std::to_string(st.deps.grace_s) + " s");
+      if (st.stage) st.stage->abort(st.epoch, "lost contact with the coordinator");
+    }
+    start_looking(self);
   });
   start_registration(self);
   return {

@@ -153,14 +153,7 @@ stage_actor::behavior_type stage_behavior(stage_pointer self, std::shared_ptr<st
             return {order.epoch, order.step, -1, -1, 0, e.what()};
           }
           // With digests asked for, their thread tells the monitor once they are ready.
-          if (!order.commit.digests) {
-            std::function<void(std::uint64_t, std::uint64_t)> sink;
-            {
-              std::lock_guard lock(rt.sink_mu);
-              sink = rt.commit_sink;
-            }
-            if (sink) sink(order.commit.epoch, order.commit.step);
-          }
+          if (!order.commit.digests) rt.report_applied(order.commit.epoch, order.commit.step);
         }
         std::shared_lock views(rt.views_mu);
         if (slot >= rt.executors.size() || order.epoch != rt.assignment.epoch) return not_formed();

@@ -35,14 +35,7 @@ void defer_digests(stage_runtime& rt, std::uint64_t epoch, std::uint64_t step) {
   const auto device = rt.store.device();
   rt.digests.start(
       epoch, step, digest_inputs_of(rt), [device] { runtime::use_device_on_this_thread(device); },
-      [&rt, epoch, step] {
-        std::function<void(std::uint64_t, std::uint64_t)> sink;
-        {
-          std::lock_guard lock(rt.sink_mu);
-          sink = rt.commit_sink;
-        }
-        if (sink) sink(epoch, step);
-      });
+      [&rt, epoch, step] { rt.report_applied(epoch, step); });
 }
 
 }  // namespace
@@ -75,8 +68,8 @@ bool take_deferred_digests(stage_runtime& rt, std::uint64_t epoch, std::uint64_t
 /// (after reporting the node's own failure) when applying fails: part of the step may be applied.
 /// `deferred`: the commit rode with the next step's orders (which a slot runs next); its digests
 /// are then computed on their own thread meanwhile (defer_digests), the answer returned has none,
-/// and the monitor collects them when that thread says they are ready (stage_runtime's
-/// commit_sink, then spawned_stage::applied).
+/// and the monitor collects them when that thread says they are ready (stage_runtime::
+/// report_applied, then spawned_stage::applied).
 step_committed apply_commit(stage_runtime& rt, const commit_step& c, bool deferred) {
   std::lock_guard commit_lock(rt.commit_mu);
   if (const auto* answer = rt.answer_to(c.epoch, c.step)) {

@@ -184,6 +184,17 @@ struct stage_runtime {
     return applied_epoch == epoch && applied_step == static_cast<std::int64_t>(step) ? &applied_answer : nullptr;
   }
 
+  /// Tells the monitor (commit_sink) that commit (epoch, step) is applied, with its digests where
+  /// they were asked for, from any thread.
+  void report_applied(std::uint64_t epoch, std::uint64_t step) {
+    std::function<void(std::uint64_t, std::uint64_t)> sink;
+    {
+      std::lock_guard lock(sink_mu);
+      sink = commit_sink;
+    }
+    if (sink) sink(epoch, step);
+  }
+
   /// The stage's own failure (not the data plane's): the epoch's data plane is aborted at once, so
   /// that every peer waiting for this stage fails within milliseconds instead of waiting forever,
   /// and the monitor reports it to the coordinator (a strike towards eviction).
