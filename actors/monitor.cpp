@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "actors/admission.hpp"
+#include "actors/monitor_detail.hpp"
 
 namespace oobleck::actors {
 
@@ -41,153 +42,7 @@ void signal_own_process(const inject_fault& f) {
   ::syscall(SYS_tgkill, ::getpid(), ::syscall(SYS_gettid), SIGSTOP);
 }
 
-namespace {
-
-void start_stage(monitor_pointer self);
-void retire_stage(monitor_pointer self, const std::string& why);
-void look_for_coordinator(monitor_pointer self);
-
-void admitted(monitor_pointer self, admission& a) {
-  auto& st = self->state;
-  const bool first = st.node.value < 0;
-  st.node = a.node;
-  st.job = a;
-  st.term = std::max(st.term, a.term);
-  {
-    std::lock_guard lock(st.failures->mu);
-    st.failures->coordinator = st.deps.coordinator;
-    st.failures->node = a.node;
-  }
-  if (first) {
-    start_stage(self);
-    st.committed_at = std::chrono::steady_clock::now();
-    st.deps.log("admitted as node " + std::to_string(a.node.value));
-    st.deps.admitted(a);
-  } else {
-    st.orphaned_until.reset();
-    st.deps.log("adopted by the coordinator (term " + std::to_string(a.term) + ") as node " +
-                std::to_string(a.node.value));
-    if (st.deps.announce_term) st.deps.announce_term(a.term, st.deps.coordinator);
-  }
-}
-
-/// Starts looking for a coordinator for the grace period (deps.find_coordinator), unless it
-/// already does. False where the node cannot look (no find_coordinator).
-bool start_looking(monitor_pointer self) {
-  auto& st = self->state;
-  if (!st.deps.find_coordinator) return false;
-  if (st.orphaned_until) return true;  // a reconnect_atom is on its way
-  st.orphaned_at = std::chrono::steady_clock::now();
-  st.orphaned_until = st.orphaned_at + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                           std::chrono::duration<double>(st.deps.grace_s));
-  self->send(self, reconnect_atom_v);
-  return true;
-}
-
-/// The coordinator went away while a request to it was pending (not a refusal).
-bool coordinator_gone(const caf::error& err) {
-  return err == caf::sec::request_receiver_down || err == caf::exit_reason::remote_link_unreachable;
-}
-
-/// A first registration failed: the node stops with the coordinator's refusal, or, when the
-/// coordinator went away before it answered (its connection lost under load, a crash), looks for
-/// one (the same back, or another address), as an admitted node does.
-void registration_failed(monitor_pointer self, caf::error err) {
-  auto& d = self->state.deps;
-  if (coordinator_gone(err)) {
-    const bool looking = self->state.orphaned_until.has_value();  // its loss was heard first
-    if (start_looking(self)) {
-      if (!looking)
-        d.log("lost the coordinator before it admitted this node (" + describe(err) + "): looking for a coordinator for " +
-            std::to_string(d.grace_s) + " s");
-      return;
-    }
-  }
-  d.log("refused by the coordinator: " + describe(err));
-  self->quit(std::move(err));
-}
-
-/// Registers with deps.coordinator; `memory` carries what the node kept when it comes back.
-void start_registration(monitor_pointer self, node_memory memory = {}) {
-  auto& d = self->state.deps;
-  const bool rejoining = memory.present;
-  // Coming back, a reply may never come: the connection the middleman hands out right after the
-  // loss can be the lost coordinator's, until it notices that one is gone (then a nonce, which a
-  // live coordinator answers at once, times out quickly), or the coordinator froze again. The
-  // node then looks again.
-  const caf::duration wait = rejoining ? caf::duration{std::chrono::seconds(5)} : caf::duration{caf::infinite};
-  const caf::duration nonce_wait =
-      rejoining ? caf::duration{std::chrono::milliseconds(500)} : caf::duration{caf::infinite};
-  self->request(d.coordinator, nonce_wait, nonce_request{protocol_version})
-      .then(
-          [self, wait, memory = std::move(memory)](std::string& nonce) mutable {
-            auto& d = self->state.deps;
-            register_node r{protocol_version, d.job_hash, d.name,  d.slots, d.device, d.data,
-                            nonce,            admission_proof(d.token, nonce, d.name), memory.node, std::move(memory)};
-            const bool rejoining = r.memory.present;
-            self->request(d.coordinator, wait, std::move(r))
-                .then([self](admission& a) { admitted(self, a); },
-                      [self, rejoining](caf::error& err) {
-                        if (!rejoining) return registration_failed(self, std::move(err));
-                        self->state.deps.log("refused by the coordinator: " + describe(err));
-                        const bool removed = is_protocol_error(err) &&
-                                             err.code() == static_cast<std::uint8_t>(protocol_error::unknown_node);
-                        if (removed) {
-                          retire_stage(self, "refused by the coordinator");
-                          return self->quit(std::move(err));
-                        }
-                        look_for_coordinator(self);  // maybe another one, until the grace ends
-                      });
-          },
-          [self, rejoining](caf::error& err) {
-            if (!rejoining) return registration_failed(self, std::move(err));
-            self->state.deps.log("refused by the coordinator: " + describe(err));
-            look_for_coordinator(self);
-          });
-}
-
-/// What this node kept of the job, for a replacement coordinator: the stage's layers and
-/// gradients, and this monitor's commits and roles.
-void rejoin(monitor_pointer self) {
-  auto& st = self->state;
-  auto send = [self](node_memory m) {
-    auto& st = self->state;
-    m.present = true;
-    m.term = st.term;
-    m.node = st.node.value;
-    m.epoch = st.epoch;
-    m.committed_step = st.committed_step;
-    m.committed_epoch = st.committed_epoch;
-    m.grad_scale = st.committed_scale;
-    m.roles.assign(st.roles.begin(), st.roles.end());
-    m.job_nodes = st.job_nodes;
-    m.ms_since_commit = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                                              st.committed_at)
-                            .count();
-    start_registration(self, std::move(m));
-  };
-  if (!st.stage) return send({});
-  self->request(st.stage->actor, std::chrono::seconds(30), memory_atom_v)
-      .then([send](node_memory& m) { send(std::move(m)); },
-            [self, send](caf::error& err) {
-              self->state.deps.log("the stage could not say what it kept (" + describe(err) + "): coming back without layers");
-              send({});
-            });
-}
-
-/// Lost the coordinator: look for one (a replacement, or the same one back) until the grace ends.
-void look_for_coordinator(monitor_pointer self) {
-  auto& st = self->state;
-  if (!st.orphaned_until) return;
-  if (std::chrono::steady_clock::now() >= *st.orphaned_until) {
-    st.deps.log("no coordinator came back within " + std::to_string(st.deps.grace_s) + " s; stopping");
-    retire_stage(self, "lost contact with the coordinator");
-    return self->quit(caf::make_error(caf::exit_reason::remote_link_unreachable));
-  }
-  // Often at first (a replacement listens within tens of milliseconds of a crash), then calmly.
-  const bool early = std::chrono::steady_clock::now() - st.orphaned_at < std::chrono::seconds(2);
-  self->delayed_send(self, std::chrono::milliseconds(early ? 50 : 250), reconnect_atom_v);
-}
+namespace monitor_detail {
 
 void retire_stage(monitor_pointer self, const std::string& why) {
   auto& st = self->state;
@@ -206,7 +61,6 @@ void retire_stage(monitor_pointer self, const std::string& why) {
   st.stage.reset();
 }
 
-/// The node's stage slot, started once the job is known.
 void start_stage(monitor_pointer self) {
   auto& st = self->state;
   if (!st.deps.make_stage) return;
@@ -236,6 +90,12 @@ void start_stage(monitor_pointer self) {
     });
   }
 }
+
+}  // namespace monitor_detail
+
+namespace {
+
+using namespace monitor_detail;
 
 void on_assignment(monitor_pointer self, epoch_assignment& a) {
   auto& st = self->state;
@@ -402,6 +262,7 @@ void on_write_checkpoint(monitor_pointer self, write_checkpoint& w) {
 }  // namespace
 
 monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
+  using namespace monitor_detail;
   self->state.deps = std::move(deps);
   if (!self->state.deps.fault) self->state.deps.fault = signal_own_process;
   self->monitor(self->state.deps.coordinator);
