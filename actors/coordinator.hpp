@@ -333,6 +333,9 @@ struct coordinator_state {
   planning::template_set templates;  ///< of the job, from the first plan
   planning::cluster_state formed;    ///< the last epoch that formed everywhere: where layers are
   bool formed_once = false;          ///< some epoch has formed everywhere (layers exist)
+  /// The planner's predicted step for the epoch in force (job_plan::step_ms, reconfiguration::
+  /// step_ms); 0 where no plan predicted it (an epoch adopted from the nodes' memory).
+  double predicted_step_ms = 0;
   std::vector<node_id> lost_since_formed;
   std::vector<node_id> joining;  ///< admitted during training: enter at the next step boundary
 

@@ -256,6 +256,7 @@ void enter_forming(coordinator_pointer self, std::optional<node_id> lost_node) {
   const std::string rules = rules_of(r);
   const double plan_ms = ms_between(started, st.deps.now());
   send_epoch(self, ep, live, {r.pipelines, r.idle_nodes}, bytes);
+  st.predicted_step_ms = r.step_ms;
   record_reconfiguration(self, r, lost, joined, detect_ms, plan_ms);
   std::string what = !lost.empty()     ? "reconfigured after losing node(s)" + id_list(lost)
                      : !joined.empty() ? "reconfigured to admit node(s)" + id_list(joined)
@@ -311,6 +312,7 @@ void plan_first_epoch(coordinator_pointer self) {
   st.formed = {plan.pipelines, plan.idle_nodes};
   st.lost_since_formed.clear();
   send_epoch(self, planning::map_epoch(plan), live, {plan.pipelines, plan.idle_nodes}, 0);
+  st.predicted_step_ms = plan.step_ms;
   publish(self, {event_kind::epoch_forming, st.epoch, st.step, -1, 0, {}});
   st.deps.log("forming epoch " + std::to_string(st.epoch) + " on " + std::to_string(live.size()) + " node(s), " +
               std::to_string(st.current.pipelines.size()) + " pipeline(s), predicted step " +

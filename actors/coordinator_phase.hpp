@@ -98,6 +98,8 @@ struct step_record {
   /// AdamW (0 when a stage did not report its op times). wall_ms / ideal_ms - 1 is the framework's
   /// overhead: control, waiting beyond the schedule, copies, digests.
   double ideal_ms = 0;
+  /// The planner's predicted step for the epoch (coordinator_state::predicted_step_ms; 0: none).
+  double predicted_ms = 0;
   double wall_ms = 0;
   step_breakdown breakdown;  ///< where wall_ms went (step_breakdown.hpp)
 };

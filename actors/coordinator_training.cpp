@@ -30,6 +30,7 @@ void record_committed_step(coordinator_pointer self, step_progress& progress, co
   rec.ideal_ms = progress.ideal_known && progress.ideal_pipeline_ms > 0
                      ? progress.ideal_pipeline_ms + progress.slowest_optimizer_ms
                      : 0;
+  rec.predicted_ms = st.predicted_step_ms;
   rec.pipelines.clear();
   for (const auto& p : st.current.pipelines) rec.pipelines.push_back({p.nodes, p.microbatches});
   std::string mismatch;

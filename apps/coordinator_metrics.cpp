@@ -44,6 +44,7 @@ std::string step_json(const actors::step_record& r) {
   }
   j["wall_ms"] = r.wall_ms;
   if (r.ideal_ms > 0) j["ideal_ms"] = r.ideal_ms;
+  if (r.predicted_ms > 0) j["predicted_ms"] = r.predicted_ms;
   const auto& b = r.breakdown;
   nlohmann::ordered_json breakdown;
   breakdown["compute_ms"] = b.compute_ms;

@@ -207,3 +207,28 @@ TEST_CASE("ideal_ms: the slowest pipeline's 1F1B makespan from its stages' own o
     CHECK(r.ideal_ms == doctest::Approx(expected));
   }
 }
+
+TEST_CASE("predicted_ms: every step carries its epoch's predicted step: the first plan's, then the reconfiguration's") {
+  // Node 2 dies while applying the commit of step 1; epoch 2 runs on the five survivors.
+  fixture f({.steps = 4});
+  f.kill_during_commit(2, {1, 1});
+  const auto r = f.lose(f.initial(), {2});
+  INFO(describe(f.events));
+  CHECK(f.happened(finished(4)));
+  REQUIRE(r.step_ms > 0);
+  CHECK(r.step_ms != doctest::Approx(f.plan.step_ms));  // five nodes plan another step than six
+  int first = 0, second = 0;
+  for (const auto& rec : f.records) {
+    CAPTURE(rec.step);
+    CAPTURE(rec.epoch);
+    if (rec.epoch == 1) {
+      ++first;
+      CHECK(rec.predicted_ms == doctest::Approx(f.plan.step_ms));
+    } else {
+      ++second;
+      CHECK(rec.predicted_ms == doctest::Approx(r.step_ms));
+    }
+  }
+  CHECK(first >= 1);
+  CHECK(second >= 1);
+}
