@@ -13,6 +13,15 @@
 // Each configuration runs with the gradient all-reduce overlapped (the default) and, to measure
 // its effect, without (training.overlap_gradient_reduce = false).
 //
+// --runs R (default 5) repeats the whole set R times, alternating: the single process, then every
+// cluster configuration, then again. Each figure is the median over the R rounds, efficiency
+// against the same round's single process: this VM runs the same work at two speeds ~1.5x apart
+// that alternate every few seconds (bench/RESULTS.md), so one run of each proves little.
+// --profile-at-start leaves the job without a profile file, so that the coordinator has a worker
+// profile the model at the start of every run (the job's [profile] repeats) and plans from that,
+// as a user's job does: the predicted step is then the one the job prints ("forming epoch ...
+// predicted step"), read from each run's metrics (predicted_ms).
+//
 // The profile times 200 microbatches (--profile-repeats), not a job's default 7: 7 span ~30 ms of
 // the default job's compute, and this VM runs identical work at speeds up to 1.5x apart for
 // seconds at a time, so such a profile predicted the same job 1.5x apart between runs.
@@ -38,6 +47,7 @@
 #include "bench/bench_flags.hpp"
 #include "bench/bench_text.hpp"
 #include "bench/job_toml.hpp"
+#include "bench/recovery_stats.hpp"
 #include "messages/profile_file.hpp"
 #include "planning/planner.hpp"
 #include "runtime/child_process.hpp"
@@ -59,6 +69,8 @@ struct options {
   /// Microbatches the profile times (oobleck-profile --repeats): more than a job's default of 7,
   /// so that the profile spans seconds, as the cluster runs do (see the top of this file).
   int profile_repeats = 200;
+  int runs = 5;                   ///< alternating rounds; each figure is the median over them
+  bool profile_at_start = false;  ///< the coordinator profiles the model at each run's start
 };
 
 /// The flags; none when main should end at once with `exit` (after --help, or a bad flag).
@@ -76,6 +88,11 @@ std::optional<options> parse(int argc, char** argv, int& exit) {
   bench::add_text(app, "--config", o.config, "the job file (default: oobleck-local's default job)");
   bench::add_integer(app, "--profile-repeats", o.profile_repeats, 1, 1000,
                      "microbatches the profile times (oobleck-profile --repeats; default 200)");
+  bench::add_integer(app, "--runs", o.runs, 1, 100,
+                     "alternating rounds of the single process and every cluster configuration; medians over them (default 5)");
+  app.add_flag("--profile-at-start", o.profile_at_start,
+               "no profile file: the coordinator profiles the model at each run's start (the job's [profile] repeats)\n"
+               "and predicts from that, as a user's job does; the prediction is each run's own");
   if (const auto e = bench::parse_bench_flags(app, argc, argv)) {
     exit = *e;
     return std::nullopt;
@@ -105,6 +122,7 @@ std::optional<options> parse(int argc, char** argv, int& exit) {
     o.steps = 3;
     o.warmup = 1;
     o.profile_repeats = 2;
+    o.runs = 1;
   }
   if (o.warmup >= o.steps) return usage_error("--warmup must be smaller than --steps");
   return o;
@@ -129,7 +147,7 @@ struct run_result {
   bool overlap = true;
   int nodes_in_use = 0;
   std::string shape;  ///< pipelines x stages
-  double predicted_ms = NAN;          ///< the coordinator's plan: its predicted step
+  double predicted_ms = NAN;          ///< the coordinator's plan: its predicted step (metrics' predicted_ms)
   double predicted_compute_ms = NAN;  ///< the profile's compute of the busiest stage (Nb x its fwd + bwd)
   /// The coordinator's pipelines (its first step's metrics record): nodes and microbatches of
   /// each, sorted; the bench's plan must be the same (a cross-check of the prediction's inputs).
@@ -174,6 +192,7 @@ run_result run_cluster(const options& o, const fs::path& dir, const std::string&
       r.shape = shape.str();
     }
     if (k++ < o.warmup) continue;
+    if (std::isnan(r.predicted_ms)) r.predicted_ms = j.value("predicted_ms", NAN);
     wall += j["wall_ms"].get<double>();
     ideal += j.contains("ideal_ms") ? j["ideal_ms"].get<double>() : NAN;
     for (const char* key : bench::breakdown_keys) sums[key] += j["breakdown"][key].get<double>();
@@ -276,81 +295,135 @@ int main(int argc, char** argv) {
     const double layer_sum_ms = microbatch_ms(profile);
     const int microbatches = job.training.global_batch / job.training.microbatch;
 
-    // The job file with [profile] file and the overlap switch.
+    // The job file with [profile] file (none with --profile-at-start) and the overlap switch.
     auto write_job = [&](bool overlap) {
       const auto path = dir / (overlap ? "job-overlap.toml" : "job-sequential.toml");
-      std::ofstream(path) << bench::with_keys(job_text, {{"profile", "file", profile_path},
-                                                         {"training", "overlap_gradient_reduce", overlap}});
+      std::vector<bench::toml_key> keys{{"training", "overlap_gradient_reduce", overlap}};
+      if (!o.profile_at_start) keys.push_back({"profile", "file", profile_path});
+      std::ofstream(path) << bench::with_keys(job_text, keys);
       return path.string();
     };
     const std::string job_overlap = write_job(true), job_sequential = write_job(false);
 
-    const double single_ms = single_process_step_ms(apps::stage_job_for(job), o.warmup, o.steps - o.warmup);
-    const double single_sps = 1000.0 * job.training.global_batch / single_ms;
-    const double load_before = bench::load_average_1min();
-
-    std::vector<run_result> results;
+    // One configuration's runs, one per round.
+    struct configuration {
+      int nodes = 0;
+      bool overlap = true;
+      predicted bench_plan;  ///< the planner on the bench's profile (the coordinator's, without --profile-at-start)
+      std::vector<run_result> runs;
+      std::vector<double> efficiency;  ///< against the same round's single process
+    };
+    std::vector<configuration> configurations;
     for (int n : o.nodes)
       for (bool overlap : {true, false}) {
         if (o.quick && !overlap) continue;
-        results.push_back(run_cluster(o, dir, overlap ? job_overlap : job_sequential, n, overlap,
-                                      job.training.global_batch));
-        auto& r = results.back();
-        const auto p = prediction(profile, job, n);
-        r.predicted_ms = p.step_ms;
-        r.predicted_compute_ms = p.busiest_compute_ms;
-        // The coordinator planned the same job on the same profile: the same pipelines.
-        if (r.pipelines != p.pipelines) {
-          auto text = [](const std::vector<std::pair<std::size_t, int>>& v) {
-            std::string t;
-            for (const auto& [size, mb] : v) t += " " + std::to_string(size) + "x" + std::to_string(mb);
-            return t;
-          };
-          throw std::logic_error("the coordinator's pipelines (nodes x microbatches):" + text(r.pipelines) +
-                                 "; the bench's plan:" + text(p.pipelines));
-        }
+        configurations.push_back({n, overlap, prediction(profile, job, n), {}, {}});
       }
+    std::vector<double> single_ms;
+    const double load_before = bench::load_average_1min();
+    for (int round = 0; round < o.runs; ++round) {
+      single_ms.push_back(single_process_step_ms(apps::stage_job_for(job), o.warmup, o.steps - o.warmup));
+      const double single_sps = 1000.0 * job.training.global_batch / single_ms.back();
+      for (auto& c : configurations) {
+        auto r = run_cluster(o, dir, c.overlap ? job_overlap : job_sequential, c.nodes, c.overlap, job.training.global_batch);
+        r.predicted_compute_ms = o.profile_at_start ? NAN : c.bench_plan.busiest_compute_ms;
+        if (!o.profile_at_start) {
+          // The coordinator planned the same job on the same profile: the same pipelines and step.
+          if (r.pipelines != c.bench_plan.pipelines) {
+            auto text = [](const std::vector<std::pair<std::size_t, int>>& v) {
+              std::string t;
+              for (const auto& [size, mb] : v) t += " " + std::to_string(size) + "x" + std::to_string(mb);
+              return t;
+            };
+            throw std::logic_error("the coordinator's pipelines (nodes x microbatches):" + text(r.pipelines) +
+                                   "; the bench's plan:" + text(c.bench_plan.pipelines));
+          }
+          if (!(std::abs(r.predicted_ms - c.bench_plan.step_ms) <= 1e-6 * c.bench_plan.step_ms))
+            throw std::logic_error("the coordinator predicted " + std::to_string(r.predicted_ms) + " ms, the bench's plan " +
+                                   std::to_string(c.bench_plan.step_ms) + " ms on the same profile");
+        }
+        c.efficiency.push_back(r.samples_per_s / (r.nodes_in_use * single_sps));
+        c.runs.push_back(std::move(r));
+      }
+      if (o.runs > 1) std::fprintf(stderr, "round %d of %d done\n", round + 1, o.runs);
+    }
     const double load_after = bench::load_average_1min();
+    const double single_median = bench::median(single_ms);
 
-    std::printf("throughput of oobleck-local: B = %d, b = %d, %d layers; %d steps per run, first %d left out\n",
-                job.training.global_batch, job.training.microbatch, job.model.num_layers(), o.steps, o.warmup);
+    std::printf("throughput of oobleck-local: B = %d, b = %d, %d layers; %d steps per run, first %d left out; %d round(s)%s\n",
+                job.training.global_batch, job.training.microbatch, job.model.num_layers(), o.steps, o.warmup, o.runs,
+                o.profile_at_start ? "; profiled by the coordinator at each run's start" : "");
     std::printf("profile (oobleck-profile, here): one microbatch through every layer %.3f ms; x %d microbatches = %.2f ms\n",
                 layer_sum_ms, microbatches, layer_sum_ms * microbatches);
-    std::printf("single process: %.2f ms per step, %.1f samples/s\n\n", single_ms, single_sps);
+    std::printf("single process: %.2f ms per step (median of %d), %.1f samples/s\n\n", single_median, o.runs,
+                1000.0 * job.training.global_batch / single_median);
     std::printf("%5s %7s %9s %9s %9s %7s %9s %7s | %8s %8s %8s %8s %8s %8s | %9s %9s %8s\n", "nodes", "overlap",
                 "pipelines", "pred ms", "step ms", "/pred", "samples/s", "effic.", "compute", "p2p", "allred", "optim",
                 "control", "other", "pred comp", "ideal ms", "overhd");
     nlohmann::ordered_json rows = nlohmann::json::array();
-    for (const auto& r : results) {
+    for (const auto& c : configurations) {
+      auto each = [&](auto figure) {
+        std::vector<double> v;
+        for (const auto& r : c.runs) v.push_back(figure(r));
+        return v;
+      };
+      const auto step = each([](const run_result& r) { return r.step_ms; });
+      const auto pred = each([](const run_result& r) { return r.predicted_ms; });
+      const auto ratio = each([](const run_result& r) { return r.step_ms / r.predicted_ms; });
+      const auto sps = each([](const run_result& r) { return r.samples_per_s; });
+      const auto ideal = each([](const run_result& r) { return r.ideal_ms; });
+      const auto overhead = each([](const run_result& r) { return r.step_ms / r.ideal_ms - 1; });
       // The control messages on the step's critical path: a step sent with the previous commit
       // (run-ahead) counts its parts from its orders, ahead_ms before its wall time starts.
-      const double control = r.breakdown.at("control_ms") - r.breakdown.at("ahead_ms");
-      const double efficiency = r.samples_per_s / (r.nodes_in_use * single_sps);
-      const double overhead = r.step_ms / r.ideal_ms - 1;
+      const auto control =
+          each([](const run_result& r) { return r.breakdown.at("control_ms") - r.breakdown.at("ahead_ms"); });
+      std::map<std::string, double> breakdown;
+      for (const auto& [key, value] : c.runs.front().breakdown)
+        breakdown[key] = bench::median(each([&key = key](const run_result& r) { return r.breakdown.at(key); }));
+      const auto& first = c.runs.front();
+      const double efficiency = bench::median(c.efficiency);
       std::printf("%5d %7s %9s %9.2f %9.2f %7.2f %9.1f %7.3f | %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | %9.2f %9.2f %7.1f%%\n",
-                  r.nodes, r.overlap ? "on" : "off", r.shape.c_str(), r.predicted_ms, r.step_ms,
-                  r.step_ms / r.predicted_ms, r.samples_per_s, efficiency, r.breakdown.at("compute_ms"),
-                  r.breakdown.at("p2p_wait_ms"), r.breakdown.at("allreduce_ms"), r.breakdown.at("optimizer_ms"),
-                  control, r.breakdown.at("other_ms"), r.predicted_compute_ms, r.ideal_ms, 100 * overhead);
+                  c.nodes, c.overlap ? "on" : "off", first.shape.c_str(), bench::median(pred), bench::median(step),
+                  bench::median(ratio), bench::median(sps), efficiency, breakdown.at("compute_ms"),
+                  breakdown.at("p2p_wait_ms"), breakdown.at("allreduce_ms"), breakdown.at("optimizer_ms"),
+                  bench::median(control), breakdown.at("other_ms"), first.predicted_compute_ms, bench::median(ideal),
+                  100 * bench::median(overhead));
       nlohmann::ordered_json row;
-      row["nodes"] = r.nodes;
-      row["overlap_gradient_reduce"] = r.overlap;
-      row["nodes_in_use"] = r.nodes_in_use;
-      row["pipelines"] = r.shape;
-      row["predicted_step_ms"] = r.predicted_ms;
-      row["step_ms"] = r.step_ms;
-      row["step_over_predicted"] = r.step_ms / r.predicted_ms;
-      row["predicted_busiest_stage_compute_ms"] = r.predicted_compute_ms;
-      row["samples_per_s"] = r.samples_per_s;
+      row["nodes"] = c.nodes;
+      row["overlap_gradient_reduce"] = c.overlap;
+      row["nodes_in_use"] = first.nodes_in_use;
+      row["pipelines"] = first.shape;
+      row["runs"] = c.runs.size();
+      row["predicted_step_ms"] = bench::median(pred);
+      row["step_ms"] = bench::median(step);
+      row["step_over_predicted"] = bench::median(ratio);
+      row["predicted_busiest_stage_compute_ms"] = std::isnan(first.predicted_compute_ms)
+                                                      ? nlohmann::ordered_json(nullptr)
+                                                      : nlohmann::ordered_json(first.predicted_compute_ms);
+      row["samples_per_s"] = bench::median(sps);
       row["scaling_efficiency"] = efficiency;
-      row["breakdown_mean_ms"] = r.breakdown;
-      row["ideal_ms"] = std::isnan(r.ideal_ms) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.ideal_ms);
-      row["overhead"] = std::isnan(overhead) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(overhead);
-      row["targets"] = {{"step_le_1.15x_predicted", r.step_ms <= 1.15 * r.predicted_ms},
-                        {"efficiency_ge_0.85", efficiency >= 0.85},
-                        {"control_le_2ms", control <= 2.0},
-                        {"overhead_le_10pct", overhead <= 0.10}};
+      row["breakdown_median_ms"] = breakdown;
+      const double overhead_median = bench::median(overhead);
+      row["ideal_ms"] = std::isnan(bench::median(ideal)) ? nlohmann::ordered_json(nullptr)
+                                                         : nlohmann::ordered_json(bench::median(ideal));
+      row["overhead"] = std::isnan(overhead_median) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(overhead_median);
+      row["per_run"] = {{"step_ms", step},           {"predicted_step_ms", pred}, {"step_over_predicted", ratio},
+                        {"scaling_efficiency", c.efficiency}, {"overhead", overhead}};
+      const double r = bench::median(ratio);
+      row["targets"] = {{"prediction_within_15pct", std::abs(r - 1) <= 0.15 * r},
+                        {"efficiency_ge_0.80", efficiency >= 0.80},
+                        {"control_le_2ms", bench::median(control) <= 2.0},
+                        {"overhead_le_10pct", overhead_median <= 0.10}};
       rows.push_back(row);
+    }
+    if (o.runs > 1) {
+      std::printf("\nper run (round by round): step / predicted, efficiency\n");
+      for (const auto& c : configurations) {
+        std::printf("%5d %7s ", c.nodes, c.overlap ? "on" : "off");
+        for (std::size_t i = 0; i < c.runs.size(); ++i)
+          std::printf(" %.2f/%.3f", c.runs[i].step_ms / c.runs[i].predicted_ms, c.efficiency[i]);
+        std::printf("\n");
+      }
     }
     nlohmann::ordered_json out;
     out["benchmark"] = "throughput";
@@ -364,22 +437,28 @@ int main(int argc, char** argv) {
     out["microbatch"] = job.training.microbatch;
     out["layers"] = job.model.num_layers();
     out["steps_per_run"] = o.steps;
+    out["rounds"] = o.runs;
+    out["profile_at_start"] = o.profile_at_start;
     out["profile_repeats"] = o.profile_repeats;
     out["warmup_steps"] = o.warmup;
     out["profile_microbatch_all_layers_ms"] = layer_sum_ms;
-    out["single_process_step_ms"] = single_ms;
-    out["single_process_samples_per_s"] = single_sps;
+    out["single_process_step_ms"] = single_median;
+    out["single_process_step_ms_per_round"] = single_ms;
+    out["single_process_samples_per_s"] = 1000.0 * job.training.global_batch / single_median;
     out["load_average_1min"] = {load_before, load_after};
     out["runs"] = rows;
     const fs::path json_path(o.json_path);
     if (json_path.has_parent_path()) fs::create_directories(json_path.parent_path());
     std::ofstream(json_path) << out.dump(2) << "\n";
-    std::printf("(pipelines: nodes per pipeline; pred ms: the planner's predicted step from the profile (1F1B\n"
-                " makespan with link costs, plus all-reduce and AdamW); compute .. other: breakdown means,\n"
-                " slowest stage, control less ahead_ms (the time a step's orders rode ahead of the previous\n"
-                " commit's end); pred comp: the profile's compute of the busiest stage; ideal ms: the step's\n"
-                " own 1F1B makespan from its measured op times plus all-reduce wait and AdamW; overhd: step / ideal - 1,\n"
-                " the framework's overhead: control, waiting beyond the schedule, copies, digests)\n");
+    std::printf("\n(medians over the rounds; pipelines: nodes per pipeline; pred ms: the coordinator's predicted step\n"
+                " (1F1B makespan with link costs, plus all-reduce and AdamW; from the bench's profile, or with\n"
+                " --profile-at-start from the one a worker measured at the run's start); /pred: step / pred,\n"
+                " the median of the runs' ratios; effic.: samples/s against nodes x the same round's single\n"
+                " process; compute .. other: breakdown means, slowest stage, control less ahead_ms (the time a\n"
+                " step's orders rode ahead of the previous commit's end); pred comp: the bench profile's compute\n"
+                " of the busiest stage; ideal ms: the step's own 1F1B makespan from its measured op times plus\n"
+                " all-reduce wait and AdamW; overhd: step / ideal - 1, the framework's overhead: control, waiting\n"
+                " beyond the schedule, copies, digests)\n");
     std::printf("\nload average (1 min) %.2f before the cluster runs, %.2f after; JSON: %s\n", load_before, load_after,
                 o.json_path.c_str());
     return 0;
