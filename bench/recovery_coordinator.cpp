@@ -11,10 +11,12 @@
 #include <optional>
 #include <stdexcept>
 
+#include "apps/job_file.hpp"
 #include "bench/bench_text.hpp"
 #include "bench/cluster_programs.hpp"
 #include "bench/job_events.hpp"
 #include "bench/recovery_report.hpp"
+#include "messages/profile_file.hpp"
 
 namespace fs = std::filesystem;
 
@@ -38,9 +40,17 @@ local_run run_local(const coordinator_runs& o, const coordinator_fault* fault) {
   local_run r;
   r.dir = tmpl;
   std::ofstream(r.dir / "job.toml") << o.job_text;
+  // Every run plans from the job's modelled profile: profiled at its start, a run's plan depends on
+  // the speed this machine ran at in that moment, and a faulted run whose plan differs from the
+  // failure-free run's (2 pipelines of 3 against 3 of 2: another reduction order) cannot match its
+  // layer digests bitwise, whatever the recovery did (seen in CI: "the last step's layer digests
+  // differ" with every loss equal).
+  messages::write_profile_json(apps::modelled_profile(apps::parse_job(o.job_text, "job")),
+                               (r.dir / "profile.json").string());
   std::vector<std::string> args{"--config",      (r.dir / "job.toml").string(),     "--steps",
                                 std::to_string(o.steps), "--metrics-out", (r.dir / "metrics.jsonl").string(),
-                                "--events-out",  (r.dir / "events.jsonl").string(), "--timeout", "120"};
+                                "--events-out",  (r.dir / "events.jsonl").string(), "--timeout", "120",
+                                "--profile",     (r.dir / "profile.json").string()};
   if (fault) args.insert(args.end(), {fault->flag, fault->value});
   r.program = run_program(o.bin + "/oobleck-local", args, 150);
   if (fs::exists(r.dir / "metrics.jsonl")) r.metrics = read_metrics(r.dir / "metrics.jsonl");
