@@ -140,13 +140,21 @@ void check_reachable(coordinator_pointer self, node_id node) {
     return self->send(coordinator, coordinator_deadline{deadline_kind::losses, st.epoch, st.step, st.loss_checks});
   if (st.unhandled_losses.size() > 1) return;  // a round is under way
   const std::uint64_t round = ++st.loss_checks;
+  st.lost_us.clear();
   for (const auto& [id, n] : st.nodes) {
     if (n.state == node_state::lost) continue;
     self->request(n.monitor, std::chrono::milliseconds(static_cast<std::int64_t>(st.deps.loss_window_ms)), ping_atom_v)
         .then(
-            [self, round](bool) {
+            [self, round, node = id](bool follows) {
               auto& st = self->state;
-              if (st.loss_checks == round && !st.unhandled_losses.empty()) handle_losses(self);
+              if (st.loss_checks != round || st.unhandled_losses.empty()) return;
+              if (!follows) {
+                // It lost this coordinator too and has reached it again since (its loss not seen
+                // here yet): no sign that this coordinator is still heard.
+                st.lost_us.insert(node);
+                if (!every_live_node_lost_us(st)) return;
+              }
+              handle_losses(self);
             },
             [](caf::error&) {});
   }

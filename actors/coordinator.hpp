@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -357,6 +358,9 @@ struct coordinator_state {
   /// coordinator that lost every node at once waits for them instead of concluding "too few").
   std::vector<node_id> unhandled_losses;
   std::uint64_t loss_checks = 0;  ///< rounds of pings after a loss; the one in force handles its losses
+  /// Nodes that answered the round's ping saying they lost this coordinator too (they reached it
+  /// again since): when every live node says so, this coordinator was frozen or cut off.
+  std::set<node_id> lost_us;
 
   static inline const char* name = "oobleck.coordinator";
 };

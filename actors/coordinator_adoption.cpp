@@ -226,17 +226,41 @@ std::int32_t live_count_of(const coordinator_state& st) {
   return n;
 }
 
+bool every_live_node_lost_us(const coordinator_state& st) {
+  bool any = false;
+  for (const auto& [id, n] : st.nodes) {
+    if (n.state == node_state::lost) continue;
+    if (!st.lost_us.count(id)) return false;
+    any = true;
+  }
+  return any;
+}
+
 void handle_losses(coordinator_pointer self) {
   auto& st = self->state;
   auto losses = std::exchange(st.unhandled_losses, {});
   if (std::holds_alternative<phase::stopped>(st.phase) || std::holds_alternative<phase::adopting>(st.phase)) return;
   auto* ck = std::get_if<phase::checkpointing>(&st.phase);
   const bool fallback = ck && ck->progress.stop_after;
-  if (st.formed_once && live_count_of(st) == 0 && !fallback) {
+  const bool cut_off = live_count_of(st) == 0 || every_live_node_lost_us(st);
+  if (st.formed_once && cut_off && !fallback) {
     // Every node at once: this coordinator was frozen or cut off, not they. They keep their state
     // and look for a coordinator; it waits for them rather than concluding "too few nodes".
     // A commit being confirmed may have reached some nodes or none: their memories decide (the
     // step's record is not written here; a step they did not all apply runs again).
+    // Nodes whose loss it has not seen yet but that said they lost it too (they reached it again
+    // before it woke: seen after a 7 s freeze in a chaos run) are lost as the others are, and come
+    // back with their state as they do.
+    for (auto& [id, n] : st.nodes) {
+      if (n.state == node_state::lost) continue;
+      n.state = node_state::lost;
+      n.lost_reason = "it lost contact with this coordinator";
+      st.lost_order.push_back(id);
+      std::erase(st.joining, id);
+      st.deps.log(to_string(id) + " lost: " + n.name + " (" + n.lost_reason + ")");
+      publish(self, {event_kind::node_lost, st.epoch, st.step, id.value, 0, n.lost_reason});
+    }
+    st.lost_us.clear();
     if (ck) abandon_periodic_checkpoint(self, *ck, "every node was lost");
     st.deps.log("every node was lost at once: this coordinator was frozen or cut off; waiting up to " +
                 std::to_string(static_cast<long long>(st.deps.grace_ms / 1000)) +

@@ -265,8 +265,8 @@ bool handle(coordinator_pointer self, phase::committing& ph, coordinator_deadlin
   // once (the coordinator then waits for them with their state, §10 "Coordinator loss").
   const double deadline = step_deadline_ms(st);
   auto heard = std::make_shared<bool>(false);
-  const auto evict_late = [self, epoch = d.epoch, step = d.step, deadline, heard](bool) {
-    if (std::exchange(*heard, true)) return;
+  const auto evict_late = [self, epoch = d.epoch, step = d.step, deadline, heard](bool follows) {
+    if (!follows || std::exchange(*heard, true)) return;  // a node that lost this coordinator too: not heard
     guarded(self, "a commit's late nodes", [&] {
       auto& st = self->state;
       auto* ph = std::get_if<phase::committing>(&st.phase);

@@ -125,8 +125,12 @@ caf::result<messages::admission> adopt_node(coordinator_pointer self, messages::
 void superseded(coordinator_pointer self, std::uint64_t newer_term, const std::string& who);
 /// Nodes not lost.
 std::int32_t live_count_of(const coordinator_state& st);
-/// The losses that arrived together: every node lost at once means this coordinator was frozen or
-/// cut off (not them): it waits for them (adopting); otherwise each loss as before (on_loss).
+/// Whether every live node said, in the loss check in force, that it lost this coordinator too
+/// (coordinator_state::lost_us); false when none is live.
+bool every_live_node_lost_us(const coordinator_state& st);
+/// The losses that arrived together: every node lost at once, or every node not lost saying it
+/// lost this coordinator too, means this coordinator was frozen or cut off (not they): it waits for
+/// them (adopting); otherwise each loss as before (on_loss).
 void handle_losses(coordinator_pointer self);
 /// A node lost while adopting.
 void adoption_lost(coordinator_pointer self, phase::adopting& ph, node_id node);

@@ -344,7 +344,9 @@ monitor_actor::behavior_type monitor(monitor_pointer self, monitor_deps deps) {
         r.node = st.node;
         self->send(st.deps.coordinator, r);
       },
-      [](ping_atom) { return true; },
+      // Whether this node still follows its coordinator: false while it looks for one after losing
+      // it (the coordinator asking was frozen or cut off, and this node has reached it again).
+      [self](ping_atom) { return !self->state.orphaned_until.has_value(); },
       [self](profile_atom) -> caf::result<std::string> {
         auto& st = self->state;
         if (!st.deps.profile_job || st.job.node.value < 0)

@@ -42,7 +42,9 @@ using monitor_actor =
                      caf::reacts_to<abort_epoch>, caf::reacts_to<inject_fault>, caf::reacts_to<write_checkpoint>,
                      caf::reacts_to<shutdown_atom, std::string>, caf::reacts_to<stall_probe>,
                      caf::reacts_to<evict_atom, std::string>, caf::reacts_to<reconnect_atom>,
-                     // Is this node still reachable? (The coordinator asks after another node's loss.)
+                     // Is this node still reachable, and does it still follow its coordinator (false
+                     // while it looks for one after losing it)? The coordinator asks after another
+                     // node's loss, and before it evicts a node that did not confirm a commit.
                      caf::replies_to<ping_atom>::with<bool>,
                      // Measure the job's model on this node: the planning profile as JSON
                      // (messages/profile_json.hpp). A job without a profile asks one node before
