@@ -166,13 +166,8 @@ void on_down(coordinator_pointer self, const caf::down_msg& dm) {
   auto& st = self->state;
   for (auto& [id, n] : st.nodes) {
     if (n.state == node_state::lost || n.monitor.address() != dm.source) continue;
-    n.state = node_state::lost;
-    n.lost_reason = self->system().render(dm.reason);
-    st.lost_order.push_back(id);
-    st.deps.log(to_string(id) + " lost: " + n.name + " (" + n.lost_reason + ")");
-    publish(self, {event_kind::node_lost, st.epoch, st.step, id.value, 0, n.lost_reason});
-    std::erase(st.joining, id);
     const node_id node = id;
+    mark_lost(self, node, self->system().render(dm.reason));
     std::visit(overloaded{
                    [&](phase::registering&) { update_admission(self); },
                    [&](phase::ready&) { update_admission(self); },

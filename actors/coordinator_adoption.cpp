@@ -226,6 +226,17 @@ std::int32_t live_count_of(const coordinator_state& st) {
   return n;
 }
 
+void mark_lost(coordinator_pointer self, node_id id, std::string reason) {
+  auto& st = self->state;
+  auto& n = st.nodes.at(id);
+  n.state = node_state::lost;
+  n.lost_reason = std::move(reason);
+  st.lost_order.push_back(id);
+  st.deps.log(to_string(id) + " lost: " + n.name + " (" + n.lost_reason + ")");
+  publish(self, {event_kind::node_lost, st.epoch, st.step, id.value, 0, n.lost_reason});
+  std::erase(st.joining, id);
+}
+
 bool every_live_node_lost_us(const coordinator_state& st) {
   bool any = false;
   for (const auto& [id, n] : st.nodes) {
@@ -251,15 +262,8 @@ void handle_losses(coordinator_pointer self) {
     // Nodes whose loss it has not seen yet but that said they lost it too (they reached it again
     // before it woke: seen after a 7 s freeze in a chaos run) are lost as the others are, and come
     // back with their state as they do.
-    for (auto& [id, n] : st.nodes) {
-      if (n.state == node_state::lost) continue;
-      n.state = node_state::lost;
-      n.lost_reason = "it lost contact with this coordinator";
-      st.lost_order.push_back(id);
-      std::erase(st.joining, id);
-      st.deps.log(to_string(id) + " lost: " + n.name + " (" + n.lost_reason + ")");
-      publish(self, {event_kind::node_lost, st.epoch, st.step, id.value, 0, n.lost_reason});
-    }
+    for (const auto& [id, n] : st.nodes)
+      if (n.state != node_state::lost) mark_lost(self, id, "it lost contact with this coordinator");
     st.lost_us.clear();
     if (ck) abandon_periodic_checkpoint(self, *ck, "every node was lost");
     st.deps.log("every node was lost at once: this coordinator was frozen or cut off; waiting up to " +

@@ -125,6 +125,9 @@ caf::result<messages::admission> adopt_node(coordinator_pointer self, messages::
 void superseded(coordinator_pointer self, std::uint64_t newer_term, const std::string& who);
 /// Nodes not lost.
 std::int32_t live_count_of(const coordinator_state& st);
+/// Marks node `id` lost for `reason`: its state, the loss order, the progress line and the
+/// node_lost event; it no longer joins. What the phase does about it is the caller's.
+void mark_lost(coordinator_pointer self, node_id id, std::string reason);
 /// Whether every live node said, in the loss check in force, that it lost this coordinator too
 /// (coordinator_state::lost_us); false when none is live.
 bool every_live_node_lost_us(const coordinator_state& st);
