@@ -329,6 +329,19 @@ TEST_CASE("oobleck-local: --timeout stops every process and returns") {
   CHECK(took < 60);
 }
 
+TEST_CASE("oobleck-local: --timeout after a replacement coordinator started stops it too and returns") {
+  // It used to print its error and then wait for ever: the replacement's output was read to its
+  // end before the replacement was stopped.
+  testing::background_process local(bin + "/oobleck-local",
+                                    {"--steps", "1000000", "--kill-coordinator-at", "3", "--timeout", "12"});
+  int status = -1;
+  CHECK_NOTHROW(status = local.wait_exit(std::chrono::seconds(60)));
+  INFO(local.output());
+  CHECK(status == 1);
+  CHECK(local.output().find("starting a replacement") != std::string::npos);
+  CHECK(local.output().find("error: the job did not finish within 12 s") != std::string::npos);
+}
+
 TEST_CASE("oobleck-local: a worker that cannot start stops the job at once, naming it") {
   // It used to wait for the worker until --timeout (600 s by default). Here the programs are
   // copies beside an oobleck-worker that exits at once (as one that cannot load or is refused).
