@@ -38,6 +38,7 @@
 #include "apps/local_options.hpp"
 #include "apps/local_processes.hpp"
 #include "apps/local_setup.hpp"
+#include "apps/program_main.hpp"
 #include "apps/progress_bar.hpp"
 #include "apps/tls.hpp"
 #include "apps/trace_replay.hpp"
@@ -444,6 +445,9 @@ int run_local_command(const std::vector<std::string>& args, std::ostream& out, s
     out << default_local_job;
     return 0;
   }
+  // The coordinator and the workers end with this process, however it ends (set before any thread
+  // of this process starts: setenv is not safe beside other threads' getenv).
+  ::setenv(exit_with_parent_variable, std::to_string(::getpid()).c_str(), 1);
   // A scratch directory for the token, the job file, the coordinator's address and its events.
   char dir_template[] = "/tmp/oobleck-local-XXXXXX";
   if (!::mkdtemp(dir_template)) throw std::runtime_error("cannot create a scratch directory in /tmp");

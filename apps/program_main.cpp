@@ -1,7 +1,12 @@
 #include "apps/program_main.hpp"
 
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <CLI/Error.hpp>
 
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <stdexcept>
@@ -30,6 +35,18 @@ int report(std::ostream& err, int status, const std::string& prefix, const char*
 
 }  // namespace
 
+void exit_with_parent_if_asked() {
+  const char* v = std::getenv(exit_with_parent_variable);
+  if (!v) return;
+  char* end = nullptr;
+  const long parent = std::strtol(v, &end, 10);
+  ::unsetenv(exit_with_parent_variable);  // for this process only, not for what it starts
+  if (end == v || *end != '\0' || parent <= 1) return;
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // The parent may have died before the line above: this process has been handed to another one.
+  if (::getppid() != static_cast<pid_t>(parent)) ::raise(SIGKILL);
+}
+
 int exit_status_of(std::ostream& err, const std::function<int()>& body) noexcept {
   try {
     return body();
@@ -49,6 +66,7 @@ int exit_status_of(std::ostream& err, const std::function<int()>& body) noexcept
 }
 
 int run_program(int argc, char** argv, const command& body) noexcept {
+  exit_with_parent_if_asked();
   return exit_status_of(std::cerr, [&] {
     const int status = body(std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr);
     if (!std::cout.flush()) throw std::runtime_error("cannot write to standard output");

@@ -23,6 +23,16 @@ using command = std::function<int(const std::vector<std::string>& args, std::ost
 /// backtrace.
 int exit_status_of(std::ostream& err, const std::function<int()>& body) noexcept;
 
+/// The environment variable through which a program asks the programs it starts to end with it:
+/// oobleck-local sets it to its pid, so that its coordinator and workers do not outlive it even when
+/// it is killed (kill -9, the OOM killer) and cannot stop them itself.
+inline constexpr const char* exit_with_parent_variable = "OOBLECK_EXIT_WITH_PARENT";
+
+/// When exit_with_parent_variable holds the pid of this process's parent: this process is killed
+/// (SIGKILL) when that parent's thread which started it ends, and at once if the parent has already
+/// gone. The variable is removed from this process's environment. run_program calls it first.
+void exit_with_parent_if_asked();
+
 /// The whole of main(): runs the command on argv with std::cout and std::cerr. A write to stdout
 /// that fails (a full disk, a closed pipe) is an internal failure, not a silent success.
 int run_program(int argc, char** argv, const command& body) noexcept;

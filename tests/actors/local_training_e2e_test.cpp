@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -340,6 +341,29 @@ TEST_CASE("oobleck-local: --timeout after a replacement coordinator started stop
   CHECK(status == 1);
   CHECK(local.output().find("starting a replacement") != std::string::npos);
   CHECK(local.output().find("error: the job did not finish within 12 s") != std::string::npos);
+}
+
+TEST_CASE("oobleck-local: killed with SIGKILL, its coordinator and workers end with it") {
+  // They used to go on: the workers waited a minute for a coordinator that never came back.
+  const testing::temp_dir tmp("oobleck-local-killed-");
+  const std::string events = (tmp.path() / "events.jsonl").string();
+  testing::background_process local(bin + "/oobleck-local",
+                                    {"--steps", "1000000", "--timeout", "120", "--events-out", events});
+  wait_for_event(events, {.kind = event_kind::step_committed, .step = 2}, std::chrono::seconds(60));
+  const auto started = children_of(local.pid());
+  CHECK(started.size() == 1 + static_cast<std::size_t>(default_job().cluster.nodes));  // the coordinator, the workers
+  local.signal(SIGKILL);
+  CHECK(local.wait_exit(std::chrono::seconds(10)) == 128 + SIGKILL);
+  auto alive = [&] {
+    return std::count_if(started.begin(), started.end(), [](pid_t p) {
+      const char state = process_state(p);
+      return state != 0 && state != 'Z';
+    });
+  };
+  const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (alive() > 0 && std::chrono::steady_clock::now() < by) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(alive() == 0);
+  for (pid_t p : started) ::kill(p, SIGKILL);  // (when the check above failed)
 }
 
 TEST_CASE("oobleck-local: a worker that cannot start stops the job at once, naming it") {

@@ -103,6 +103,18 @@ std::set<std::uint16_t> listening_ports(pid_t pid) {
   return ports;
 }
 
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> children;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    char state = 0;
+    pid_t ppid = 0;
+    if (read_stat(entry.path(), state, ppid) && ppid == parent) children.push_back(static_cast<pid_t>(std::stoi(pid)));
+  }
+  return children;
+}
+
 pid_t child_named(pid_t parent, const std::string& name) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const std::string pid = entry.path().filename().string();

@@ -44,6 +44,9 @@ class background_process {
 /// The child of `parent` started with `--name NAME` (a worker of oobleck-local), or -1.
 pid_t child_named(pid_t parent, const std::string& name);
 
+/// Every process whose parent is `parent`, as /proc shows them now.
+std::vector<pid_t> children_of(pid_t parent);
+
 /// The state of process `pid` as /proc shows it ('R', 'S', 'T' when stopped, 'Z', ...); 0 when
 /// there is no such process.
 char process_state(pid_t pid);
