@@ -20,7 +20,8 @@ cluster.slots_per_node (d intra-op threads, as the runtime runs a stage of width
 backward separately (median of N runs after warm-up), parameter bytes, and the activation bytes
 autograd retains per microbatch, the bytes of its output and one AdamW step over its parameters;
 then the link between two nodes: by default the host data plane between two transports on
-127.0.0.1 (latency per message, bandwidth), which is what oobleck-local's nodes use. On a real
+127.0.0.1 (bandwidth, and the latency a stage that blocked for its message sees, the cold start of
+the op it then runs included), which is what oobleck-local's nodes use. On a real
 cluster give its network's figures (--link-latency-ms, --link-gbytes-per-s); --no-link leaves
 communication free. The planner charges a stage for receiving its input from another node and
 each step for the gradient all-reduce and the optimizer. Writes the planning profile, which records the model's config

@@ -260,6 +260,38 @@ double measure_device_staging(const device_spec& spec, std::int64_t bytes, int r
   return static_cast<double>(on_device.nbytes()) / std::max(median(ms), 1e-6);
 }
 
+std::function<void()> first_layers_op(const gpt_config& model, const profiler_options& options) {
+  if (options.microbatch < 1) throw std::invalid_argument("profiler: microbatch must be >= 1");
+  struct op_state {
+    gpt_config model;
+    torch::Device device;
+    std::vector<std::shared_ptr<model_layer>> layers;
+    torch::Tensor tokens;
+    std::int64_t runs = 0;
+  };
+  const torch::Device device = make_device(options.device);
+  runtime::use_one_compute_thread();
+  // A model has at least one block (gpt_config's check), so these two are never its last layer.
+  auto st = std::make_shared<op_state>(op_state{model, device, build_layers(model, 0, 2, device), {}});
+  torch::manual_seed(static_cast<std::uint64_t>(model.seed));
+  st->tokens = torch::randint(0, model.vocab, {options.microbatch, model.seq_len}, torch::kInt64).to(device);
+  return [st] {
+    torch::Tensor y = st->tokens;
+    {
+      const autocast_scope precision(st->model.precision, st->device);
+      for (std::size_t l = 0; l < st->layers.size(); ++l) {
+        auto dropout = dropout_generator(st->model, st->runs, 0, static_cast<int>(l), st->device);
+        y = st->layers[l]->forward(y, &dropout);
+      }
+    }
+    y.backward(torch::ones_like(y));
+    settle(st->device);
+    for (auto& layer : st->layers)
+      for (auto& p : layer->parameters()) p.mutable_grad() = torch::Tensor();
+    ++st->runs;
+  };
+}
+
 planning::profile make_profile(const gpt_config& model, const profiler_options& options,
                                const std::vector<layer_measurement>& layers, planning::link_profile link) {
   planning::profile p;

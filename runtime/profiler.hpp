@@ -50,6 +50,12 @@ struct layer_measurement {
 /// options.slots_per_node with d intra-op threads (one thread again afterwards).
 std::vector<layer_measurement> measure_layers(const gpt_config& model, const profiler_options& options);
 
+/// One microbatch's forward and backward through the model's first two layers (the embedding and the
+/// first block), on options.device with one compute thread, as a
+/// callable that owns its own copy of those layers: the op that measure_loopback_link runs right
+/// after a receive, to see what an op pays for starting on a thread that blocked.
+std::function<void()> first_layers_op(const gpt_config& model, const profiler_options& options);
+
 /// The planning profile of those measurements and of the link between two nodes (all zero: free):
 /// gpus_per_node = slots_per_node, times for every width, tagged with the model's config hash,
 /// the microbatch and the device kind ("cpu", or "cuda:" and the GPU's name) so that a profile of

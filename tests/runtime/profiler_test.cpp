@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -299,4 +300,40 @@ TEST_CASE("the loopback link measurement: a round trip per repeat, latency and b
   std::sort(rt.begin(), rt.end());
   CHECK(m.link.latency_ms == doctest::Approx(rt[2] / 2));
   CHECK_THROWS_AS(runtime::measure_loopback_link(0), std::invalid_argument);
+  CHECK(m.waited_ms.empty());  // no op: the idle latency
+  CHECK(m.idle_latency_ms == m.link.latency_ms);
+}
+
+TEST_CASE("first_layers_op: a microbatch through the embedding and the first block and back, run after run") {
+  const auto op = runtime::first_layers_op(model(), {.microbatch = 2});
+  for (int i = 0; i < 3; ++i) CHECK_NOTHROW(op());
+  CHECK_THROWS_AS(runtime::first_layers_op(model(), {.microbatch = 0}), std::invalid_argument);
+}
+
+TEST_CASE("the loopback link measurement with an op: the latency a stage that waited sees, the op's cold start in it") {
+  // An op that is 2 ms slower right after a receive than right after itself: the measurement runs
+  // it twice back to back (timing the second), then once as soon as a held message arrives.
+  int calls = 0;
+  auto op = [&calls] {
+    if (calls++ % 3 == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  };
+  const auto m = runtime::measure_loopback_link(8, 64, 1 << 16, op, std::chrono::microseconds(300));
+  REQUIRE(m.waited_ms.size() >= 3);
+  CHECK(m.waited_ms.size() == m.op_ms.size());
+  CHECK(m.idle_latency_ms > 0);
+  // The 2 ms the op loses after a wait are the message's, as the stage sees it (a loaded machine
+  // adds to it; the held time itself does not count: it ends where the send starts).
+  CHECK(m.link.latency_ms >= m.idle_latency_ms + 1.9);
+  CHECK(m.link.latency_ms < m.idle_latency_ms + 2 + 50);
+  // An op that costs the same either way leaves the idle latency, or a little more.
+  const auto same = runtime::measure_loopback_link(8, 64, 1 << 16, [] {}, std::chrono::microseconds(300));
+  CHECK(same.link.latency_ms >= same.idle_latency_ms);
+  CHECK(same.link.latency_ms < same.idle_latency_ms + 50);
+  // At most `repeats` of each, and about `op_budget` of them (3 at least).
+  int slow_calls = 0;
+  const auto bounded = runtime::measure_loopback_link(
+      1000, 64, 1 << 16, [&slow_calls] { ++slow_calls, std::this_thread::sleep_for(std::chrono::milliseconds(5)); },
+      std::chrono::microseconds(0), std::chrono::milliseconds(50));
+  CHECK(bounded.waited_ms.size() >= 3);
+  CHECK(bounded.waited_ms.size() < 20);
 }
