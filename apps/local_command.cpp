@@ -152,7 +152,13 @@ class local_run {
     screen_.end_bar();
     return err_;
   }
-  bool too_late() const { return std::chrono::steady_clock::now() > deadline_ || stop_signal; }
+  bool past_deadline() const { return std::chrono::steady_clock::now() > deadline_; }
+  /// A SIGINT or SIGTERM before the job runs: said, and the exit status a shell gives a program
+  /// that the signal ended (the processes started so far are stopped on the way out).
+  int stopped_while(const std::string& what) {
+    error() << "error: stopped by " << (stop_signal == SIGINT ? "SIGINT" : "SIGTERM") << " while " << what << "\n";
+    return 128 + stop_signal;
+  }
 
   /// The Nth coordinator (0: the first; the Nth --kill-coordinator-at goes to it). The coordinator's
   /// other faults go to its first incarnation only.
@@ -179,7 +185,8 @@ class local_run {
         error() << "error: the coordinator exited with status " << *coordinator_status_ << " before listening\n";
         return *coordinator_status_ == 2 ? 2 : 1;
       }
-      if (too_late()) {
+      if (stop_signal) return stopped_while("waiting for the coordinator to listen");
+      if (past_deadline()) {
         error() << "error: the coordinator did not start listening\n";
         return 1;
       }
@@ -213,7 +220,8 @@ class local_run {
     // on admission, before the node's first epoch, so no step passes before its fault is armed.
     const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (*handed_over < static_cast<int>(faults.size())) {
-      if (std::chrono::steady_clock::now() > by || stop_signal) {
+      if (stop_signal) return stopped_while("handing the injected faults to the coordinator");
+      if (std::chrono::steady_clock::now() > by) {
         error() << "error: the coordinator did not take the injected faults within 30 s\n";
         return 1;
       }
@@ -241,7 +249,8 @@ class local_run {
       // registration order): the simulator's node ids are the same (sim::replay_trace), and so
       // are the pipelines a removal hits.
       while (s_.replay && progress_.registered <= i && !(coordinator_status_ = procs_.coordinator().poll())) {
-        if (too_late()) {
+        if (stop_signal) return stopped_while("waiting for worker node" + std::to_string(i) + " to register");
+        if (past_deadline()) {
           error() << "error: worker node" << i << " did not register\n";
           return 1;
         }

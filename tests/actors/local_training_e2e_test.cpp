@@ -366,6 +366,24 @@ TEST_CASE("oobleck-local: killed with SIGKILL, its coordinator and workers end w
   for (pid_t p : started) ::kill(p, SIGKILL);  // (when the check above failed)
 }
 
+TEST_CASE("oobleck-local: SIGINT before the job runs stops it, saying so") {
+  // It used to say "the coordinator did not start listening" and exit 1. Here the coordinator is a
+  // copy that never listens, so oobleck-local is still waiting for it when the signal comes.
+  const testing::temp_dir tmp("oobleck-local-sigint-");
+  std::filesystem::copy_file(bin + "/oobleck-local", tmp.path() / "oobleck-local");
+  std::ofstream(tmp.path() / "oobleck-coordinator") << "#!/bin/sh\nexec sleep 60\n";
+  std::filesystem::permissions(tmp.path() / "oobleck-coordinator", std::filesystem::perms::owner_all);
+  testing::background_process local((tmp.path() / "oobleck-local").string(), {"--timeout", "120"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  REQUIRE(children_of(local.pid()).size() == 1);  // the coordinator, waited for
+  local.signal(SIGINT);
+  int status = -1;
+  CHECK_NOTHROW(status = local.wait_exit(std::chrono::seconds(30)));
+  INFO(local.output());
+  CHECK(status == 128 + SIGINT);
+  CHECK(local.output().find("error: stopped by SIGINT while waiting for the coordinator to listen") != std::string::npos);
+}
+
 TEST_CASE("oobleck-local: a worker that cannot start stops the job at once, naming it") {
   // It used to wait for the worker until --timeout (600 s by default). Here the programs are
   // copies beside an oobleck-worker that exits at once (as one that cannot load or is refused).
