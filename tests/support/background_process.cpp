@@ -116,17 +116,12 @@ std::vector<pid_t> children_of(pid_t parent) {
 }
 
 pid_t child_named(pid_t parent, const std::string& name) {
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string pid = entry.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    char state = 0;
-    pid_t ppid = 0;
-    if (!read_stat(entry.path(), state, ppid) || ppid != parent) continue;
-    std::ifstream cmd(entry.path() / "cmdline", std::ios::binary);
+  for (const pid_t child : children_of(parent)) {
+    std::ifstream cmd("/proc/" + std::to_string(child) + "/cmdline", std::ios::binary);
     std::vector<std::string> argv;
     for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);
     for (std::size_t i = 0; i + 1 < argv.size(); ++i)
-      if (argv[i] == "--name" && argv[i + 1] == name) return static_cast<pid_t>(std::stoi(pid));
+      if (argv[i] == "--name" && argv[i + 1] == name) return child;
   }
   return -1;
 }
