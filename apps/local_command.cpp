@@ -6,6 +6,7 @@
 // first formed epoch, the last committed step) it learns from the coordinator's --address-file and
 // --events-out files, never from its log lines: those are echoed for people and may be reworded.
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -241,7 +242,21 @@ class local_run {
     procs_.start_worker(a);
   }
 
+  /// The coordinator predicts a step as if every slot computed on a core of its own: on this one
+  /// machine, more slots than cores share them, and a user would read the prediction as a promise.
+  void say_if_cores_shared() {
+    if (s_.job.cluster.device != "cpu") return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    const int slots = s_.nodes * s_.job.cluster.slots_per_node;
+    if (cores <= 0 || slots <= cores) return;
+    say(local_ + std::to_string(slots) + " worker slot(s) share this machine's " + std::to_string(cores) +
+        " core(s): steps take longer than the coordinator's predicted step, which gives every slot a core");
+  }
+
   std::optional<int> start_workers() {
+    say_if_cores_shared();
     if (s_.replay) say(local_ + s_.replay->summary(o_.trace_path));
     for (int i = 0; i < s_.nodes && !coordinator_status_; ++i) {
       start_worker(i);

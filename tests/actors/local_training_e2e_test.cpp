@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <sched.h>
 #include <signal.h>
 
 #include <chrono>
@@ -382,6 +383,32 @@ TEST_CASE("oobleck-local: SIGINT before the job runs stops it, saying so") {
   INFO(local.output());
   CHECK(status == 128 + SIGINT);
   CHECK(local.output().find("error: stopped by SIGINT while waiting for the coordinator to listen") != std::string::npos);
+}
+
+TEST_CASE("oobleck-local: more worker slots than cores are said to share them, the prediction being per core") {
+  const std::string line = "worker slot(s) share this machine's";
+  cpu_set_t all;
+  REQUIRE(::sched_getaffinity(0, sizeof all, &all) == 0);
+  const int cores = CPU_COUNT(&all);
+  if (cores >= 2) {  // 2 slots on 2 cores or more: nothing to say
+    const auto r = run_process(bin + "/oobleck-local", {"--nodes", "2", "--fault-tolerance", "0", "--steps", "2"});
+    CHECK(r.exit_status == 0);
+    CHECK(r.out.find(line) == std::string::npos);
+  }
+  // The programs this thread starts inherit its affinity: one core for the 2 slots.
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &all)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  REQUIRE(::sched_setaffinity(0, sizeof one, &one) == 0);
+  const auto r = run_process(bin + "/oobleck-local", {"--nodes", "2", "--fault-tolerance", "0", "--steps", "2"});
+  REQUIRE(::sched_setaffinity(0, sizeof all, &all) == 0);
+  INFO(r.out);
+  CHECK(r.exit_status == 0);
+  CHECK(r.out.find("2 " + line + " 1 core(s)") != std::string::npos);
 }
 
 TEST_CASE("oobleck-local: a worker that cannot start stops the job at once, naming it") {
