@@ -110,8 +110,8 @@ std::string replay_step(const sim::replay_event& e, double local_s, const std::v
 
 /// One run of oobleck-local, in its phases. Every early return of a phase is an exit status; the
 /// members' order is the order of their ends, reversed: the failure injector first, then every
-/// process (before any thread that echoes their output is joined), then the events' reader, the
-/// console, and the scratch directory last.
+/// process (before any thread that echoes their output is joined), then the events' reader and the
+/// console (the scratch directory, run_local_command's, goes after them all).
 class local_run {
  public:
   local_run(const local_options& o, const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
@@ -152,6 +152,10 @@ class local_run {
   std::ostream& error() {  // an error starts on a line of its own, below the bar
     screen_.end_bar();
     return err_;
+  }
+  /// Runs `wait_for`, saying `what` if it still waits after 20 s (say_if_slow).
+  void say_if_slow(const std::string& what, const std::function<void()>& wait_for) {
+    apps::say_if_slow([this](const std::string& line) { say(line); }, local_ + what, std::chrono::seconds(20), wait_for);
   }
   bool past_deadline() const { return std::chrono::steady_clock::now() > deadline_; }
   /// A SIGINT or SIGTERM before the job runs: said, and the exit status a shell gives a program
@@ -372,8 +376,7 @@ class local_run {
            : seen                    ? "right after step " + std::to_string(step) + " committed"
                                      : "before it saw step " + std::to_string(step) + " commit"));
     }
-    say_if_slow([this](const std::string& l) { say(l); }, local_ + "still reading the coordinator's output after 20 s",
-                std::chrono::seconds(20), [&] { procs_.join_coordinator_output(); });
+    say_if_slow("still reading the coordinator's output after 20 s", [&] { procs_.join_coordinator_output(); });
     // A worker that never registered (one started by --join-at or a trace near the end) would wait
     // for the coordinator until its own connect timeout: it holds nothing, so it goes now.
     auto& workers = procs_.workers();
@@ -419,8 +422,7 @@ class local_run {
       });
     }
     injector_.actor = nullptr;
-    say_if_slow([this](const std::string& l) { say(l); }, local_ + "the failure injector has not stopped after 20 s",
-                std::chrono::seconds(20), [&] { caf_sys_.reset(); });  // waits for the injector
+    say_if_slow("the failure injector has not stopped after 20 s", [&] { caf_sys_.reset(); });  // waits for the injector
   }
 
   const local_options& o_;
