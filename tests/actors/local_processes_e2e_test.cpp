@@ -1,0 +1,144 @@
+// oobleck-local's own processes: every one it started is gone when it returns or is killed, on
+// every way out (--timeout, a replacement coordinator, SIGKILL of oobleck-local itself, SIGINT
+// before the job runs, a worker that cannot start), and what it tells a user about them (the
+// rest of oobleck-local end to end: local_training_e2e_test.cpp).
+
+#include <doctest/doctest.h>
+
+#include <sched.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "apps/job_file.hpp"
+#include "support/background_process.hpp"
+#include "support/job_events.hpp"
+#include "support/subprocess.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace oobleck;
+using namespace oobleck::testing;
+using messages::event_kind;
+
+namespace {
+
+const std::string bin = OOBLECK_APPS_DIR;
+
+}  // namespace
+
+TEST_CASE("oobleck-local: --timeout stops every process and returns") {
+  // It used to print its error and then wait for ever on the coordinator's output.
+  const auto started = std::chrono::steady_clock::now();
+  const auto r = run_process(bin + "/oobleck-local", {"--nodes", "4", "--steps", "1000000", "--timeout", "6"});
+  const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  CHECK(r.exit_status == 1);
+  CHECK(r.err.find("error: the job did not finish within 6 s") != std::string::npos);
+  CHECK(took < 60);
+}
+
+TEST_CASE("oobleck-local: --timeout after a replacement coordinator started stops it too and returns") {
+  // It used to print its error and then wait for ever: the replacement's output was read to its
+  // end before the replacement was stopped.
+  testing::background_process local(bin + "/oobleck-local",
+                                    {"--steps", "1000000", "--kill-coordinator-at", "3", "--timeout", "12"});
+  int status = -1;
+  CHECK_NOTHROW(status = local.wait_exit(std::chrono::seconds(60)));
+  INFO(local.output());
+  CHECK(status == 1);
+  CHECK(local.output().find("starting a replacement") != std::string::npos);
+  CHECK(local.output().find("error: the job did not finish within 12 s") != std::string::npos);
+}
+
+TEST_CASE("oobleck-local: killed with SIGKILL, its coordinator and workers end with it") {
+  // They used to go on: the workers waited a minute for a coordinator that never came back.
+  const testing::temp_dir tmp("oobleck-local-killed-");
+  const std::string events = (tmp.path() / "events.jsonl").string();
+  testing::background_process local(bin + "/oobleck-local",
+                                    {"--steps", "1000000", "--timeout", "120", "--events-out", events});
+  wait_for_event(events, {.kind = event_kind::step_committed, .step = 2}, std::chrono::seconds(60));
+  const auto started = children_of(local.pid());
+  CHECK(started.size() == 1 + static_cast<std::size_t>(apps::parse_job(run_process(bin + "/oobleck-local", {"--print-default-job"}).out, "default job").cluster.nodes));  // the coordinator, the workers
+  local.signal(SIGKILL);
+  CHECK(local.wait_exit(std::chrono::seconds(10)) == 128 + SIGKILL);
+  auto alive = [&] {
+    return std::count_if(started.begin(), started.end(), [](pid_t p) {
+      const char state = process_state(p);
+      return state != 0 && state != 'Z';
+    });
+  };
+  const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (alive() > 0 && std::chrono::steady_clock::now() < by) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(alive() == 0);
+  for (pid_t p : started) ::kill(p, SIGKILL);  // (when the check above failed)
+}
+
+TEST_CASE("oobleck-local: SIGINT before the job runs stops it, saying so") {
+  // It used to say "the coordinator did not start listening" and exit 1. Here the coordinator is a
+  // copy that never listens, so oobleck-local is still waiting for it when the signal comes.
+  const testing::temp_dir tmp("oobleck-local-sigint-");
+  std::filesystem::copy_file(bin + "/oobleck-local", tmp.path() / "oobleck-local");
+  std::ofstream(tmp.path() / "oobleck-coordinator") << "#!/bin/sh\nexec sleep 60\n";
+  std::filesystem::permissions(tmp.path() / "oobleck-coordinator", std::filesystem::perms::owner_all);
+  testing::background_process local((tmp.path() / "oobleck-local").string(), {"--timeout", "120"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  REQUIRE(children_of(local.pid()).size() == 1);  // the coordinator, waited for
+  local.signal(SIGINT);
+  int status = -1;
+  CHECK_NOTHROW(status = local.wait_exit(std::chrono::seconds(30)));
+  INFO(local.output());
+  CHECK(status == 128 + SIGINT);
+  CHECK(local.output().find("error: stopped by SIGINT while waiting for the coordinator to listen") != std::string::npos);
+}
+
+TEST_CASE("oobleck-local: more worker slots than cores are said to share them, the prediction being per core") {
+  const std::string line = "worker slot(s) share this machine's";
+  cpu_set_t all;
+  REQUIRE(::sched_getaffinity(0, sizeof all, &all) == 0);
+  const int cores = CPU_COUNT(&all);
+  if (cores >= 2) {  // 2 slots on 2 cores or more: nothing to say
+    const auto r = run_process(bin + "/oobleck-local", {"--nodes", "2", "--fault-tolerance", "0", "--steps", "2"});
+    CHECK(r.exit_status == 0);
+    CHECK(r.out.find(line) == std::string::npos);
+  }
+  // The programs this thread starts inherit its affinity: one core for the 2 slots.
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &all)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  REQUIRE(::sched_setaffinity(0, sizeof one, &one) == 0);
+  const auto r = run_process(bin + "/oobleck-local", {"--nodes", "2", "--fault-tolerance", "0", "--steps", "2"});
+  REQUIRE(::sched_setaffinity(0, sizeof all, &all) == 0);
+  INFO(r.out);
+  CHECK(r.exit_status == 0);
+  CHECK(r.out.find("2 " + line + " 1 core(s)") != std::string::npos);
+}
+
+TEST_CASE("oobleck-local: a worker that cannot start stops the job at once, naming it") {
+  // It used to wait for the worker until --timeout (600 s by default). Here the programs are
+  // copies beside an oobleck-worker that exits at once (as one that cannot load or is refused).
+  const testing::temp_dir tmp("oobleck-local-broken-worker-");
+  for (const char* p : {"oobleck-local", "oobleck-coordinator"})
+    std::filesystem::copy_file(bin + "/" + p, tmp.path() / p);
+  std::ofstream(tmp.path() / "oobleck-worker") << "#!/bin/sh\necho 'cannot start' >&2\nexit 7\n";
+  std::filesystem::permissions(tmp.path() / "oobleck-worker", std::filesystem::perms::owner_all);
+  const auto started = std::chrono::steady_clock::now();
+  const auto r = run_process((tmp.path() / "oobleck-local").string(), {"--nodes", "4", "--steps", "5", "--timeout", "120"});
+  const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  INFO(r.out);
+  INFO(r.err);
+  CHECK(r.exit_status == 1);
+  // Every worker exits at once: whichever oobleck-local reaps first is the one it names.
+  const auto named = r.err.find("error: worker node");
+  REQUIRE(named != std::string::npos);
+  CHECK(r.err.find(" exited with status 7 before it registered (its output is above); stopping the job", named) !=
+        std::string::npos);
+  CHECK(took < 30);
+}
