@@ -80,13 +80,21 @@ struct probe_round {
   std::map<node_id, messages::stall_report> reports;
 };
 
+/// A pipeline of a committed step: its nodes in stage order, the first layer of each stage then
+/// the end (stage k holds layers [stage_layers[k], stage_layers[k + 1])), its microbatches.
+struct step_pipeline {
+  std::vector<node_id> nodes;
+  std::vector<std::int32_t> stage_layers;
+  std::int32_t microbatches = 0;
+};
+
 /// One committed step, for metrics (--metrics-out writes one JSON line each).
 struct step_record {
   std::uint64_t step = 0;
   std::uint64_t epoch = 0;
   double loss = 0;  ///< mean over the global batch
   std::int64_t samples = 0;
-  std::vector<std::pair<std::vector<node_id>, std::int32_t>> pipelines;  ///< nodes, microbatches
+  std::vector<step_pipeline> pipelines;
   std::map<layer_index, std::vector<std::uint64_t>> layer_digests;      ///< per layer: every holder's
   /// A tied-embedding model: the tied matrix's digest in every holder of layer 0 and of the last
   /// layer (all equal when the two copies stayed bitwise the same).

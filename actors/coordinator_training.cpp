@@ -32,7 +32,7 @@ void record_committed_step(coordinator_pointer self, step_progress& progress, co
                      : 0;
   rec.predicted_ms = st.predicted_step_ms;
   rec.pipelines.clear();
-  for (const auto& p : st.current.pipelines) rec.pipelines.push_back({p.nodes, p.microbatches});
+  for (const auto& p : st.current.pipelines) rec.pipelines.push_back({p.nodes, p.stage_layers, p.microbatches});
   std::string mismatch;
   for (const auto& [layer, digests] : rec.layer_digests)
     if (std::adjacent_find(digests.begin(), digests.end(), std::not_equal_to<>()) != digests.end())

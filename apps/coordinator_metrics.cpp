@@ -9,8 +9,9 @@ namespace oobleck::apps {
 
 std::string step_json(const actors::step_record& r) {
   nlohmann::json pipelines = nlohmann::json::array();
-  for (const auto& [nodes, microbatches] : r.pipelines)
-    pipelines.push_back({{"nodes", planning::numbers(nodes)}, {"microbatches", microbatches}});
+  for (const auto& p : r.pipelines)
+    pipelines.push_back(
+        {{"nodes", planning::numbers(p.nodes)}, {"stage_layers", p.stage_layers}, {"microbatches", p.microbatches}});
   nlohmann::json digests = nlohmann::json::object();
   for (const auto& [layer, list] : r.layer_digests) {
     nlohmann::json hex = nlohmann::json::array();

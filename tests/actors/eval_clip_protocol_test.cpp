@@ -141,7 +141,7 @@ TEST_CASE("clipping: the commit carries pipeline 0's factor to every node, witho
     REQUIRE(f.records.size() == 2);
     // Pipeline 0's stages report 1 + stage each.
     double sq = 0;
-    const auto stages = f.records[0].pipelines.at(0).first.size();
+    const auto stages = f.records[0].pipelines.at(0).nodes.size();
     for (std::size_t s = 0; s < stages; ++s) sq += 1.0 + static_cast<double>(s);
     const double expected = clip > 0 ? oobleck::runtime::clip_scale(clip, std::sqrt(sq)) : 1.0;
     if (clip == 1.0) CHECK(expected < 1.0);
@@ -199,7 +199,7 @@ TEST_CASE("ideal_ms: the slowest pipeline's 1F1B makespan from its stages' own o
   for (const auto& r : f.records) {
     // Forward 1 ms, backward 2 ms on every stage (the fakes'); no all-reduce wait, no AdamW time.
     double expected = 0;
-    for (const auto& [nodes, microbatches] : r.pipelines) {
+    for (const auto& [nodes, stage_layers, microbatches] : r.pipelines) {
       const std::vector<double> fw(nodes.size(), 1.0), bw(nodes.size(), 2.0);
       expected = std::max(expected, oobleck::planning::pipeline_time::one_f_one_b(fw, bw).at(microbatches));
     }

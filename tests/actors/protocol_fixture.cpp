@@ -382,9 +382,13 @@ void fixture::check_pipelines(std::size_t first, const planning::cluster_state& 
     CAPTURE(k);
     REQUIRE(records[k].pipelines.size() == expected.pipelines.size());
     for (std::size_t i = 0; i < expected.pipelines.size(); ++i) {
-      const auto& [nodes, microbatches] = records[k].pipelines[i];
+      const auto& [nodes, stage_layers, microbatches] = records[k].pipelines[i];
       CHECK(nodes == expected.pipelines[i].nodes);
       CHECK(microbatches == expected.pipelines[i].microbatches);
+      // Every stage's layer bounds: from layer 0 to the end, in order.
+      REQUIRE(stage_layers.size() == nodes.size() + 1);
+      CHECK(stage_layers.front() == 0);
+      CHECK(std::is_sorted(stage_layers.begin(), stage_layers.end()));
     }
   }
 }
@@ -396,7 +400,7 @@ void fixture::check_steps(std::uint64_t steps) const {
     CHECK(records[k].step == k);
     CHECK(records[k].samples == job.global_batch);
     std::int32_t microbatches = 0;
-    for (const auto& p : records[k].pipelines) microbatches += p.second;
+    for (const auto& p : records[k].pipelines) microbatches += p.microbatches;
     CHECK(microbatches * job.microbatch == job.global_batch);
     CHECK(records[k].layer_digests.size() == 6u);
     for (const auto& [layer, digests] : records[k].layer_digests) {

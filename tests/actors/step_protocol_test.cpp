@@ -211,7 +211,7 @@ TEST_CASE("recovery: a node lost in the middle of a step: survivors abort, a new
   CHECK(f.records[1].epoch == 2);  // step 1 committed in the new epoch
   for (std::size_t k = 1; k < 5; ++k)
     for (const auto& p : f.records[k].pipelines)
-      for (auto n : p.first) CHECK(n != oobleck::planning::node_id{3});  // ... on the survivors
+      for (auto n : p.nodes) CHECK(n != oobleck::planning::node_id{3});  // ... on the survivors
   for (std::int64_t i = 0; i < 3; ++i) {
     CAPTURE(i);
     const auto& rec = *f.stages.at(i);

@@ -32,3 +32,16 @@ TEST_CASE("metrics: a step's line has wall_ms, and ideal_ms and predicted_ms onl
     CHECK(j["predicted_ms"] == doctest::Approx(9.75));
   }
 }
+
+TEST_CASE("metrics: every pipeline of a step's line names its nodes in stage order and its stages' layer bounds") {
+  actors::step_record r;
+  r.pipelines.push_back({{planning::node_id{3}, planning::node_id{0}}, {0, 4, 10}, 3});
+  r.pipelines.push_back({{planning::node_id{5}}, {0, 10}, 1});
+  const auto j = nlohmann::json::parse(apps::step_json(r));
+  REQUIRE(j["pipelines"].size() == 2u);
+  CHECK(j["pipelines"][0]["nodes"] == nlohmann::json::array({3, 0}));
+  CHECK(j["pipelines"][0]["stage_layers"] == nlohmann::json::array({0, 4, 10}));
+  CHECK(j["pipelines"][0]["microbatches"] == 3);
+  CHECK(j["pipelines"][1]["nodes"] == nlohmann::json::array({5}));
+  CHECK(j["pipelines"][1]["stage_layers"] == nlohmann::json::array({0, 10}));
+}
