@@ -33,6 +33,13 @@ inline constexpr std::chrono::milliseconds fails_within{5'000};
 /// How long run_ranks lets the ranks' bodies run (they take well under a second each).
 inline constexpr std::chrono::seconds ranks_deadline{30};
 
+inline constexpr std::size_t mib = std::size_t{1} << 20;
+
+/// Two byte strings equal in size and content.
+inline bool same(const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0);
+}
+
 /// The key the tests' transports prove (a job's token in a real run).
 inline const std::string test_key = "transport-tests-token-0123456789abcdef";
 
