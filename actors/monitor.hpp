@@ -56,6 +56,14 @@ struct monitor_deps {
   /// its layers and tries again for `grace_s` seconds, then stops.
   std::function<std::optional<messages::coordinator_actor>()> find_coordinator;
   double grace_s = 60;
+  /// With find_coordinator: closes this process's connections to the coordinator's addresses and
+  /// returns how many, so that the next attempt connects afresh. Called when a request over a
+  /// connection that completed CAF's handshake got no answer at all (CAF 0.17 can leave a
+  /// connection over which the coordinator receives requests but cannot answer:
+  /// apps/coordinator_link.hpp); the node then looks again after `relink_wait`. Unset: it looks
+  /// again over the same connection.
+  std::function<std::size_t()> drop_coordinator_link;
+  std::chrono::milliseconds relink_wait{1000};
   /// Once a coordinator of term `term` adopted the node: tell any older coordinator at the worker's
   /// other addresses that it was replaced (a frozen one that wakes exits, status 5).
   std::function<void(std::uint64_t term, const messages::coordinator_actor& current)> announce_term;

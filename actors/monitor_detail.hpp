@@ -26,9 +26,9 @@ void start_registration(monitor_pointer self, messages::node_memory memory = {})
 void rejoin(monitor_pointer self);
 /// Starts looking for a coordinator for the grace period (deps.find_coordinator), unless it
 /// already does. False where the node cannot look (no find_coordinator).
-bool start_looking(monitor_pointer self);
-/// One more look for a coordinator (a replacement, or the same one back) until the grace ends;
-/// then the node stops.
-void look_for_coordinator(monitor_pointer self);
+bool start_looking(monitor_pointer self, std::chrono::milliseconds first_after = {});
+/// One more look for a coordinator (a replacement, or the same one back) until the grace ends,
+/// no sooner than `at_least` from now; then the node stops.
+void look_for_coordinator(monitor_pointer self, std::chrono::milliseconds at_least = {});
 
 }  // namespace oobleck::actors::monitor_detail

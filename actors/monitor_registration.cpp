@@ -45,11 +45,31 @@ bool coordinator_gone(const caf::error& err) {
   return err == caf::sec::request_receiver_down || err == caf::exit_reason::remote_link_unreachable;
 }
 
+/// A request over a connection that completed CAF's handshake got no answer at all (the nonce a
+/// live coordinator answers at once, or the registration): the coordinator froze, or CAF lost the
+/// connection's route on its side (apps/coordinator_link.hpp). With deps.drop_coordinator_link the
+/// node closes its end, so that its next attempt connects afresh, and says so; returns how long to
+/// wait before that attempt. Zero where it is not a timeout or the node cannot drop the link.
+std::chrono::milliseconds unanswered(monitor_pointer self, const caf::error& err) {
+  auto& d = self->state.deps;
+  if (err != caf::sec::request_timeout || !d.drop_coordinator_link) return {};
+  const auto dropped = d.drop_coordinator_link();
+  d.log("no answer from the coordinator over this node's connection to it: closed it (" + std::to_string(dropped) +
+        " connection(s)), connecting afresh");
+  return d.relink_wait;
+}
+
 /// A first registration failed: the node stops with the coordinator's refusal, or, when the
-/// coordinator went away before it answered (its connection lost under load, a crash), looks for
-/// one (the same back, or another address), as an admitted node does.
+/// coordinator went away before it answered (its connection lost under load, a crash) or never
+/// answered, looks for one (the same back, or another address), as an admitted node does.
 void registration_failed(monitor_pointer self, caf::error err) {
   auto& d = self->state.deps;
+  if (d.find_coordinator) {
+    if (const auto wait = unanswered(self, err); wait.count() > 0) {
+      start_looking(self, wait);
+      return;
+    }
+  }
   if (coordinator_gone(err)) {
     const bool looking = self->state.orphaned_until.has_value();  // its loss was heard first
     if (start_looking(self)) {
@@ -65,14 +85,17 @@ void registration_failed(monitor_pointer self, caf::error err) {
 
 }  // namespace
 
-bool start_looking(monitor_pointer self) {
+bool start_looking(monitor_pointer self, std::chrono::milliseconds first_after) {
   auto& st = self->state;
   if (!st.deps.find_coordinator) return false;
   if (st.orphaned_until) return true;  // a reconnect_atom is on its way
   st.orphaned_at = std::chrono::steady_clock::now();
   st.orphaned_until = st.orphaned_at + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                            std::chrono::duration<double>(st.deps.grace_s));
-  self->send(self, reconnect_atom_v);
+  if (first_after.count() > 0)
+    self->delayed_send(self, first_after, reconnect_atom_v);
+  else
+    self->send(self, reconnect_atom_v);
   return true;
 }
 
@@ -84,8 +107,12 @@ void start_registration(monitor_pointer self, node_memory memory) {
   // live coordinator answers at once, times out quickly), or the coordinator froze again. The
   // node then looks again.
   const caf::duration wait = rejoining ? caf::duration{std::chrono::seconds(5)} : caf::duration{caf::infinite};
-  const caf::duration nonce_wait =
-      rejoining ? caf::duration{std::chrono::milliseconds(500)} : caf::duration{caf::infinite};
+  // A first registration that can look again (find_coordinator, drop_coordinator_link) waits 10 s
+  // for its nonce, then connects afresh; one that cannot waits as long as it takes.
+  const bool can_relink = d.find_coordinator && d.drop_coordinator_link;
+  const caf::duration nonce_wait = rejoining    ? caf::duration{std::chrono::milliseconds(500)}
+                                   : can_relink ? caf::duration{std::chrono::seconds(10)}
+                                                : caf::duration{caf::infinite};
   self->request(d.coordinator, nonce_wait, nonce_request{protocol_version})
       .then(
           [self, wait, memory = std::move(memory)](std::string& nonce) mutable {
@@ -97,6 +124,8 @@ void start_registration(monitor_pointer self, node_memory memory) {
                 .then([self](admission& a) { admitted(self, a); },
                       [self, rejoining](caf::error& err) {
                         if (!rejoining) return registration_failed(self, std::move(err));
+                        if (const auto wait = unanswered(self, err); wait.count() > 0)
+                          return look_for_coordinator(self, wait);
                         self->state.deps.log("refused by the coordinator: " + describe(err));
                         const bool removed = is_protocol_error(err) &&
                                              err.code() == static_cast<std::uint8_t>(protocol_error::unknown_node);
@@ -109,6 +138,7 @@ void start_registration(monitor_pointer self, node_memory memory) {
           },
           [self, rejoining](caf::error& err) {
             if (!rejoining) return registration_failed(self, std::move(err));
+            if (const auto wait = unanswered(self, err); wait.count() > 0) return look_for_coordinator(self, wait);
             self->state.deps.log("refused by the coordinator: " + describe(err));
             look_for_coordinator(self);
           });
@@ -141,7 +171,7 @@ void rejoin(monitor_pointer self) {
             });
 }
 
-void look_for_coordinator(monitor_pointer self) {
+void look_for_coordinator(monitor_pointer self, std::chrono::milliseconds at_least) {
   auto& st = self->state;
   if (!st.orphaned_until) return;
   if (std::chrono::steady_clock::now() >= *st.orphaned_until) {
@@ -151,7 +181,7 @@ void look_for_coordinator(monitor_pointer self) {
   }
   // Often at first (a replacement listens within tens of milliseconds of a crash), then calmly.
   const bool early = std::chrono::steady_clock::now() - st.orphaned_at < std::chrono::seconds(2);
-  self->delayed_send(self, std::chrono::milliseconds(early ? 50 : 250), reconnect_atom_v);
+  self->delayed_send(self, std::max(at_least, std::chrono::milliseconds(early ? 50 : 250)), reconnect_atom_v);
 }
 
 }  // namespace oobleck::actors::monitor_detail

@@ -22,6 +22,7 @@
 #include "apps/stage_job.hpp"
 #include "apps/cluster_commands.hpp"
 #include "apps/cluster_common.hpp"
+#include "apps/coordinator_link.hpp"
 #include "apps/flags.hpp"
 #include "apps/profile_measure.hpp"
 #include "apps/tls.hpp"
@@ -73,9 +74,13 @@ bool tcp_reachable(const host_port& at, std::chrono::milliseconds wait) {
   return open;
 }
 
-/// One attempt to reach a coordinator at `at` (see tcp_reachable): nullopt when none answered.
-std::optional<messages::coordinator_actor> reach_coordinator(caf::actor_system& sys, const host_port& at) {
-  if (!tcp_reachable(at, std::chrono::milliseconds(1000))) return std::nullopt;
+/// One attempt to reach a coordinator at `at` (see tcp_reachable): nullopt when none answered;
+/// `listening` (if given) says whether something accepted the TCP connection.
+std::optional<messages::coordinator_actor> reach_coordinator(caf::actor_system& sys, const host_port& at,
+                                                             bool* listening = nullptr) {
+  const bool open = tcp_reachable(at, std::chrono::milliseconds(1000));
+  if (listening) *listening = open;
+  if (!open) return std::nullopt;
   return try_coordinator(sys, at, std::chrono::milliseconds(1000));
 }
 
@@ -235,9 +240,9 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
         }
       }).detach();
     };
-  if (grace > 0)
-    deps.find_coordinator = [&sys, addresses,
-                             silent = std::vector<bool>(addresses.size(), false)]() mutable
+  if (grace > 0) {
+    deps.find_coordinator = [&sys, addresses, silent = std::vector<bool>(addresses.size(), false),
+                             not_before = std::vector<std::chrono::steady_clock::time_point>(addresses.size())]() mutable
         -> std::optional<messages::coordinator_actor> {
       // In the list's order, but an address that did not answer the last time goes after those
       // that did: a frozen coordinator's kernel still completes TCP handshakes, so each try of it
@@ -246,13 +251,26 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
       // this node lost still answers, and is asked first (it tells the node it was removed).
       for (const bool answered_before : {true, false})
         for (std::size_t i = 0; i < addresses.size(); ++i) {
-          if (silent[i] == answered_before) continue;
-          auto c = reach_coordinator(sys, addresses[i]);
+          if (silent[i] == answered_before || std::chrono::steady_clock::now() < not_before[i]) continue;
+          bool listening = false;
+          auto c = reach_coordinator(sys, addresses[i], &listening);
           silent[i] = !c;
           if (c) return c;
+          // A listener whose CAF handshake failed: CAF's first heartbeat after a hang closes a
+          // connection still in its handshake (connection_timeout, within a millisecond of the
+          // connect). The next connection waits until the coordinator has seen that one end: see
+          // coordinator_link.hpp.
+          if (listening) not_before[i] = std::chrono::steady_clock::now() + coordinator_link_settle;
         }
       return std::nullopt;
     };
+    deps.relink_wait = coordinator_link_settle;
+    deps.drop_coordinator_link = [addresses] {
+      std::size_t dropped = 0;
+      for (const auto& a : addresses) dropped += shut_down_connections_to(a);
+      return dropped;
+    };
+  }
   deps.log = log;
   deps.profile_job = [log, device](const messages::admission& a) {
     // The job's [profile] repeats; the link measured on loopback, as oobleck-profile does by

@@ -123,6 +123,54 @@ TEST_CASE("monitor: a worker that loses its coordinator before it was admitted l
     }
 }
 
+TEST_CASE("monitor: a coordinator that never answers over its connection: the worker closes it and registers afresh") {
+  // A connection over which the coordinator receives requests but can never answer them (CAF 0.17
+  // can leave one: apps/coordinator_link.hpp) looks like a coordinator that holds the nonce request
+  // forever. A worker that can look for a coordinator and drop its link gives up on the nonce after
+  // 10 s, closes the connection, and registers over a new one after relink_wait; one that cannot
+  // drop its link waits as before.
+  for (const bool can_drop : {true, false}) {
+    CAPTURE(can_drop);
+    fixture f({.nodes = 1});
+    auto silent = f.sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+      return {[self](nonce_request&) { return self->make_response_promise<std::string>(); }};
+    });
+    int drops = 0;
+    fixture::worker_options o{.name = "late", .stages = false,
+                              .first_coordinator = caf::actor_cast<coordinator_actor>(silent),
+                              .finds_coordinator = true};
+    if (can_drop) o.drop_link = [&drops] { return static_cast<std::size_t>(++drops); };
+    auto& w = f.add_worker(o);
+    f.sched.run();
+    f.sched.advance_time(std::chrono::seconds(9));
+    f.sched.run();
+    CHECK(w.node == -1);  // still waiting for its nonce
+    CHECK(drops == 0);
+    f.sched.advance_time(std::chrono::seconds(1));  // 10 s: the nonce request times out
+    f.sched.run();
+    std::string said;
+    for (const auto& line : w.log) said += line + "\n";
+    INFO(said);
+    if (can_drop) {
+      CHECK(drops == 1);
+      CHECK(w.node == -1);  // not before relink_wait
+      CHECK(said.find("no answer from the coordinator over this node's connection to it: closed it (1 connection(s)), "
+                      "connecting afresh") != std::string::npos);
+      f.sched.advance_time(std::chrono::seconds(1));
+      f.sched.run();
+      CHECK(w.node == 0);
+      CHECK(f.alive(w.handle));
+      CHECK(count(f.events, {.kind = event_kind::node_joined}) == 1);
+    } else {
+      CHECK(w.node == -1);
+      CHECK(f.alive(w.handle));  // waiting for the nonce as long as it takes
+      CHECK(count(f.events, {.kind = event_kind::node_joined}) == 0);
+    }
+    caf::anon_send_exit(silent, caf::exit_reason::kill);
+    f.sched.run();
+  }
+}
+
 TEST_CASE("coordinator: a nonce request of another protocol version is refused") {
   fixture f({.nodes = 1});
   std::string nonce;

@@ -240,6 +240,7 @@ fixture::worker& fixture::add_worker(worker_options o) {
   d.coordinator = o.first_coordinator.value_or(coord);
   if (o.finds_coordinator) d.find_coordinator = [this]() -> std::optional<coordinator_actor> { return coord; };
   d.grace_s = o.grace_s;
+  if (o.drop_link) d.drop_coordinator_link = o.drop_link;
   d.token = o.token.value_or(token);
   d.name = o.name;
   d.slots = o.slots;

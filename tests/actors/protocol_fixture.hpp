@@ -128,6 +128,8 @@ struct fixture {
     /// the fixture's; grace_s as given.
     bool finds_coordinator = false;
     double grace_s = 5;
+    /// monitor_deps::drop_coordinator_link (unset: none).
+    std::function<std::size_t()> drop_link;
   };
   struct worker {
     std::string name;
