@@ -393,7 +393,7 @@ TEST_CASE("cluster: a hung worker is replaced, and when it wakes up it changes n
         bin + "/oobleck-worker",
         std::vector<std::string>{"--coordinator", address, "--token-file", (dir / "token").string(), "--name",
                                  "w" + std::to_string(i), "--heartbeat-interval-ms", "200", "--connection-timeout-ms",
-                                 "2000"}));
+                                 "2000", "--coordinator-grace", "30"}));  // exits within the wait below either way
   wait_for_event(events, {.kind = event_kind::step_committed, .step = 3});
   // Node 2 is whichever worker registered third.
   const auto name = worker_name(events, 2);
