@@ -221,6 +221,11 @@ caf::result<std::string> on_inject(coordinator_pointer self, const inject_fault&
 
 namespace {
 
+/// Why a request without a sender is dropped (its answer could reach no one).
+constexpr const char* without_sender =
+    "it came without a sender, so no answer can reach it (CAF lost the route of the connection it came over; the "
+    "worker connects afresh)";
+
 /// The coordinator, with exit messages from other processes dropped before CAF's own handling
 /// (which quits on exit_reason::kill without asking the actor).
 class coordinator_impl : public caf::stateful_actor<coordinator_state, coordinator_actor::base> {
@@ -318,6 +323,12 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
   });
   return {
       [self](nonce_request& r) -> caf::result<std::string> {
+        // A request without a sender cannot be answered: CAF 0.17 lost the route of the connection
+        // it came over (apps/coordinator_link.hpp); the worker gives up on it and connects afresh.
+        if (!self->current_sender()) {
+          refuse_message(self, "nonce_request", without_sender);
+          return make_error(protocol_error::bad_request, "a request without a sender");
+        }
         return guarded(self, "nonce_request", [&]() -> caf::result<std::string> {
           auto& st = self->state;
           if (r.protocol_version != st.deps.policy.protocol_version)
@@ -330,6 +341,10 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
         });
       },
       [self](register_node& r) -> caf::result<admission> {
+        if (!self->current_sender()) {
+          refuse_message(self, "register_node", without_sender);
+          return make_error(protocol_error::bad_request, "a request without a sender");
+        }
         return guarded(self, "register_node", [&] { return on_register(self, r); });
       },
       [self](node_ready& r) { dispatch(self, r); },

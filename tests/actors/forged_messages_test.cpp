@@ -362,3 +362,24 @@ TEST_CASE("pipeline: a stage's answer is taken from that stage only, and a forge
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   sched.run();
 }
+
+TEST_CASE("who may speak: requests without a sender are dropped, counted and said, and take no nonce") {
+  // What reaches the coordinator over a connection whose route CAF 0.17 lost (apps/
+  // coordinator_link.hpp): no answer can go back, so none is computed and no nonce is issued.
+  fixture f(fixture::roomy(1, 0));
+  const auto before = f.status();
+  const auto nonces = state_of(f).nonces.outstanding();
+  for (int i = 0; i < 10; ++i) caf::anon_send(f.coord, nonce_request{protocol_version});
+  caf::anon_send(f.coord, register_node{protocol_version, "", "w0", 1, "cpu", {"127.0.0.1", 5000}, "n", "p", -1});
+  f.sched.run();
+  CHECK(state_of(f).nonces.outstanding() == nonces);
+  const auto after = f.status();
+  CHECK(after.refused_messages == before.refused_messages + 11);
+  CHECK(after.dropped_messages == before.dropped_messages + 11);
+  CHECK(!f.happened({.kind = event_kind::node_refused}));  // the registration was never looked at
+  // Said at the 1st and 10th (one sender name for all: anonymous).
+  std::size_t said = 0;
+  for (const auto& l : f.log)
+    if (l.find("came without a sender, so no answer can reach it") != std::string::npos) ++said;
+  CHECK(said == 2u);
+}
