@@ -60,8 +60,9 @@ struct monitor_deps {
   /// returns how many, so that the next attempt connects afresh. Called when a request over a
   /// connection that completed CAF's handshake got no answer at all (CAF 0.17 can leave a
   /// connection over which the coordinator receives requests but cannot answer:
-  /// apps/coordinator_link.hpp); the node then looks again after `relink_wait`. Unset: it looks
-  /// again over the same connection.
+  /// apps/coordinator_link.hpp); the node then looks again after `relink_wait`, or at the usual
+  /// pace when no connection was left to close (the request went to a coordinator that had just
+  /// died). Unset: it looks again over the same connection.
   std::function<std::size_t()> drop_coordinator_link;
   std::chrono::milliseconds relink_wait{1000};
   /// Once a coordinator of term `term` adopted the node: tell any older coordinator at the worker's

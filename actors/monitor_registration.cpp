@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "actors/admission.hpp"
 #include "actors/monitor_detail.hpp"
@@ -49,14 +50,20 @@ bool coordinator_gone(const caf::error& err) {
 /// live coordinator answers at once, or the registration): the coordinator froze, or CAF lost the
 /// connection's route on its side (apps/coordinator_link.hpp). With deps.drop_coordinator_link the
 /// node closes its end, so that its next attempt connects afresh, and says so; returns how long to
-/// wait before that attempt. Zero where it is not a timeout or the node cannot drop the link.
-std::chrono::milliseconds unanswered(monitor_pointer self, const caf::error& err) {
+/// wait before that attempt: relink_wait when it closed a connection, none when the connection had
+/// already ended (the request went out over a connection of a coordinator that had just died,
+/// still cached by CAF: the next attempt at the usual pace finds a new one). Nullopt where it is
+/// not a timeout or the node cannot drop the link.
+std::optional<std::chrono::milliseconds> unanswered(monitor_pointer self, const caf::error& err) {
   auto& d = self->state.deps;
-  if (err != caf::sec::request_timeout || !d.drop_coordinator_link) return {};
-  const auto dropped = d.drop_coordinator_link();
-  d.log("no answer from the coordinator over this node's connection to it: closed it (" + std::to_string(dropped) +
-        " connection(s)), connecting afresh");
-  return d.relink_wait;
+  if (err != caf::sec::request_timeout || !d.drop_coordinator_link) return std::nullopt;
+  if (const auto dropped = d.drop_coordinator_link(); dropped > 0) {
+    d.log("no answer from the coordinator over this node's connection to it: closed it (" + std::to_string(dropped) +
+          " connection(s)), connecting afresh");
+    return d.relink_wait;
+  }
+  d.log("no answer from the coordinator: the connection it went over had already ended; looking again");
+  return std::chrono::milliseconds{0};
 }
 
 /// A first registration failed: the node stops with the coordinator's refusal, or, when the
@@ -65,8 +72,8 @@ std::chrono::milliseconds unanswered(monitor_pointer self, const caf::error& err
 void registration_failed(monitor_pointer self, caf::error err) {
   auto& d = self->state.deps;
   if (d.find_coordinator) {
-    if (const auto wait = unanswered(self, err); wait.count() > 0) {
-      start_looking(self, wait);
+    if (const auto wait = unanswered(self, err)) {
+      start_looking(self, *wait);
       return;
     }
   }
@@ -124,8 +131,7 @@ void start_registration(monitor_pointer self, node_memory memory) {
                 .then([self](admission& a) { admitted(self, a); },
                       [self, rejoining](caf::error& err) {
                         if (!rejoining) return registration_failed(self, std::move(err));
-                        if (const auto wait = unanswered(self, err); wait.count() > 0)
-                          return look_for_coordinator(self, wait);
+                        if (const auto wait = unanswered(self, err)) return look_for_coordinator(self, *wait);
                         self->state.deps.log("refused by the coordinator: " + describe(err));
                         const bool removed = is_protocol_error(err) &&
                                              err.code() == static_cast<std::uint8_t>(protocol_error::unknown_node);
@@ -138,7 +144,7 @@ void start_registration(monitor_pointer self, node_memory memory) {
           },
           [self, rejoining](caf::error& err) {
             if (!rejoining) return registration_failed(self, std::move(err));
-            if (const auto wait = unanswered(self, err); wait.count() > 0) return look_for_coordinator(self, wait);
+            if (const auto wait = unanswered(self, err)) return look_for_coordinator(self, *wait);
             self->state.deps.log("refused by the coordinator: " + describe(err));
             look_for_coordinator(self);
           });

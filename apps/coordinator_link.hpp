@@ -12,10 +12,11 @@
 // overdue heartbeat check closes its first new connection within a millisecond, still in its
 // handshake (a connection's last activity starts at zero until the peer's handshake arrives).
 //
-// The worker therefore (1) waits coordinator_link_settle after a connection that reached a
-// listener but failed its handshake, and (2) when a request over a connection that completed its
+// The worker therefore (1) waits handshake_retry_wait after a connection that reached a listener
+// but failed its handshake (short: a replacement coordinator is met the same way, and every
+// millisecond here is downtime), and (2) when a request over a connection that completed its
 // handshake gets no answer at all, closes its end of the connection (shut_down_connections_to) and
-// connects afresh after the same wait (actors/monitor.hpp, drop_coordinator_link).
+// connects afresh after coordinator_link_settle (actors/monitor.hpp, drop_coordinator_link).
 
 #include <chrono>
 #include <cstddef>
@@ -27,6 +28,9 @@ namespace oobleck::apps {
 /// How long a worker leaves the coordinator to see one of its connections end before it opens
 /// the next (the coordinator's middleman forgets it within milliseconds when it is not loaded).
 inline constexpr std::chrono::milliseconds coordinator_link_settle{500};
+/// The same after a failed handshake: the race is rarer than the handshake failures a coordinator
+/// restart brings (500 ms here doubled a kill -9's downtime, bench/RESULTS.md), and (2) catches it.
+inline constexpr std::chrono::milliseconds handshake_retry_wait{100};
 
 /// Shuts down (both directions; the descriptors stay open for their owner, CAF's multiplexer, to
 /// close) every TCP connection of this process whose peer is `at` (its host resolved, every

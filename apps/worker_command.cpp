@@ -260,7 +260,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
           // connection still in its handshake (connection_timeout, within a millisecond of the
           // connect). The next connection waits until the coordinator has seen that one end: see
           // coordinator_link.hpp.
-          if (listening) not_before[i] = std::chrono::steady_clock::now() + coordinator_link_settle;
+          if (listening) not_before[i] = std::chrono::steady_clock::now() + handshake_retry_wait;
         }
       return std::nullopt;
     };

@@ -127,10 +127,12 @@ TEST_CASE("monitor: a coordinator that never answers over its connection: the wo
   // A connection over which the coordinator receives requests but can never answer them (CAF 0.17
   // can leave one: apps/coordinator_link.hpp) looks like a coordinator that holds the nonce request
   // forever. A worker that can look for a coordinator and drop its link gives up on the nonce after
-  // 10 s, closes the connection, and registers over a new one after relink_wait; one that cannot
-  // drop its link waits as before.
-  for (const bool can_drop : {true, false}) {
-    CAPTURE(can_drop);
+  // 10 s, closes the connection, and registers over a new one after relink_wait (1 s here), or at
+  // the usual pace when no connection was left to close; one that cannot drop its link waits as
+  // before.
+  enum class link { closes_one, finds_none, cannot_drop };
+  for (const auto how : {link::closes_one, link::finds_none, link::cannot_drop}) {
+    CAPTURE(static_cast<int>(how));
     fixture f({.nodes = 1});
     auto silent = f.sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
       return {[self](nonce_request&) { return self->make_response_promise<std::string>(); }};
@@ -139,7 +141,11 @@ TEST_CASE("monitor: a coordinator that never answers over its connection: the wo
     fixture::worker_options o{.name = "late", .stages = false,
                               .first_coordinator = caf::actor_cast<coordinator_actor>(silent),
                               .finds_coordinator = true};
-    if (can_drop) o.drop_link = [&drops] { return static_cast<std::size_t>(++drops); };
+    if (how != link::cannot_drop)
+      o.drop_link = [&drops, how] {
+        ++drops;
+        return static_cast<std::size_t>(how == link::closes_one ? 1 : 0);
+      };
     auto& w = f.add_worker(o);
     f.sched.run();
     f.sched.advance_time(std::chrono::seconds(9));
@@ -148,24 +154,33 @@ TEST_CASE("monitor: a coordinator that never answers over its connection: the wo
     CHECK(drops == 0);
     f.sched.advance_time(std::chrono::seconds(1));  // 10 s: the nonce request times out
     f.sched.run();
+    f.sched.advance_time(std::chrono::milliseconds(300));  // more than the usual pace, less than relink_wait
+    f.sched.run();
     std::string said;
     for (const auto& line : w.log) said += line + "\n";
     INFO(said);
-    if (can_drop) {
-      CHECK(drops == 1);
-      CHECK(w.node == -1);  // not before relink_wait
-      CHECK(said.find("no answer from the coordinator over this node's connection to it: closed it (1 connection(s)), "
-                      "connecting afresh") != std::string::npos);
-      f.sched.advance_time(std::chrono::seconds(1));
-      f.sched.run();
-      CHECK(w.node == 0);
-      CHECK(f.alive(w.handle));
-      CHECK(count(f.events, {.kind = event_kind::node_joined}) == 1);
-    } else {
-      CHECK(w.node == -1);
-      CHECK(f.alive(w.handle));  // waiting for the nonce as long as it takes
-      CHECK(count(f.events, {.kind = event_kind::node_joined}) == 0);
+    switch (how) {
+      case link::closes_one:
+        CHECK(drops == 1);
+        CHECK(w.node == -1);  // not before relink_wait
+        CHECK(said.find("no answer from the coordinator over this node's connection to it: closed it (1 connection(s)), "
+                        "connecting afresh") != std::string::npos);
+        f.sched.advance_time(std::chrono::milliseconds(700));
+        f.sched.run();
+        CHECK(w.node == 0);
+        break;
+      case link::finds_none:
+        CHECK(drops == 1);
+        CHECK(w.node == 0);
+        CHECK(said.find("the connection it went over had already ended; looking again") != std::string::npos);
+        break;
+      case link::cannot_drop:
+        CHECK(w.node == -1);  // waiting for the nonce as long as it takes
+        CHECK(count(f.events, {.kind = event_kind::node_joined}) == 0);
+        break;
     }
+    CHECK(f.alive(w.handle));
+    if (how != link::cannot_drop) CHECK(count(f.events, {.kind = event_kind::node_joined}) == 1);
     caf::anon_send_exit(silent, caf::exit_reason::kill);
     f.sched.run();
   }
