@@ -70,8 +70,22 @@ bool before_training(const job_phase& p) {
          std::holds_alternative<phase::profiling>(p);
 }
 
+/// A request without a sender cannot be answered: CAF 0.17 lost the route of the connection it came
+/// over (apps/coordinator_link.hpp), and the worker gives up on it and connects afresh. Refused,
+/// counted and said, before anything is computed for it (no nonce issued, none consumed); true
+/// when so.
+bool refused_without_sender(coordinator_pointer self, const char* what) {
+  if (self->current_sender()) return false;
+  refuse_message(self, what,
+                 "it came without a sender, so no answer can reach it (CAF lost the route of the connection it came "
+                 "over; the worker connects afresh)");
+  return true;
+}
+
 caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   auto& st = self->state;
+  if (refused_without_sender(self, "register_node"))
+    return make_error(protocol_error::bad_request, "a registration without a sender");
   if (auto err = check_registration(r, st.deps.policy, st.nonces, st.deps.now())) {
     ++st.refused;
     st.deps.log("refused worker '" + r.name + "': " + describe(err));
@@ -79,7 +93,6 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
     return err;
   }
   auto monitor = caf::actor_cast<monitor_actor>(self->current_sender());
-  if (!monitor) return make_error(protocol_error::bad_request, "registration without a sender");
   if (r.memory.present) {
     // A worker whose coordinator went away. Before training (a replacement) or while adopting, its
     // state is the job's; from a newer coordinator than this one, this one was replaced. Else
@@ -221,11 +234,6 @@ caf::result<std::string> on_inject(coordinator_pointer self, const inject_fault&
 
 namespace {
 
-/// Why a request without a sender is dropped (its answer could reach no one).
-constexpr const char* without_sender =
-    "it came without a sender, so no answer can reach it (CAF lost the route of the connection it came over; the "
-    "worker connects afresh)";
-
 /// The coordinator, with exit messages from other processes dropped before CAF's own handling
 /// (which quits on exit_reason::kill without asking the actor).
 class coordinator_impl : public caf::stateful_actor<coordinator_state, coordinator_actor::base> {
@@ -323,12 +331,8 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
   });
   return {
       [self](nonce_request& r) -> caf::result<std::string> {
-        // A request without a sender cannot be answered: CAF 0.17 lost the route of the connection
-        // it came over (apps/coordinator_link.hpp); the worker gives up on it and connects afresh.
-        if (!self->current_sender()) {
-          refuse_message(self, "nonce_request", without_sender);
+        if (refused_without_sender(self, "nonce_request"))
           return make_error(protocol_error::bad_request, "a request without a sender");
-        }
         return guarded(self, "nonce_request", [&]() -> caf::result<std::string> {
           auto& st = self->state;
           if (r.protocol_version != st.deps.policy.protocol_version)
@@ -341,10 +345,6 @@ coordinator_actor::behavior_type coordinator(coordinator_pointer self, coordinat
         });
       },
       [self](register_node& r) -> caf::result<admission> {
-        if (!self->current_sender()) {
-          refuse_message(self, "register_node", without_sender);
-          return make_error(protocol_error::bad_request, "a request without a sender");
-        }
         return guarded(self, "register_node", [&] { return on_register(self, r); });
       },
       [self](node_ready& r) { dispatch(self, r); },
