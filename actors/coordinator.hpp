@@ -202,6 +202,12 @@ struct coordinator_deps {
   std::function<void(const std::string&)> on_bug = [](const std::string&) {};
   /// Every event published to subscribers, as it is published (--events-out writes them).
   std::function<void(const messages::job_event&)> on_event = [](const messages::job_event&) {};
+  /// The NCCL data plane ([cluster] data_plane = "nccl", ARCHITECTURE.md §12 "NCCL"): draws a
+  /// fresh ncclUniqueId (runtime::new_nccl_unique_id) for every epoch, which the epoch's
+  /// assignments carry with the epoch's links (planning::p2p_links). Empty: the host transport.
+  /// The coordinator draws it because the process that draws an id hosts the bootstrap of the
+  /// communicators made from it, and the coordinator outlives every epoch.
+  std::function<std::vector<std::uint8_t>()> new_nccl_id;
   checkpoint_deps checkpoint;
   fault_policy faults;
   /// Coordinator loss (ARCHITECTURE.md §10): this coordinator's term before it adopts anyone (it

@@ -48,6 +48,21 @@ std::string id_list(const std::vector<node_id>& ids) {
 void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::vector<node_id>& live,
                 planning::cluster_state configuration, std::int64_t copy_bytes) {
   auto& st = self->state;
+  // The NCCL data plane's id for the epoch, drawn before anything changes: a failure to draw one
+  // (NCCL's bootstrap found no interface) stops the job, saying why.
+  std::vector<std::uint8_t> nccl_id;
+  if (st.deps.new_nccl_id) {
+    try {
+      nccl_id = st.deps.new_nccl_id();
+    } catch (const std::exception& e) {
+      stop_job(self, stop_outcome::failed, std::string("cannot draw the epoch's NCCL id: ") + e.what());
+      return;
+    }
+    if (nccl_id.empty()) {
+      stop_job(self, stop_outcome::failed, "cannot draw the epoch's NCCL id: it came back empty");
+      return;
+    }
+  }
   ++st.epoch;
   for (auto& p : st.current.pipelines)
     if (p.actor) self->send_exit(p.actor, caf::exit_reason::user_shutdown);
@@ -78,6 +93,9 @@ void send_epoch(coordinator_pointer self, const planning::epoch& ep, const std::
   base.term = st.term;
   base.job_nodes = static_cast<std::int32_t>(live.size());
   for (int r = 0; r < ep.num_ranks(); ++r) base.rank_nodes.push_back(ep.node(rank{r}).value);
+  if (!nccl_id.empty())
+    for (const auto& l : planning::p2p_links(ep)) base.p2p_links.push_back({l.from, l.to});
+  base.nccl_id = std::move(nccl_id);
 
   for (node_id id : live) {
     epoch_assignment a = base;

@@ -62,6 +62,20 @@ typename Inspector::result_type inspect(Inspector& f, epoch_copy& x) {
   return f(caf::meta::type_name("epoch_copy"), x.layer, x.source, x.target);
 }
 
+/// A directed point-to-point link of the epoch's data plane (planning::rank_link on the wire):
+/// messages go from rank `from` to rank `to`.
+struct p2p_link {
+  planning::rank from;
+  planning::rank to;
+
+  bool operator==(const p2p_link&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, p2p_link& x) {
+  return f(caf::meta::type_name("p2p_link"), x.from, x.to);
+}
+
 /// What one node does in epoch `epoch`.
 struct epoch_assignment {
   std::uint64_t epoch = 0;
@@ -83,6 +97,11 @@ struct epoch_assignment {
   std::uint64_t term = 0;
   std::int32_t job_nodes = 0;
   std::vector<std::int64_t> rank_nodes;  ///< the node id of every rank
+  /// The NCCL data plane ([cluster] data_plane = "nccl"): the epoch's ncclUniqueId (its 128 bytes,
+  /// drawn by the coordinator, the same for every rank) and every link its messages travel on
+  /// (planning::p2p_links, the same list for every rank). Empty: the host transport.
+  std::vector<std::uint8_t> nccl_id;
+  std::vector<p2p_link> p2p_links;
 
   bool operator==(const epoch_assignment&) const = default;
 };
@@ -91,7 +110,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, epoch_assignment& x) {
   return f(caf::meta::type_name("epoch_assignment"), x.epoch, x.next_step, x.rank, x.peers, x.stages,
            x.layer_groups, x.copies, x.pipeline_microbatches, x.resume_dir, x.data_nonce, x.term, x.job_nodes,
-           x.rank_nodes);
+           x.rank_nodes, x.nccl_id, x.p2p_links);
 }
 
 /// Where a node's forming time went (microseconds, in the node's clock), and the copy plan's bytes

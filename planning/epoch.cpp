@@ -98,6 +98,24 @@ epoch map_epoch(const template_set& templates, std::span<const pipeline_instance
   return e;
 }
 
+std::vector<rank_link> p2p_links(const epoch& e) {
+  std::vector<rank_link> links;
+  auto both_ways = [&](rank a, rank b) {
+    if (a == b) return;
+    links.push_back({a, b});
+    links.push_back({b, a});
+  };
+  for (const auto& p : e.pipelines()) {
+    for (std::size_t i = 1; i < p.ranks.size(); ++i) both_ways(p.ranks[i - 1], p.ranks[i]);
+    if (p.ranks.size() > 2) both_ways(p.ranks.front(), p.ranks.back());
+  }
+  for (const auto& c : e.copies())
+    if (c.from != c.to) links.push_back({c.from, c.to});
+  std::sort(links.begin(), links.end());
+  links.erase(std::unique(links.begin(), links.end()), links.end());
+  return links;
+}
+
 epoch map_epoch(const job_plan& plan) { return map_epoch(plan.templates, plan.pipelines, {}); }
 
 epoch map_epoch(const template_set& templates, const reconfiguration& r) {

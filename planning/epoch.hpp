@@ -81,6 +81,22 @@ class epoch {
 epoch map_epoch(const template_set& templates, std::span<const pipeline_instance> pipelines,
                 std::span<const layer_copy> copies);
 
+/// A directed point-to-point link of an epoch's data plane: messages go from rank `from` to `to`.
+struct rank_link {
+  rank from;
+  rank to;
+  auto operator<=>(const rank_link&) const = default;
+};
+
+/// Every directed link an epoch's messages travel on, ascending and without repeats: both
+/// directions between the consecutive ranks of every pipeline (activations forward, gradients
+/// back, evaluation's activations), both directions between a pipeline's first and last rank (the
+/// gradient of a tied embedding), and from each copy's source to its target. A rank's link to
+/// itself (two stages of one node) is none: those hand over in memory. Computed from the whole
+/// epoch, so every rank gets the same list: a data plane that needs a collective call per link
+/// (NCCL's communicator split, runtime/nccl_communicator.hpp) makes them alike everywhere.
+std::vector<rank_link> p2p_links(const epoch& e);
+
 /// The first epoch of a job.
 epoch map_epoch(const job_plan& plan);
 

@@ -189,6 +189,7 @@ fixture::fixture(options o) : opts(o) {
   d.wait_for_nodes_ms = o.wait_for_nodes_ms;
   d.faults.digest_every = o.digest_every;
   d.run_ahead = o.run_ahead;
+  d.new_nccl_id = o.new_nccl_id;
   measured = profile;
   if (o.profile_at_start) {
     d.profile_at_start = true;

@@ -108,6 +108,7 @@ struct fixture {
     /// answers `measured`, or throws when the worker's profile_fails) before the first plan.
     bool profile_at_start = false;
     bool run_ahead = true;  ///< coordinator_deps::run_ahead (on, as in the programs)
+    std::function<std::vector<std::uint8_t>()> new_nccl_id;  ///< coordinator_deps::new_nccl_id (unset: host transport)
   };
   /// The step protocol tests' jobs: `nodes` nodes of `slots` slots, any of which holds the whole
   /// model, a global batch of 8 (4 microbatches).

@@ -1,12 +1,16 @@
 // A loss while a reconfiguration forms (fixture: protocol_fixture.hpp): the half-formed
 // epoch is abandoned and the next plan starts from the last configuration that formed, whether the
 // second victim is a copy source or another node while a slow one still forms; and a node that
-// registers meanwhile enters at the next step boundary.
+// registers meanwhile enters at the next step boundary. And what each epoch's assignments carry for
+// an NCCL data plane.
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +19,8 @@
 
 using namespace oobleck::testing;
 using oobleck::messages::event_kind;
+using oobleck::messages::stop_outcome;
+namespace messages = oobleck::messages;
 namespace planning = oobleck::planning;
 
 TEST_CASE("reconfiguration protocol: a copy source lost while the new epoch forms: planned again from the last formed epoch") {
@@ -146,4 +152,76 @@ TEST_CASE("reconfiguration protocol: a node that registers while a reconfigurati
   CHECK(f.happened(finished(4)));
   f.check_steps(steps);
   f.check_pipelines(2, fixture::after(admit));
+}
+
+namespace {
+
+/// The links of the epoch the fixture's coordinator planned for `e` (every node's assignment of
+/// it), as the assignments carry them: read back from the stages each rank runs.
+std::vector<messages::p2p_link> links_of(const fixture& f, std::uint64_t e) {
+  std::vector<planning::pipeline_instance> pipelines;
+  std::map<std::int32_t, std::map<std::int32_t, std::int32_t>> by_pipeline;  // pipeline -> stage -> rank
+  for (const auto& [id, rec] : f.stages)
+    if (rec->assignments.count(e))
+      for (const auto& s : rec->assignments.at(e).stages) by_pipeline[s.pipeline][s.stage] = rec->assignments.at(e).rank.value;
+  std::set<std::pair<int, int>> links;
+  for (const auto& [p, stages] : by_pipeline) {
+    std::vector<int> ranks;
+    for (const auto& [stage, r] : stages)
+      if (ranks.empty() || ranks.back() != r) ranks.push_back(r);
+    for (std::size_t i = 1; i < ranks.size(); ++i) links.insert({ranks[i - 1], ranks[i]}), links.insert({ranks[i], ranks[i - 1]});
+    if (ranks.size() > 2) links.insert({ranks.front(), ranks.back()}), links.insert({ranks.back(), ranks.front()});
+  }
+  for (const auto& [id, rec] : f.stages)
+    if (rec->assignments.count(e))
+      for (const auto& c : rec->assignments.at(e).copies) links.insert({c.source.value, c.target.value});
+  std::vector<messages::p2p_link> out;
+  for (auto [from, to] : links) out.push_back({planning::rank{from}, planning::rank{to}});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("reconfiguration protocol: with an NCCL data plane every epoch's assignments carry one fresh id and all its links") {
+  // ncclGetUniqueId stands in: 128 bytes, a different fill for every draw.
+  int drawn = 0;
+  fixture f({.steps = 4, .new_nccl_id = [&] { return std::vector<std::uint8_t>(128, static_cast<std::uint8_t>(++drawn)); }});
+  f.start({{0, [](fake_stage_record& r) { r.hold_step = std::pair{1u, 1u}; }}});
+  REQUIRE(f.records.size() == 1);
+  f.kill(0);
+  f.sched.run();
+  CHECK(f.happened(finished(4)));
+  f.check_steps(4);
+  CHECK(drawn == 2);
+  for (std::uint64_t e : {1u, 2u}) {
+    CAPTURE(e);
+    const auto links = links_of(f, e);
+    CHECK(!links.empty());
+    for (const auto& [id, rec] : f.stages) {
+      if (!rec->assignments.count(e)) continue;
+      CAPTURE(id);
+      const auto& a = rec->assignments.at(e);
+      CHECK(a.nccl_id == std::vector<std::uint8_t>(128, static_cast<std::uint8_t>(e)));
+      CHECK(a.p2p_links == links);
+    }
+  }
+  CHECK(!f.copies_of(2).empty());  // epoch 2's links include its copies' (links_of reads them)
+}
+
+TEST_CASE("reconfiguration protocol: the host transport's assignments carry no NCCL id, and an id that cannot be drawn stops the job") {
+  {
+    fixture f({.steps = 2});
+    f.start();
+    CHECK(f.happened(finished(2)));
+    for (const auto& [id, rec] : f.stages) {
+      CHECK(rec->assignment().nccl_id.empty());
+      CHECK(rec->assignment().p2p_links.empty());
+    }
+  }
+  fixture f({.steps = 2, .new_nccl_id = []() -> std::vector<std::uint8_t> { throw std::runtime_error("ncclGetUniqueId failed"); }});
+  f.start();
+  const auto& stop = f.stop();
+  CHECK(stop.outcome == stop_outcome::failed);
+  CHECK(stop.detail.find("cannot draw the epoch's NCCL id: ncclGetUniqueId failed") != std::string::npos);
+  for (const auto& [id, rec] : f.stages) CHECK(rec->epochs().empty());
 }

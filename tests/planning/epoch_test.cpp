@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <random>
@@ -200,6 +201,36 @@ TEST_CASE("a copy source that runs no stage this epoch still gets a rank, after 
   CHECK(e.copies()[0] == epoch_copy{layer_index{0}, rank{5}, rank{2}, 400});
   CHECK(e.copies()[1] == epoch_copy{layer_index{7}, rank{4}, rank{1}, 400});
   CHECK(e.holders(layer_index{0}) == std::vector<rank>{rank{0}, rank{2}});
+}
+
+TEST_CASE("p2p_links: both ways between neighbouring ranks and a pipeline's ends, and each copy's source to its target") {
+  // Pipelines of 3 and 2 nodes (M = 1: every stage on a node of its own), copies from an idle sender.
+  job j(eight_layers(1), {.nodes = 5, .fault_tolerance = 1, .global_batch = 8, .microbatch = 1});
+  const std::vector<pipeline_instance> pipelines{{node_ids({0, 1, 2}), 3, 4, 0}, {node_ids({3, 4}), 2, 4, 0}};
+  const std::vector<layer_copy> copies{{layer_index{0}, node_id{9}, node_id{3}, 400}, {layer_index{1}, node_id{9}, node_id{3}, 400},
+                                       {layer_index{7}, node_id{0}, node_id{4}, 400}};
+  const epoch e = map_epoch(j.plan.templates, pipelines, copies);
+  REQUIRE(e.num_ranks() == 6);
+  auto l = [](int from, int to) { return rank_link{rank{from}, rank{to}}; };
+  // Ranks 0-1-2 (ends 0 and 2), 3-4; rank 5 (node 9) sends two layers to rank 3 (one link), rank 0 one to rank 4.
+  const std::vector<rank_link> expected{l(0, 1), l(0, 2), l(0, 4), l(1, 0), l(1, 2), l(2, 0), l(2, 1), l(3, 4), l(4, 3), l(5, 3)};
+  CHECK(p2p_links(e) == expected);
+
+  // Two GPUs per node: a node's two stages hand over in memory, so no link to itself.
+  job wide(eight_layers(2), {.nodes = 4, .fault_tolerance = 1, .global_batch = 8, .microbatch = 1});
+  const std::vector<pipeline_instance> two_nodes{{node_ids({0, 1}), 2, 4, 0}, {node_ids({2, 3}), 2, 4, 0}};
+  const epoch w = map_epoch(wide.plan.templates, two_nodes, {});
+  const auto links = p2p_links(w);
+  CHECK(links.size() == 4);  // 0 <-> 1 and 2 <-> 3, whatever the stages within each node
+  CHECK(std::is_sorted(links.begin(), links.end()));
+  CHECK(std::adjacent_find(links.begin(), links.end()) == links.end());
+  for (const auto& k : links) CHECK(k.from != k.to);
+  for (int r = 0; r < w.num_ranks(); ++r)
+    for (const auto& s : w.stages(rank{r}))
+      if (s.next && *s.next != rank{r}) {
+        CHECK(std::find(links.begin(), links.end(), rank_link{rank{r}, *s.next}) != links.end());
+        CHECK(std::find(links.begin(), links.end(), rank_link{*s.next, rank{r}}) != links.end());
+      }
 }
 
 TEST_CASE("epoch mapping refuses input no plan produces") {
