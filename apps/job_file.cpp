@@ -117,6 +117,10 @@ void check_rules(const decoder& d, const job_file& job) {
     d.fail_rule({"cluster.device", "cluster.slots_per_node"},
                 "cluster.device \"cuda\" runs one GPU per worker process: cluster.slots_per_node must be 1, got " +
                     std::to_string(c.slots_per_node) + " (nodes of several GPUs as one worker are not built yet)");
+  if (c.data_plane == "nccl" && c.device != "cuda")
+    d.fail_rule({"cluster.data_plane", "cluster.device"},
+                "cluster.data_plane \"nccl\" carries tensors between GPUs: cluster.device must be \"cuda\", got \"" +
+                    c.device + "\"");
   if (c.connection_timeout_ms < 2LL * c.heartbeat_interval_ms)
     d.fail_rule({"cluster.connection_timeout_ms", "cluster.heartbeat_interval_ms"},
                 "cluster.connection_timeout_ms " + std::to_string(c.connection_timeout_ms) +
@@ -295,6 +299,8 @@ std::string job_text_for_workers(std::string_view text, const std::string& path)
 void check_device_built(const job_file& job) {
   if (job.cluster.device == "cuda" && !runtime::built_with_cuda())
     throw input_error("cluster.device \"cuda\": " + runtime::no_cuda_build_reason());
+  if (job.cluster.data_plane == "nccl" && !runtime::built_with_cuda())
+    throw input_error("cluster.data_plane \"nccl\": " + runtime::no_cuda_build_reason());
 }
 
 std::string job_text_on_device(std::string_view text, const std::string& path, const std::string& device) {

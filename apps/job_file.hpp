@@ -13,7 +13,7 @@
 //                 precision ("fp32" | "bf16": kept in model.precision, runtime::precision_kind)
 //   [optimizer]   lr, beta1, beta2, eps, weight_decay, schedule, warmup_steps, min_lr
 //                                                                          (runtime::adamw_options)
-//   [cluster]     nodes, slots_per_node, fault_tolerance, device_memory_bytes,
+//   [cluster]     nodes, slots_per_node, device, data_plane, fault_tolerance, device_memory_bytes,
 //                 heartbeat_interval_ms, connection_timeout_ms
 //   [checkpoint]  dir, every
 //   [http]        port
@@ -91,6 +91,12 @@ struct cluster_section {
   /// the worker's --device cuda:N). Every worker must be started with a --device of this kind;
   /// "cuda" needs workers built with OOBLECK_WITH_CUDA (the coordinator needs no GPU).
   std::string device = "cpu";
+  /// What carries the stages' tensors between worker processes: "host" (the host transport over
+  /// TCP; device tensors are staged through host memory, which works for workers sharing a GPU)
+  /// or "nccl" (device "cuda" only: one NCCL communicator per epoch from an id the coordinator
+  /// draws, one GPU per worker, no two workers on one GPU; the coordinator and the workers need
+  /// a build with OOBLECK_WITH_CUDA).
+  std::string data_plane = "host";
   int fault_tolerance = 1;  ///< f: at least f + 1 pipelines, so any f simultaneous losses are survived
   /// Memory of one slot (GPU or CPU slot); a profile measured on a GPU records the smaller of this
   /// and the GPU's memory.
@@ -204,7 +210,8 @@ std::string read_job_text(const std::string& path);
 /// Unchanged when there is no relative path to resolve. Throws input_error like parse_job.
 std::string job_text_for_workers(std::string_view text, const std::string& path);
 
-/// Refuses (messages::input_error) a job whose cluster.device is "cuda" in a build without CUDA.
+/// Refuses (messages::input_error) a job whose cluster.device is "cuda", or whose
+/// cluster.data_plane is "nccl", in a build without CUDA.
 void check_device_built(const job_file& job);
 
 /// The job file's text with cluster.device set to `device` and its relative paths made absolute as

@@ -133,6 +133,12 @@ std::map<std::string, setter> schema(job_file& job) {
          if (name != "cpu" && name != "cuda") d.fail(v, key + " must be \"cpu\" or \"cuda\", got \"" + name + "\"");
          job.cluster.device = name;
        }},
+      {"cluster.data_plane",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         const std::string name = d.text(v, key);
+         if (name != "host" && name != "nccl") d.fail(v, key + " must be \"host\" or \"nccl\", got \"" + name + "\"");
+         job.cluster.data_plane = name;
+       }},
       {"cluster.fault_tolerance", int_in(job.cluster.fault_tolerance, 0, 4095)},
       {"cluster.device_memory_bytes", int64_in(job.cluster.device_memory_bytes, 1)},
       {"cluster.heartbeat_interval_ms", int_in(job.cluster.heartbeat_interval_ms, 1, 3'600'000)},

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "runtime/communicator.hpp"
 #include "runtime/host_communicator.hpp"
 #include "runtime/transport/host_transport.hpp"
 
@@ -156,6 +157,54 @@ std::uint64_t largest_frame_bytes(const gpt_config& model, std::int64_t microbat
 
 copy_timing layer_copies::run(host_transport& transport, host_communicator& comm) {
   return run(transport, comm, time_limit(std::chrono::seconds(30)));
+}
+
+copy_timing layer_copies::run(communicator& comm) {
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<layer_store::incoming> incoming = std::move(incoming_);
+  (void)plan_receives(plan_, rank_, runs_stages_, incoming);  // the plan's checks, as run()'s
+  const std::map<int, std::vector<int>> to_target = plan_sends(store_, plan_, rank_);
+  copy_timing t;
+  std::vector<torch::Tensor> headers;  // received, in plan order, on the host
+  std::optional<time_point> receiving, first;
+  try {
+    for (const auto& [target, layers] : to_target)
+      for (int layer : layers) {
+        auto source = store_.copy_of(layer);
+        const auto header = owning_tensor(std::move(source.header)).to(source.buffers.front().device());
+        comm.send(header, target, copy_tag(layer, 0));
+        t.bytes_sent += header.numel();
+        for (std::size_t k = 0; k < source.buffers.size(); ++k) {
+          comm.send(source.buffers[k], target, copy_tag(layer, 1 + static_cast<int>(k)));
+          t.bytes_sent += static_cast<std::int64_t>(source.buffers[k].nbytes());
+        }
+      }
+    receiving = std::chrono::steady_clock::now();
+    std::size_t next = 0;
+    for (const auto& c : plan_) {
+      if (c.target != rank_) continue;
+      auto buffers = incoming[next++].buffers();
+      auto header = torch::empty({static_cast<std::int64_t>(layer_store::copy_header_bytes())},
+                                 torch::TensorOptions().dtype(torch::kUInt8).device(buffers.front().device()));
+      comm.recv(header, c.source, copy_tag(c.layer, 0));
+      if (!first) first = std::chrono::steady_clock::now();
+      t.bytes_received += header.numel();
+      for (std::size_t k = 0; k < buffers.size(); ++k) {
+        comm.recv(buffers[k], c.source, copy_tag(c.layer, 1 + static_cast<int>(k)));
+        t.bytes_received += static_cast<std::int64_t>(buffers[k].nbytes());
+      }
+      headers.push_back(header.cpu());
+    }
+  } catch (...) {
+    comm.abort();  // the epoch's data plane is done for: its peers' waits on this rank fail too
+    throw;
+  }
+  for (std::size_t k = 0; k < incoming.size(); ++k)
+    store_.adopt(std::move(incoming[k]), {static_cast<const std::byte*>(headers[k].data_ptr()),
+                                          static_cast<std::size_t>(headers[k].numel())});
+  t.copies_us = micros_since(started);
+  t.copy_wait_us = first ? micros(*receiving, *first) : 0;
+  return t;
 }
 
 copy_timing layer_copies::run(host_transport& transport, host_communicator& comm, std::chrono::milliseconds limit) {

@@ -16,6 +16,7 @@
 
 namespace oobleck::runtime {
 
+class communicator;
 class host_transport;
 class host_communicator;
 
@@ -80,6 +81,18 @@ class layer_copies {
   copy_timing run(host_transport& transport, host_communicator& comm, std::chrono::milliseconds limit);
   /// run() with time_limit(30 s).
   copy_timing run(host_transport& transport, host_communicator& comm);
+  /// Runs this rank's part of the plan over a data plane whose links all exist once it is ready
+  /// and whose sends are queued, returning at once (NCCL's, runtime/nccl_communicator.hpp): every
+  /// layer this rank sends is queued first (header, then the three flat buffers, to each target
+  /// in plan order), then each incoming layer is received in plan order straight into its
+  /// buffers, and the layers are installed when all have arrived. A link delivers in send order
+  /// and both sides follow the plan, so no ready message is needed, and no rank waits for a
+  /// receive before its own sends are queued, so no two ranks wait for each other. The header
+  /// travels on the buffers' device. There is no deadline of its own: every wait is the
+  /// communicator's, which abort() from another thread (the stage's, on the coordinator's
+  /// forming deadline) fails at once. A failure aborts `comm` (the epoch is over) and is
+  /// rethrown; nothing is installed then. The plan is checked as run() checks it.
+  copy_timing run(communicator& comm);
 
  private:
   layer_store& store_;

@@ -11,6 +11,7 @@
 
 #include "support/job_file_text.hpp"
 #include "messages/input_error.hpp"
+#include "runtime/device_spec.hpp"
 #include "runtime/hf_gpt2.hpp"
 #include "runtime/safetensors.hpp"
 
@@ -178,6 +179,34 @@ TEST_CASE("cluster.device: cpu by default, cuda with one GPU per worker, anythin
             .find("cluster.device \"cuda\" runs one GPU per worker process: cluster.slots_per_node must be 1, got 2") !=
         std::string::npos);
   CHECK(error_of("[cluster]\ndevice = \"cpu\"\nslots_per_node = 2\n").empty());
+}
+
+TEST_CASE("cluster.data_plane: the host transport by default, nccl on cuda only, in a build with CUDA") {
+  CHECK(apps::parse_job("").cluster.data_plane == "host");
+  const auto nccl = apps::parse_job("[cluster]\ndevice = \"cuda\"\ndata_plane = \"nccl\"\n");
+  CHECK(nccl.cluster.data_plane == "nccl");
+  CHECK(error_of("[cluster]\ndata_plane = \"gloo\"\n") ==
+        "job.toml:2: cluster.data_plane must be \"host\" or \"nccl\", got \"gloo\"");
+  CHECK(error_of("[cluster]\ndata_plane = \"nccl\"\n")
+            .find("cluster.data_plane \"nccl\" carries tensors between GPUs: cluster.device must be \"cuda\", got \"cpu\"") !=
+        std::string::npos);
+  CHECK(error_of("[cluster]\ndevice = \"cuda\"\ndata_plane = \"host\"\n").empty());
+  // The programs refuse what their build cannot run, before anything starts.
+  if (runtime::built_with_cuda()) {
+    CHECK_NOTHROW(apps::check_device_built(nccl));
+  } else {
+    auto host_on_cpu = apps::parse_job("");
+    CHECK_NOTHROW(apps::check_device_built(host_on_cpu));
+    std::string why;
+    try {
+      auto only_nccl = nccl;
+      only_nccl.cluster.device = "cpu";  // past the file's rules: the build's check on its own
+      apps::check_device_built(only_nccl);
+    } catch (const messages::input_error& e) {
+      why = e.what();
+    }
+    CHECK(why.find("cluster.data_plane \"nccl\": ") == 0);
+  }
 }
 
 TEST_CASE("training.precision: fp32 by default, bf16 into the model's precision, outside the model hash") {

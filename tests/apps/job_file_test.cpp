@@ -30,7 +30,7 @@ const std::vector<std::string> kKeys = {
     "training.steps", "training.global_batch", "training.microbatch", "training.seed", "training.precision",
     "optimizer.lr", "optimizer.beta1", "optimizer.beta2", "optimizer.eps", "optimizer.weight_decay",
     "optimizer.schedule", "optimizer.warmup_steps", "optimizer.min_lr",
-    "cluster.nodes", "cluster.slots_per_node", "cluster.device", "cluster.fault_tolerance", "cluster.device_memory_bytes", "cluster.heartbeat_interval_ms",
+    "cluster.nodes", "cluster.slots_per_node", "cluster.device", "cluster.data_plane", "cluster.fault_tolerance", "cluster.device_memory_bytes", "cluster.heartbeat_interval_ms",
     "cluster.connection_timeout_ms",
     "checkpoint.dir", "checkpoint.every",
     "http.port",

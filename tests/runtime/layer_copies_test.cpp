@@ -13,6 +13,7 @@
 #include "runtime/host_communicator.hpp"
 #include "runtime/layer_copies.hpp"
 #include "runtime/transport_test_support.hpp"
+#include "support/fake_communicator.hpp"
 
 using namespace oobleck;
 using namespace std::chrono_literals;
@@ -163,6 +164,75 @@ TEST_CASE("a copy whose sender never sends fails at its deadline, naming the sen
   CHECK(ts[1]->aborted());  // rank 1's data plane is closed: its peers' operations fail too
   connect0.get();
   connect1.get();
+}
+
+TEST_CASE("layer copies over a queued data plane (NCCL's way): every layer arrives whole, ranks copying both ways at once") {
+  // The fake hub queues sends and blocks receives, as NCCL's communicator does. Ranks 0 and 1
+  // swap layers, and rank 2 sends to both: no ready messages, no link to wait for.
+  const auto model = tiny_model();
+  std::vector<std::unique_ptr<runtime::layer_store>> stores;
+  const std::vector<std::pair<int, int>> held{{0, 2}, {2, 4}, {0, 5}};
+  for (const auto& [first, end] : held) {
+    stores.push_back(std::make_unique<runtime::layer_store>(model));
+    stores.back()->ensure(first, end);
+    for (int l = first; l < end; ++l) perturb(*stores.back(), l);
+  }
+  perturb(*stores[2], 4);  // rank 2's copies differ from anything the others hold
+  const std::vector<runtime::copy_entry> plan{{.layer = 0, .source = 0, .target = 1},
+                                               {.layer = 2, .source = 1, .target = 0},
+                                               {.layer = 4, .source = 2, .target = 0},
+                                               {.layer = 3, .source = 1, .target = 0},
+                                               {.layer = 4, .source = 2, .target = 1}};
+  // What rank 2 sends, before anything arrives anywhere.
+  const auto layer4 = stores[2]->copy_of(4);
+  testing::fake_hub hub(3);
+  std::vector<runtime::copy_timing> timing(3);
+  std::vector<std::future<void>> ranks;
+  for (int r = 0; r < 3; ++r)
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      auto& store = *stores[static_cast<std::size_t>(r)];
+      runtime::layer_copies copies(store, r, r != 2, plan);  // rank 2 only sends
+      timing[static_cast<std::size_t>(r)] = copies.run(hub.at(r));
+    }));
+  for (auto& f : ranks) REQUIRE(f.wait_for(20s) == std::future_status::ready);
+  for (auto& f : ranks) f.get();
+
+  for (const auto& c : plan) {
+    CAPTURE(c.layer);
+    CAPTURE(c.target);
+    CHECK(stores[static_cast<std::size_t>(c.target)]->holds(c.layer));
+    CHECK(same_state(*stores[static_cast<std::size_t>(c.source)], *stores[static_cast<std::size_t>(c.target)], c.layer));
+  }
+  CHECK((stores[0]->copy_of(4).header == layer4.header));
+  CHECK(torch::equal(stores[1]->copy_of(4).buffers[0], layer4.buffers[0]));
+  std::int64_t sent = 0, received = 0;
+  for (const auto& t : timing) {
+    sent += t.bytes_sent;
+    received += t.bytes_received;
+    CHECK(t.copy_wait_us <= t.copies_us);
+  }
+  CHECK(sent > 0);
+  CHECK(sent == received);
+  CHECK(timing[2].bytes_received == 0);
+}
+
+TEST_CASE("layer copies over a queued data plane: a source that dies fails the copy, installs nothing, aborts the rank") {
+  const auto model = tiny_model();
+  runtime::layer_store source(model), target(model);
+  source.ensure(0, 2);
+  target.ensure(1, 2);
+  const std::vector<runtime::copy_entry> plan{{.layer = 0, .source = 0, .target = 1}};
+  testing::fake_hub hub(3);
+  hub.crash(0);  // before it sends anything
+  runtime::layer_copies copies(target, 1, true, plan);
+  CHECK_THROWS_AS(copies.run(hub.at(1)), runtime::comm_error);
+  CHECK(!target.holds(0));
+  CHECK(target.holds(1));
+  // The rank's data plane is aborted: its next operation fails at once, also with a live peer.
+  CHECK_THROWS_AS(hub.at(1).send(torch::zeros({1}), 2, 1), runtime::comm_error);
+  // A plan that sends a layer its source does not hold is refused before anything moves.
+  runtime::layer_copies wrong(target, 1, true, {{.layer = 3, .source = 1, .target = 0}});
+  CHECK_THROWS_AS(wrong.run(hub.at(1)), std::logic_error);
 }
 
 TEST_CASE("a copy's time limit grows with its bytes, past the mesh's connect timeout") {
