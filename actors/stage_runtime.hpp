@@ -143,6 +143,10 @@ struct stage_runtime {
   std::string abort_reason;                            // guarded
 
   std::unique_ptr<runtime::host_communicator> comm;
+  /// The epoch's NCCL data plane instead of the host transport, when its assignment carries an
+  /// NCCL id (runtime/nccl_plane.hpp), and the epoch it belongs to. Written under abort_mu.
+  std::unique_ptr<runtime::communicator> nccl;
+  std::uint64_t nccl_epoch = 0;
   /// What the executors talk through: `comm`, plus the hand-off between two stages of this node.
   std::unique_ptr<runtime::loopback_communicator> local;  // written under abort_mu
   /// Per stage of the epoch: the executor's communicator (records the slot's waits).
@@ -274,6 +278,10 @@ struct stage_runtime {
     if (transport && transport->epoch() <= epoch) {
       transport->abort(reason);
       if (local) local->abort();  // wakes a stage waiting for another stage of this node
+    }
+    if (nccl && nccl_epoch <= epoch) {
+      nccl->abort();  // ncclCommAbort on every communicator of the epoch: pending operations fail
+      if (local) local->abort();
     }
   }
   /// The digests of the commit applied last when they are computed while the next step runs

@@ -33,6 +33,8 @@
 #include "messages/profile_file.hpp"
 #include "messages/profile_json.hpp"
 #include "planning/synthetic_profile.hpp"
+#include "runtime/device_spec.hpp"
+#include "runtime/nccl_id.hpp"
 
 namespace oobleck::apps {
 
@@ -275,6 +277,10 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   const std::string job_text = read_text(config);
   const job_file job = read_job_file(config);  // refuse a bad job file before anything listens
   const tls_section tls = resolve_tls(job.tls, tls_given);
+  // The coordinator needs no GPU, but it draws each epoch's NCCL id, which needs NCCL.
+  if (job.cluster.data_plane == "nccl" && !runtime::built_with_cuda())
+    throw messages::input_error("cluster.data_plane \"nccl\": the coordinator draws every epoch's NCCL id: " +
+                                runtime::no_cuda_build_reason());
   const int nodes = nodes_flag.value_or(job.cluster.nodes);
   const int fault_tolerance = fault_tolerance_flag.value_or(job.cluster.fault_tolerance);
   const std::int64_t steps = steps_flag.value_or(static_cast<std::int64_t>(job.training.steps));
@@ -322,6 +328,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
       digest_every ? static_cast<std::uint64_t>(*digest_every) : job.faults.digest_every;
   deps.clip_norm = job.optimizer.clip_norm;
   deps.run_ahead = true;  // the next step's orders go out with each commit (coordinator_deps::run_ahead)
+  if (job.cluster.data_plane == "nccl") deps.new_nccl_id = runtime::new_nccl_unique_id;
   const std::string root = !checkpoint_dir.empty() ? checkpoint_dir : job.checkpoint.dir;
   choose_profile(deps, job, profile_file,
                  !profile_cache.empty() ? profile_cache : !job.profile.cache.empty() ? job.profile.cache : root, log);

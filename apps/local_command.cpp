@@ -237,9 +237,11 @@ class local_run {
 
   void start_worker(int i) {
     const auto& c = s_.job.cluster;
+    // Workers share GPU 0 over the host transport; NCCL takes one GPU per worker: worker i, GPU i.
+    const std::string device = c.data_plane == "nccl" ? c.device + ":" + std::to_string(i) : c.device;
     std::vector<std::string> a{"--coordinator", address_, "--token-file", s_.token, "--name",
                                "node" + std::to_string(i), "--slots", std::to_string(c.slots_per_node),
-                               "--device", c.device, "--heartbeat-interval-ms", std::to_string(c.heartbeat_interval_ms),
+                               "--device", device, "--heartbeat-interval-ms", std::to_string(c.heartbeat_interval_ms),
                                "--connection-timeout-ms", std::to_string(c.connection_timeout_ms),
                                "--coordinator-grace", std::to_string(o_.coordinator_grace_s)};
     a.insert(a.end(), s_.tls_forward.begin(), s_.tls_forward.end());

@@ -167,8 +167,8 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
                  "the job waits by default with a checkpoint directory, and always with --trace")
       ->check(CLI::NonNegativeNumber);
   add_text(app, "--device", o.device,
-           "where the stages compute, instead of the job's cluster.device: cpu, or cuda (every worker on GPU 0; a "
-           "build with OOBLECK_WITH_CUDA)")
+           "where the stages compute, instead of the job's cluster.device: cpu, or cuda (every worker on GPU 0, or "
+           "worker i on GPU i with cluster.data_plane \"nccl\"; a build with OOBLECK_WITH_CUDA)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->type_name("cpu|cuda");
   add_text(app, "--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (default: the job's [checkpoint] dir)");

@@ -8,6 +8,8 @@
 
 namespace oobleck::runtime {
 
+/// The GPUs this process sees.
+int cuda_device_count();
 /// "NVIDIA H100 80GB HBM3", as the driver names GPU `device`.
 std::string cuda_device_name(int device);
 /// The GPU's memory in bytes.

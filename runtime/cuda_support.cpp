@@ -29,6 +29,13 @@ cudaDeviceProp properties(int device) {
 
 std::string cuda_device_name(int device) { return properties(device).name; }
 
+int cuda_device_count() {
+  int count = 0;
+  if (const auto e = cudaGetDeviceCount(&count); e != cudaSuccess)
+    throw std::runtime_error(std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e));
+  return count;
+}
+
 std::int64_t cuda_device_memory_bytes(int device) {
   return static_cast<std::int64_t>(properties(device).totalGlobalMem);
 }

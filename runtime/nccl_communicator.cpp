@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "runtime/cuda_stream.hpp"
+#include "runtime/nccl_id.hpp"
 #include "runtime/nccl_plan.hpp"
 
 namespace oobleck::runtime {
@@ -76,9 +77,11 @@ void after_current(cudaStream_t stream, int device) {
 }  // namespace
 
 std::vector<std::uint8_t> nccl_communicator::new_unique_id() {
-  ncclUniqueId id;
-  if (ncclGetUniqueId(&id) != ncclSuccess) throw comm_error("ncclGetUniqueId failed");
-  return {reinterpret_cast<std::uint8_t*>(id.internal), reinterpret_cast<std::uint8_t*>(id.internal) + NCCL_UNIQUE_ID_BYTES};
+  try {
+    return new_nccl_unique_id();
+  } catch (const std::runtime_error& e) {
+    throw comm_error(e.what());
+  }
 }
 
 nccl_communicator::nccl_communicator(int rank, int world, const std::vector<std::uint8_t>& unique_id, int device)

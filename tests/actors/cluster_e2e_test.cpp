@@ -279,6 +279,12 @@ TEST_CASE("cluster: bad flags and unreachable coordinators are one clear error")
   r = run_process(bin + "/oobleck-worker", {"--coordinator", "127.0.0.1:1", "--token-file", d.path("tok"), "--device", "cuda:1"});
   CHECK(r.exit_status == 2);
   CHECK(r.err.find("--device cuda:1: this build has no CUDA support") != std::string::npos);
+  // An NCCL data plane: the coordinator draws every epoch's id, which needs NCCL.
+  d.write("nccl.toml", "[cluster]\ndevice = \"cuda\"\ndata_plane = \"nccl\"\n");
+  r = run_process(bin + "/oobleck-coordinator", {"--listen", "127.0.0.1:0", "--config", d.path("nccl.toml")});
+  CHECK(r.exit_status == 2);
+  CHECK(r.err.find("cluster.data_plane \"nccl\": the coordinator draws every epoch's NCCL id: this build has no CUDA "
+                   "support") != std::string::npos);
 #endif
   std::filesystem::permissions(d.path("tok"), std::filesystem::perms::owner_read | std::filesystem::perms::others_read);
   r = run_process(bin + "/oobleck-ctl", {"--coordinator", "127.0.0.1:1", "--token-file", d.path("tok"), "status"});

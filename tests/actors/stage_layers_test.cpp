@@ -269,3 +269,16 @@ TEST_CASE("stage: the digests of a commit that rides with the next step's orders
     CHECK(a.layers[i].updates == 2);
   }
 }
+
+TEST_CASE("stage layers: an epoch over NCCL is refused by stages on the CPU, saying why, and the next host epoch forms") {
+  node n;
+  auto nccl = epoch_of(1, n.job, false);
+  nccl.nccl_id.assign(128, 7);
+  const std::string refused = n.form(nccl);
+  CAPTURE(refused);
+  CHECK(refused.find("epoch 1 carries tensors over NCCL, but this worker's stages compute on the cpu "
+                     "(cluster.data_plane \"nccl\" needs cluster.device \"cuda\")") != std::string::npos);
+  CHECK(n.form(epoch_of(2, n.job, false)).empty());
+  CHECK(n.run(step_of(2, 0, n.job)).empty());
+  CHECK(n.commit(2, 0).empty());
+}

@@ -8,7 +8,10 @@
 
 #include <thread>
 
+#include "runtime/device_spec.hpp"
 #include "runtime/host_communicator.hpp"
+#include "runtime/nccl_id.hpp"
+#include "runtime/nccl_plane.hpp"
 #include "runtime/transport_test_support.hpp"
 #include "support/fake_communicator.hpp"
 
@@ -106,4 +109,22 @@ TEST_CASE("communicator seam, host transport: a lost peer is peer_lost naming it
   } catch (const comm_error& e) {
     CHECK(e.kind() == comm_failure::aborted);
   }
+}
+
+TEST_CASE("the NCCL data plane in a build without CUDA: the coordinator's id and a stage's communicator refuse, saying why") {
+  if (runtime::built_with_cuda()) return;  // the cuda-labelled tests run it for real
+  auto why = [](auto&& call) {
+    try {
+      call();
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(why([] { runtime::new_nccl_unique_id(); }).find("an NCCL data plane needs NCCL: this build has no CUDA support") == 0);
+  CHECK(why([] { runtime::start_nccl_epoch(0, 2, std::vector<std::uint8_t>(128), 0); })
+            .find("the epoch's data plane is NCCL, but this worker cannot run it: this build has no CUDA support") == 0);
+  testing::fake_hub hub(1);
+  CHECK(why([&] { runtime::prepare_nccl_epoch(hub.at(0), {}, {}); }).find("this build has no CUDA support") !=
+        std::string::npos);
 }
