@@ -135,14 +135,19 @@ void form_nccl_plane(stage_runtime& rt, const epoch_assignment& a, form_timing& 
     auto& group = groups.emplace_back();
     for (auto r : g) group.push_back(r.value);
   }
-  runtime::prepare_nccl_epoch(*rt.nccl, links, groups);
-  t.connect_us = runtime::micros_since(phase);
-  ensure_layers(rt, a);
-  const runtime::copy_timing copied = copies.run(*rt.nccl);
-  t.copies_us = copied.copies_us;
-  t.copy_wait_us = copied.copy_wait_us;
-  t.bytes_sent = copied.bytes_sent;
-  t.bytes_received = copied.bytes_received;
+  try {
+    runtime::prepare_nccl_epoch(*rt.nccl, links, groups);
+    t.connect_us = runtime::micros_since(phase);
+    ensure_layers(rt, a);
+    const runtime::copy_timing copied = copies.run(*rt.nccl);
+    t.copies_us = copied.copies_us;
+    t.copy_wait_us = copied.copy_wait_us;
+    t.bytes_sent = copied.bytes_sent;
+    t.bytes_received = copied.bytes_received;
+  } catch (...) {
+    rt.nccl->abort();  // the epoch cannot form here: nothing of this rank's stays pending
+    throw;
+  }
   std::lock_guard lock(rt.abort_mu);
   rt.local = std::make_unique<runtime::loopback_communicator>(*rt.nccl);
   if (a.epoch <= rt.aborted_through) rt.local->abort();
