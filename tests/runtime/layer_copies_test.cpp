@@ -39,6 +39,37 @@ bool same_state(const runtime::layer_store& a, const runtime::layer_store& b, in
   return true;
 }
 
+/// One store per rank, holding layers [first, end) of its pair, each perturbed.
+std::vector<std::unique_ptr<runtime::layer_store>> perturbed_stores(const runtime::gpt_config& model,
+                                                                    const std::vector<std::pair<int, int>>& held) {
+  std::vector<std::unique_ptr<runtime::layer_store>> stores;
+  for (const auto& [first, end] : held) {
+    stores.push_back(std::make_unique<runtime::layer_store>(model));
+    stores.back()->ensure(first, end);
+    for (int l = first; l < end; ++l) perturb(*stores.back(), l);
+  }
+  return stores;
+}
+
+/// Every copy of the plan arrived whole, and the ranks' bytes add up.
+void check_copied(const std::vector<std::unique_ptr<runtime::layer_store>>& stores,
+                  const std::vector<runtime::copy_entry>& plan, const std::vector<runtime::copy_timing>& timing) {
+  for (const auto& c : plan) {
+    CAPTURE(c.layer);
+    CAPTURE(c.target);
+    CHECK(stores[static_cast<std::size_t>(c.target)]->holds(c.layer));
+    CHECK(same_state(*stores[static_cast<std::size_t>(c.source)], *stores[static_cast<std::size_t>(c.target)], c.layer));
+  }
+  std::int64_t sent = 0, received = 0;
+  for (const auto& t : timing) {
+    sent += t.bytes_sent;
+    received += t.bytes_received;
+    CHECK(t.copy_wait_us <= t.copies_us);
+  }
+  CHECK(sent > 0);
+  CHECK(sent == received);
+}
+
 }  // namespace
 
 TEST_CASE("covered_micros counts the union of spans once") {
@@ -57,13 +88,7 @@ TEST_CASE("layer copies run link by link: two ranks copying both ways do not wai
   // rank 1 is done. A rank that waited for all its links before telling its sources it is
   // ready (rank 0 here) would hold up rank 1 for good.
   const auto model = tiny_model();
-  std::vector<std::unique_ptr<runtime::layer_store>> stores;
-  const std::vector<std::pair<int, int>> held{{0, 2}, {2, 4}, {4, 5}};
-  for (const auto& [first, end] : held) {
-    stores.push_back(std::make_unique<runtime::layer_store>(model));
-    stores.back()->ensure(first, end);
-    for (int l = first; l < end; ++l) perturb(*stores.back(), l);
-  }
+  auto stores = perturbed_stores(model, {{0, 2}, {2, 4}, {4, 5}});
   const std::vector<runtime::copy_entry> plan{{.layer = 0, .source = 0, .target = 1},
                                                {.layer = 2, .source = 1, .target = 0},
                                                {.layer = 4, .source = 2, .target = 0}};
@@ -105,19 +130,7 @@ TEST_CASE("layer copies run link by link: two ranks copying both ways do not wai
   r2.get();
   for (auto& c : connecting) c.get();
 
-  for (const auto& c : plan) {
-    CAPTURE(c.layer);
-    CHECK(stores[static_cast<std::size_t>(c.target)]->holds(c.layer));
-    CHECK(same_state(*stores[static_cast<std::size_t>(c.source)], *stores[static_cast<std::size_t>(c.target)], c.layer));
-  }
-  std::int64_t sent = 0, received = 0;
-  for (const auto& t : timing) {
-    sent += t.bytes_sent;
-    received += t.bytes_received;
-    CHECK(t.copy_wait_us <= t.copies_us);
-  }
-  CHECK(sent > 0);
-  CHECK(sent == received);
+  check_copied(stores, plan, timing);
   // Rank 0 copied with rank 1 at once and with rank 2 after the pause: the pause, spent waiting
   // for rank 2's link, is not copy time.
   CHECK(timing[0].copies_us < std::chrono::duration_cast<std::chrono::microseconds>(late).count());
@@ -170,13 +183,7 @@ TEST_CASE("layer copies over a queued data plane (NCCL's way): every layer arriv
   // The fake hub queues sends and blocks receives, as NCCL's communicator does. Ranks 0 and 1
   // swap layers, and rank 2 sends to both: no ready messages, no link to wait for.
   const auto model = tiny_model();
-  std::vector<std::unique_ptr<runtime::layer_store>> stores;
-  const std::vector<std::pair<int, int>> held{{0, 2}, {2, 4}, {0, 5}};
-  for (const auto& [first, end] : held) {
-    stores.push_back(std::make_unique<runtime::layer_store>(model));
-    stores.back()->ensure(first, end);
-    for (int l = first; l < end; ++l) perturb(*stores.back(), l);
-  }
+  auto stores = perturbed_stores(model, {{0, 2}, {2, 4}, {0, 5}});
   perturb(*stores[2], 4);  // rank 2's copies differ from anything the others hold
   const std::vector<runtime::copy_entry> plan{{.layer = 0, .source = 0, .target = 1},
                                                {.layer = 2, .source = 1, .target = 0},
@@ -197,22 +204,9 @@ TEST_CASE("layer copies over a queued data plane (NCCL's way): every layer arriv
   for (auto& f : ranks) REQUIRE(f.wait_for(20s) == std::future_status::ready);
   for (auto& f : ranks) f.get();
 
-  for (const auto& c : plan) {
-    CAPTURE(c.layer);
-    CAPTURE(c.target);
-    CHECK(stores[static_cast<std::size_t>(c.target)]->holds(c.layer));
-    CHECK(same_state(*stores[static_cast<std::size_t>(c.source)], *stores[static_cast<std::size_t>(c.target)], c.layer));
-  }
+  check_copied(stores, plan, timing);
   CHECK((stores[0]->copy_of(4).header == layer4.header));
   CHECK(torch::equal(stores[1]->copy_of(4).buffers[0], layer4.buffers[0]));
-  std::int64_t sent = 0, received = 0;
-  for (const auto& t : timing) {
-    sent += t.bytes_sent;
-    received += t.bytes_received;
-    CHECK(t.copy_wait_us <= t.copies_us);
-  }
-  CHECK(sent > 0);
-  CHECK(sent == received);
   CHECK(timing[2].bytes_received == 0);
 }
 
