@@ -87,6 +87,10 @@ struct admission_policy {
   std::int32_t slots_per_node = 1;
   /// The job's cluster.device ("cpu" or "cuda"): a worker computing elsewhere is refused.
   std::string device = "cpu";
+  /// cluster.data_plane "nccl": NCCL takes one GPU per rank, so the coordinator refuses a worker
+  /// whose GPU (register_node::device_index) a live node of the same host (data plane address)
+  /// already has.
+  bool one_gpu_per_worker = false;
 };
 
 /// Checks `r` (its nonce is consumed whatever the outcome); an empty error admits it.

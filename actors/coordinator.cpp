@@ -115,11 +115,24 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
                       "the coordinator went on without this node (it was declared lost); start the worker again to "
                       "join as a new node");
   }
+  if (st.deps.policy.one_gpu_per_worker)
+    for (const auto& [other, n] : st.nodes)
+      if (n.state != node_state::lost && n.data.host == r.data.host && n.device_index == r.device_index) {
+        ++st.refused;
+        auto err = make_error(protocol_error::wrong_device,
+                              "GPU " + std::to_string(r.device_index) + " of " + r.data.host + " is " + to_string(other) +
+                                  "'s ('" + n.name + "'), and cluster.data_plane \"nccl\" takes one GPU per worker: "
+                                  "start it with --device cuda:N of another GPU");
+        st.deps.log("refused worker '" + r.name + "': " + describe(err));
+        publish(self, {event_kind::node_refused, st.epoch, st.step, -1, 0, r.name + ": " + describe(err)});
+        return err;
+      }
   const node_id id = st.next_node;
   st.next_node = node_id{id.value + 1};
   self->monitor(monitor);
   const bool training = !before_training(st.phase);
-  st.nodes[id] = node_entry{r.name, r.slots, r.data, monitor, training ? node_state::joining : node_state::registered, {}};
+  st.nodes[id] = node_entry{r.name,         r.slots, r.data, monitor, training ? node_state::joining : node_state::registered,
+                            {},             r.device_index};
   if (training) st.joining.push_back(id);
   st.deps.log(to_string(id) + " joined: " + r.name + " (" + std::to_string(r.slots) +
               " slot(s), data plane " + r.data.host + ":" + std::to_string(r.data.port) + ")" +

@@ -265,6 +265,7 @@ struct node_entry {
   messages::monitor_actor monitor;
   node_state state = node_state::registered;
   std::string lost_reason;
+  std::int32_t device_index = 0;  ///< register_node::device_index
 };
 
 /// A pipeline of the current epoch.

@@ -291,7 +291,7 @@ caf::result<admission> adopt_node(coordinator_pointer self, register_node& r, mo
   if (m.node >= 0 && !st.nodes.count(node_id{m.node})) id = node_id{m.node};
   st.next_node = node_id{std::max(st.next_node.value, id.value + 1)};
   self->monitor(monitor);
-  st.nodes[id] = node_entry{r.name, r.slots, r.data, monitor, node_state::registered, {}};
+  st.nodes[id] = node_entry{r.name, r.slots, r.data, monitor, node_state::registered, {}, r.device_index};
   if (std::holds_alternative<phase::registering>(st.phase)) {
     phase::adopting next;
     next.started = st.deps.now();

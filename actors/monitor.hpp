@@ -37,6 +37,7 @@ struct monitor_deps {
   std::string name;
   std::int32_t slots = 1;
   std::string device = "cpu";  ///< "cpu" or "cuda": the kind of the worker's --device (checked at admission)
+  std::int32_t device_index = 0;  ///< its GPU (the N of --device cuda:N; 0 on the CPU)
   messages::endpoint data;
   std::string job_hash;  ///< of the worker's own --config, if it was given one; empty: any job
   std::function<void(const std::string&)> log = [](const std::string&) {};

@@ -126,6 +126,7 @@ void start_registration(monitor_pointer self, node_memory memory) {
             auto& d = self->state.deps;
             register_node r{protocol_version, d.job_hash, d.name,  d.slots, d.device, d.data,
                             nonce,            admission_proof(d.token, nonce, d.name), memory.node, std::move(memory)};
+            r.device_index = d.device_index;
             const bool rejoining = r.memory.present;
             self->request(d.coordinator, wait, std::move(r))
                 .then([self](admission& a) { admitted(self, a); },

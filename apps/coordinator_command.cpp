@@ -312,7 +312,7 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   }
   actors::coordinator_deps deps;
   deps.policy = {token, actors::sha256_hex(job_text), messages::protocol_version, job.cluster.slots_per_node,
-                 job.cluster.device};
+                 job.cluster.device, job.cluster.data_plane == "nccl"};
   deps.job_toml = job_text_for_workers(job_text, config);  // relative data paths resolved for every worker
   deps.expected_nodes = nodes;
   deps.log = log;

@@ -194,6 +194,7 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   deps.name = name;
   deps.slots = slots;
   deps.device = device.kind;
+  deps.device_index = device.index;
   // Held until the process ends (it exits with std::_Exit below, and the kernel closes it).
   std::optional<port_reservation> reserved;
   if (data_port == 0) reserved.emplace();

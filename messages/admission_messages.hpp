@@ -116,6 +116,9 @@ struct register_node {
   std::int64_t previous_node = -1;
   /// A worker whose coordinator went away re-registers with what it kept (a replacement adopts it).
   node_memory memory;
+  /// Its GPU, the N of --device cuda:N (0 on the CPU): an NCCL job refuses a second worker on one
+  /// GPU of one host.
+  std::int32_t device_index = 0;
 
   bool operator==(const register_node&) const = default;
 };
@@ -123,7 +126,7 @@ struct register_node {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, register_node& x) {
   return f(caf::meta::type_name("register_node"), x.protocol_version, x.job_hash, x.name, x.slots,
-           x.device, x.data, x.nonce, x.proof, x.previous_node, x.memory);
+           x.device, x.data, x.nonce, x.proof, x.previous_node, x.memory, x.device_index);
 }
 
 /// The coordinator's answer to an admitted node.

@@ -47,6 +47,35 @@ TEST_CASE("coordinator: two workers are admitted with distinct ids and the job b
   CHECK(event_match{.node = 1, .detail = "node-b"}(joined[1]));
 }
 
+TEST_CASE("coordinator: an NCCL job refuses a second worker on one GPU of one host, saying whose it is") {
+  for (const bool nccl : {true, false}) {
+    CAPTURE(nccl);
+    fixture f({.nodes = 4, .one_gpu_per_worker = nccl});
+    auto add = [&](const std::string& name, std::int32_t gpu, const std::string& host) -> fixture::worker& {
+      auto& w = f.add_worker({.name = name, .device_index = gpu, .data_host = host, .stages = false});
+      f.sched.run();
+      return w;
+    };
+    CHECK(add("a", 0, "10.0.0.1").node == 0);
+    auto& twin = add("twin", 0, "10.0.0.1");  // GPU 0 of the same host
+    CHECK(add("b", 1, "10.0.0.1").node >= 0);
+    CHECK(add("c", 0, "10.0.0.2").node >= 0);  // GPU 0 of another host
+    const auto refusals = all_of(f.events, {.kind = event_kind::node_refused});
+    if (!nccl) {
+      // The host transport: workers share a GPU.
+      CHECK(twin.node == 1);
+      CHECK(refusals.empty());
+      continue;
+    }
+    CHECK(twin.node == -1);
+    REQUIRE(refusals.size() == 1);
+    CHECK(refusals[0].detail ==
+          "twin: wrong_device: GPU 0 of 10.0.0.1 is node 0's ('a'), and cluster.data_plane \"nccl\" takes one GPU per "
+          "worker: start it with --device cuda:N of another GPU");
+    CHECK(f.status().state == "registering");  // 3 of 4
+  }
+}
+
 TEST_CASE("coordinator: a worker with the wrong token or job is refused and the job is undisturbed") {
   fixture f({.nodes = 1});
   auto& good = start_worker(f, "node-a");

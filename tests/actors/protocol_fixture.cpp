@@ -170,6 +170,7 @@ fixture::fixture(options o) : opts(o) {
 
   coordinator_deps d;
   d.policy = {token, "hash", protocol_version, o.slots};
+  d.policy.one_gpu_per_worker = o.one_gpu_per_worker;
   d.job_toml = "[model]\n";
   d.expected_nodes = o.nodes;
   d.log = [this](const std::string& l) { log.push_back(prefix_ + "[coordinator] " + l); };
@@ -245,8 +246,9 @@ fixture::worker& fixture::add_worker(worker_options o) {
   d.token = o.token.value_or(token);
   d.name = o.name;
   d.slots = o.slots;
+  d.device_index = o.device_index;
   d.job_hash = o.job_hash;
-  d.data = {"127.0.0.1", static_cast<std::uint16_t>(5000 + workers.size() - 1)};
+  d.data = {o.data_host, static_cast<std::uint16_t>(5000 + workers.size() - 1)};
   d.log = [this, w](const std::string& l) {
     w->log.push_back(prefix_ + "[" + w->name + "] " + l);
     log.push_back(w->log.back());

@@ -109,6 +109,7 @@ struct fixture {
     bool profile_at_start = false;
     bool run_ahead = true;  ///< coordinator_deps::run_ahead (on, as in the programs)
     std::function<std::vector<std::uint8_t>()> new_nccl_id;  ///< coordinator_deps::new_nccl_id (unset: host transport)
+    bool one_gpu_per_worker = false;  ///< admission_policy::one_gpu_per_worker
   };
   /// The step protocol tests' jobs: `nodes` nodes of `slots` slots, any of which holds the whole
   /// model, a global batch of 8 (4 microbatches).
@@ -119,6 +120,8 @@ struct fixture {
     std::string name;
     std::function<void(fake_stage_record&)> setup;  ///< adjusts each of its fake stages (node id set) before they run
     int slots = 1;
+    std::int32_t device_index = 0;     ///< monitor_deps::device_index
+    std::string data_host = "127.0.0.1";  ///< where its data plane listens (its host, to the coordinator)
     std::optional<std::string> token;  ///< default: the job's
     std::string job_hash;              ///< of the worker's own job file; empty: any job
     bool stages = true;                ///< false: the node cannot run stages (admission tests)
