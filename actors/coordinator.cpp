@@ -131,8 +131,8 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   st.next_node = node_id{id.value + 1};
   self->monitor(monitor);
   const bool training = !before_training(st.phase);
-  st.nodes[id] = node_entry{r.name,         r.slots, r.data, monitor, training ? node_state::joining : node_state::registered,
-                            {},             r.device_index};
+  st.nodes[id] = node_entry{r.name, r.slots, r.data, monitor, training ? node_state::joining : node_state::registered, {},
+                            r.device_index};
   if (training) st.joining.push_back(id);
   st.deps.log(to_string(id) + " joined: " + r.name + " (" + std::to_string(r.slots) +
               " slot(s), data plane " + r.data.host + ":" + std::to_string(r.data.port) + ")" +

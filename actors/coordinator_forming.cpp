@@ -364,9 +364,10 @@ bool handle(coordinator_pointer self, phase::forming&, node_fault& f) { return n
 bool handle(coordinator_pointer self, phase::training&, node_fault& f) { return node_failed(self, f); }
 bool handle(coordinator_pointer self, phase::committing&, node_fault& f) {
   auto& st = self->state;
-  if (f.own && f.epoch == st.epoch && st.current.contains(f.node)) {
+  if (f.own && f.in_commit && f.epoch == st.epoch && st.current.contains(f.node)) {
     // Its commit failed part-way: its layers are neither the old state nor the new one. The commit
-    // stands (it was decided); the node goes.
+    // stands (it was decided); the node goes. (A failure of the next step, whose orders rode with
+    // the commit, is a step's: a strike, below.)
     publish(self, {event_kind::step_failed, st.epoch, st.step, f.node.value, 0, f.what});
     evict(self, f.node, "applying the commit failed: " + f.what);
     return true;

@@ -75,12 +75,12 @@ void start_stage(monitor_pointer self) {
   // not keep its monitor alive.
   if (st.stage->report_failures_to) {
     const caf::actor_addr me = self->address();
-    st.stage->report_failures_to([me, target = st.failures, log = st.deps.log](std::uint64_t epoch,
-                                                                               const std::string& what) {
+    st.stage->report_failures_to([me, target = st.failures, log = st.deps.log](
+                                     std::uint64_t epoch, const std::string& what, bool in_commit) {
       log("epoch " + std::to_string(epoch) + ": this node's stage failed: " + what);
       std::lock_guard lock(target->mu);
       if (auto monitor = caf::actor_cast<caf::actor>(me))
-        caf::send_as(monitor, target->coordinator, node_fault{epoch, target->node, what, true});
+        caf::send_as(monitor, target->coordinator, node_fault{epoch, target->node, what, true, in_commit});
     });
   }
   if (st.stage->report_commits_to) {

@@ -254,7 +254,7 @@ spawned_stage spawn_stage(caf::actor_system& sys, const stage_job& job, int slot
     r.waiting_ms = waiting;
     return r;
   };
-  out.report_failures_to = [rt](std::function<void(std::uint64_t, const std::string&)> sink) {
+  out.report_failures_to = [rt](std::function<void(std::uint64_t, const std::string&, bool)> sink) {
     std::lock_guard lock(rt->sink_mu);
     rt->failure_sink = std::move(sink);
   };

@@ -87,7 +87,8 @@ struct spawned_stage {
   /// Where the stages report a failure of their own (an exception in a step, commit or forming
   /// that is not the data plane's: out of memory, a c10::Error), from the failing stage's thread,
   /// after they aborted the epoch's data plane. Set once, before the first epoch.
-  std::function<void(std::function<void(std::uint64_t epoch, const std::string& what)>)> report_failures_to;
+  std::function<void(std::function<void(std::uint64_t epoch, const std::string& what, bool in_commit)>)>
+      report_failures_to;
   /// The node's answer to commit (epoch, step) once it is applied (by the commit_step slot 0
   /// received or by the first stage whose stage_step carried it), from any thread; nullopt while
   /// it is not. `node` is left for the caller.

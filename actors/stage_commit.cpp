@@ -51,7 +51,7 @@ bool take_deferred_digests(stage_runtime& rt, std::uint64_t epoch, std::uint64_t
     case deferred_digests::taken::not_ready: return false;
     case deferred_digests::taken::failed: {
       const std::string what = "the digests of step " + std::to_string(step) + ": " + error;
-      rt.own_failure(epoch, what);
+      rt.own_failure(epoch, what, true);
       throw std::runtime_error(what);
     }
     default: return true;
@@ -106,7 +106,7 @@ step_committed apply_commit(stage_runtime& rt, const commit_step& c, bool deferr
   } catch (const std::exception& e) {
     // Part of the step may be applied: this node's layers are no longer the committed state.
     const std::string what = "applying the commit of step " + std::to_string(c.step) + ": " + what_of(e);
-    rt.own_failure(c.epoch, what);
+    rt.own_failure(c.epoch, what, true);
     throw std::runtime_error(what);
   }
   std::fill(rt.gradients_done.begin(), rt.gradients_done.end(), -1);

@@ -170,7 +170,7 @@ struct stage_runtime {
 
   /// Where a failure of the node's own stage goes (the monitor): set once, before the first epoch.
   std::mutex sink_mu;
-  std::function<void(std::uint64_t, const std::string&)> failure_sink;
+  std::function<void(std::uint64_t, const std::string&, bool)> failure_sink;
   /// Where a stage that applied a commit its stage_step carried says so (the monitor): set once.
   std::function<void(std::uint64_t, std::uint64_t)> commit_sink;  // under sink_mu
 
@@ -202,18 +202,19 @@ struct stage_runtime {
   /// The stage's own failure (not the data plane's): the epoch's data plane is aborted at once, so
   /// that every peer waiting for this stage fails within milliseconds instead of waiting forever,
   /// and the monitor reports it to the coordinator (a strike towards eviction).
-  void own_failure(std::uint64_t epoch, const std::string& what) {
+  /// `in_commit`: it failed applying a commit (node_fault::in_commit), not in a step.
+  void own_failure(std::uint64_t epoch, const std::string& what, bool in_commit = false) {
     // The report goes out before the abort that lets the peers see the failure, so that the
     // coordinator usually hears whose failure it was before a peer's "connection closed" (two
     // senders: nothing orders them for certain, and the coordinator counts the strike either way).
     // One report per epoch: two slots of the node failing together are one strike of the node.
     if (reported_epoch.exchange(epoch) != epoch) {
-      std::function<void(std::uint64_t, const std::string&)> sink;
+      std::function<void(std::uint64_t, const std::string&, bool)> sink;
       {
         std::lock_guard lock(sink_mu);
         sink = failure_sink;
       }
-      if (sink) sink(epoch, what);
+      if (sink) sink(epoch, what, in_commit);
     }
     abort(epoch, "a stage of " + to_string(assignment.rank) + " failed: " + what);
   }

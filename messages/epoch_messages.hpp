@@ -190,13 +190,18 @@ struct node_fault {
   /// of memory, a c10::Error), not its data plane: the failure is this node's, and counts
   /// towards its eviction. False: it saw the epoch fail (a peer, an abort).
   bool own = false;
+  /// Own, and it failed applying a commit: its layers may be neither the old state nor the new, so
+  /// the node is evicted at once. False for a step's failure, which is a strike; a step whose
+  /// orders rode with the commit (run-ahead) may fail while the coordinator still collects the
+  /// commit's acknowledgements, and must not be taken for the commit's.
+  bool in_commit = false;
 
   bool operator==(const node_fault&) const = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_fault& x) {
-  return f(caf::meta::type_name("node_fault"), x.epoch, x.node, x.what, x.own);
+  return f(caf::meta::type_name("node_fault"), x.epoch, x.node, x.what, x.own, x.in_commit);
 }
 
 /// The coordinator asks a node, after a deadline passed, what its stages are doing; the node's

@@ -89,6 +89,30 @@ TEST_CASE("stage faults: a commit not confirmed in time stands, and the late nod
   CHECK(f.stop().outcome == messages::stop_outcome::finished);
 }
 
+TEST_CASE("stage faults: while a commit's acknowledgements come in, a node's failed step is a strike and its failed commit an eviction") {
+  // With run-ahead a node runs step k + 1 as soon as it applied commit k, while the coordinator
+  // still waits for other nodes' acknowledgements of commit k (node 2 never sends its own here).
+  // A failure of that step must count as a step's (a strike, the epoch formed again), not as a
+  // commit torn part-way (eviction): the chaos run of seed 9 evicted a node for an error injected
+  // into its step.
+  for (const bool in_commit : {false, true}) {
+    CAPTURE(in_commit);
+    fixture f(fixture::roomy(4, 3));
+    f.start({{2, [](fake_stage_record& r) { r.hold_commit = std::pair{1u, 1u}; }}});
+    REQUIRE(f.happened({.kind = event_kind::step_committed, .step = 0}));
+    REQUIRE(f.status().state == "committing");
+    caf::send_as(f.monitors.at(0), f.coord, messages::node_fault{1, planning::node_id{0}, "injected: out of memory", true, in_commit});
+    f.sched.run();
+    CHECK(f.happened({.kind = event_kind::step_failed, .epoch = 1, .node = 0}));
+    CHECK(f.happened({.kind = event_kind::commit_stood, .epoch = 1, .step = 1}));  // it was decided: it stands either way
+    CHECK(evicted(f, 0) == in_commit);
+    if (!in_commit) {
+      CHECK(f.told("node 0's stage failed in epoch 1 (1 of 3 before eviction)"));
+      CHECK(f.happened({.kind = event_kind::epoch_forming, .epoch = 2, .lost = std::vector<std::int64_t>{}}));
+    }
+  }
+}
+
 TEST_CASE("stage faults: an epoch that does not form in time names the node that could not start forming it") {
   fixture f(fixture::roomy(4, 2));
   f.start({{3, [](fake_stage_record& r) {

@@ -135,6 +135,7 @@ TEST_CASE_FIXTURE(protocol_fixture, "protocol: step messages round-trip") {
   // Stage faults: a node's own failure, the stall probe and its report, the coordinator's deadlines.
   check(node_fault{4, node_id{2}, "injected: out of memory", true});
   CHECK(round_trip(node_fault{4, node_id{2}, "x", true}).own);
+  CHECK(round_trip(node_fault{4, node_id{2}, "x", true, true}).in_commit);
   check(stall_probe{4, 9});
   check(stall_report{9, node_id{2}, 4, false, true, 1234.5, 0.25});
   check(coordinator_deadline{deadline_kind::form, 4, 7, 9});
