@@ -82,16 +82,21 @@ bool refused_without_sender(coordinator_pointer self, const char* what) {
   return true;
 }
 
+/// A worker refused: counted, said and published; returns `err` for the reply.
+caf::error refuse_worker(coordinator_pointer self, const register_node& r, caf::error err) {
+  auto& st = self->state;
+  ++st.refused;
+  st.deps.log("refused worker '" + r.name + "': " + describe(err));
+  publish(self, {event_kind::node_refused, st.epoch, st.step, -1, 0, r.name + ": " + describe(err)});
+  return err;
+}
+
 caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   auto& st = self->state;
   if (refused_without_sender(self, "register_node"))
     return make_error(protocol_error::bad_request, "a registration without a sender");
-  if (auto err = check_registration(r, st.deps.policy, st.nonces, st.deps.now())) {
-    ++st.refused;
-    st.deps.log("refused worker '" + r.name + "': " + describe(err));
-    publish(self, {event_kind::node_refused, st.epoch, st.step, -1, 0, r.name + ": " + describe(err)});
-    return err;
-  }
+  if (auto err = check_registration(r, st.deps.policy, st.nonces, st.deps.now()))
+    return refuse_worker(self, r, std::move(err));
   auto monitor = caf::actor_cast<monitor_actor>(self->current_sender());
   if (r.memory.present) {
     // A worker whose coordinator went away. Before training (a replacement) or while adopting, its
@@ -117,16 +122,13 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
   }
   if (st.deps.policy.one_gpu_per_worker)
     for (const auto& [other, n] : st.nodes)
-      if (n.state != node_state::lost && n.data.host == r.data.host && n.device_index == r.device_index) {
-        ++st.refused;
-        auto err = make_error(protocol_error::wrong_device,
-                              "GPU " + std::to_string(r.device_index) + " of " + r.data.host + " is " + to_string(other) +
-                                  "'s ('" + n.name + "'), and cluster.data_plane \"nccl\" takes one GPU per worker: "
-                                  "start it with --device cuda:N of another GPU");
-        st.deps.log("refused worker '" + r.name + "': " + describe(err));
-        publish(self, {event_kind::node_refused, st.epoch, st.step, -1, 0, r.name + ": " + describe(err)});
-        return err;
-      }
+      if (n.state != node_state::lost && n.data.host == r.data.host && n.device_index == r.device_index)
+        return refuse_worker(self, r,
+                             make_error(protocol_error::wrong_device,
+                                        "GPU " + std::to_string(r.device_index) + " of " + r.data.host + " is " +
+                                            to_string(other) + "'s ('" + n.name +
+                                            "'), and cluster.data_plane \"nccl\" takes one GPU per worker: "
+                                            "start it with --device cuda:N of another GPU"));
   const node_id id = st.next_node;
   st.next_node = node_id{id.value + 1};
   self->monitor(monitor);

@@ -50,6 +50,24 @@ runtime::layer_copies prepare_copies(stage_runtime& rt, const epoch_assignment& 
   return copies;
 }
 
+/// The runtime below speaks plain integers: each layer's gradient group as ranks of the epoch.
+std::vector<std::vector<int>> rank_groups(const epoch_assignment& a) {
+  std::vector<std::vector<int>> groups;
+  for (const auto& g : a.layer_groups) {
+    auto& group = groups.emplace_back();
+    for (auto r : g) group.push_back(r.value);
+  }
+  return groups;
+}
+
+/// The copies' part of the node's forming time.
+void record_copies(form_timing& t, const runtime::copy_timing& copied) {
+  t.copies_us = copied.copies_us;
+  t.copy_wait_us = copied.copy_wait_us;
+  t.bytes_sent = copied.bytes_sent;
+  t.bytes_received = copied.bytes_received;
+}
+
 /// The host transport's mesh (every link proves the job token over the epoch's nonce), the copies
 /// on each link as soon as it is up while the rest connects, then the in-node hand-off over it.
 void form_host_plane(stage_runtime& rt, const epoch_assignment& a, form_timing& t) {
@@ -89,11 +107,7 @@ void form_host_plane(stage_runtime& rt, const epoch_assignment& a, form_timing& 
   });
   try {
     ensure_layers(rt, a);
-    const runtime::copy_timing copied = copies.run(*rt.transport, *rt.comm, copies.time_limit(cfg.connect_timeout));
-    t.copies_us = copied.copies_us;
-    t.copy_wait_us = copied.copy_wait_us;
-    t.bytes_sent = copied.bytes_sent;
-    t.bytes_received = copied.bytes_received;
+    record_copies(t, copies.run(*rt.transport, *rt.comm, copies.time_limit(cfg.connect_timeout)));
   } catch (...) {
     // The epoch cannot form here: end a connect() that still waits for peers. A connect() that
     // failed first has aborted the transport with its reason, which the copy's error names.
@@ -130,20 +144,11 @@ void form_nccl_plane(stage_runtime& rt, const epoch_assignment& a, form_timing& 
   }
   std::vector<std::pair<int, int>> links;
   for (const auto& l : a.p2p_links) links.emplace_back(l.from.value, l.to.value);
-  std::vector<std::vector<int>> groups;
-  for (const auto& g : a.layer_groups) {
-    auto& group = groups.emplace_back();
-    for (auto r : g) group.push_back(r.value);
-  }
   try {
-    runtime::prepare_nccl_epoch(*rt.nccl, links, groups);
+    runtime::prepare_nccl_epoch(*rt.nccl, links, rank_groups(a));
     t.connect_us = runtime::micros_since(phase);
     ensure_layers(rt, a);
-    const runtime::copy_timing copied = copies.run(*rt.nccl);
-    t.copies_us = copied.copies_us;
-    t.copy_wait_us = copied.copy_wait_us;
-    t.bytes_sent = copied.bytes_sent;
-    t.bytes_received = copied.bytes_received;
+    record_copies(t, copies.run(*rt.nccl));
   } catch (...) {
     rt.nccl->abort();  // the epoch cannot form here: nothing of this rank's stays pending
     throw;
@@ -217,10 +222,7 @@ form_timing form(stage_runtime& rt, const epoch_assignment& a) {
   t.views_us = runtime::micros_since(views_started);
   rt.formed_once = true;
   rt.formed_epoch.store(a.epoch);
-  for (const auto& g : a.layer_groups) {
-    auto& group = rt.layer_groups.emplace_back();
-    for (auto r : g) group.push_back(r.value);
-  }
+  rt.layer_groups = rank_groups(a);
   return t;
 }
 

@@ -46,9 +46,10 @@ struct receive_plan {
   std::vector<std::vector<host_communicator::tensor_recv>> from;  ///< per source
 };
 
-receive_plan plan_receives(const std::vector<copy_entry>& plan, std::int32_t rank, bool runs_stages,
-                           const std::vector<layer_store::incoming>& incoming) {
-  receive_plan p;
+/// Checks that this rank may receive what the plan sends it, into `incoming` in plan order
+/// (std::logic_error otherwise).
+void check_receives(const std::vector<copy_entry>& plan, std::int32_t rank, bool runs_stages,
+                    const std::vector<layer_store::incoming>& incoming) {
   std::size_t next = 0;
   for (const auto& c : plan) {
     if (c.target != rank) continue;
@@ -57,6 +58,18 @@ receive_plan plan_receives(const std::vector<copy_entry>& plan, std::int32_t ran
                              std::to_string(rank) + ", which runs no stage");
     if (next >= incoming.size() || incoming[next].layer() != c.layer)
       throw std::logic_error("layer_copies::run: the incoming layers do not follow the copy plan");
+    ++next;
+  }
+  if (next != incoming.size()) throw std::logic_error("layer_copies::run: more incoming layers than the copy plan sends");
+}
+
+receive_plan plan_receives(const std::vector<copy_entry>& plan, std::int32_t rank, bool runs_stages,
+                           const std::vector<layer_store::incoming>& incoming) {
+  check_receives(plan, rank, runs_stages, incoming);
+  receive_plan p;
+  std::size_t next = 0;
+  for (const auto& c : plan) {
+    if (c.target != rank) continue;
     p.headers.push_back(
         torch::empty({static_cast<std::int64_t>(layer_store::copy_header_bytes())}, torch::kUInt8));
     auto s = std::find(p.sources.begin(), p.sources.end(), c.source);
@@ -71,8 +84,14 @@ receive_plan plan_receives(const std::vector<copy_entry>& plan, std::int32_t ran
     for (const auto& buffer : incoming[next].buffers()) items.push_back({buffer, c.source, copy_tag(c.layer, part++)});
     ++next;
   }
-  if (next != incoming.size()) throw std::logic_error("layer_copies::run: more incoming layers than the copy plan sends");
   return p;
+}
+
+/// Installs the received layers, each with its header (host bytes), in plan order.
+void install(layer_store& store, std::vector<layer_store::incoming>& incoming, const std::vector<torch::Tensor>& headers) {
+  for (std::size_t k = 0; k < incoming.size(); ++k)
+    store.adopt(std::move(incoming[k]), {static_cast<const std::byte*>(headers[k].data_ptr()),
+                                         static_cast<std::size_t>(headers[k].numel())});
 }
 
 /// What a rank sends: target rank -> the layers it gets from this rank, in plan order.
@@ -162,11 +181,12 @@ copy_timing layer_copies::run(host_transport& transport, host_communicator& comm
 copy_timing layer_copies::run(communicator& comm) {
   const auto started = std::chrono::steady_clock::now();
   std::vector<layer_store::incoming> incoming = std::move(incoming_);
-  (void)plan_receives(plan_, rank_, runs_stages_, incoming);  // the plan's checks, as run()'s
+  check_receives(plan_, rank_, runs_stages_, incoming);
   const std::map<int, std::vector<int>> to_target = plan_sends(store_, plan_, rank_);
   copy_timing t;
   std::vector<torch::Tensor> headers;  // received, in plan order, on the host
-  std::optional<time_point> receiving, first;
+  time_point receiving = started;
+  std::optional<time_point> first;
   try {
     for (const auto& [target, layers] : to_target)
       for (int layer : layers) {
@@ -199,11 +219,9 @@ copy_timing layer_copies::run(communicator& comm) {
     comm.abort();  // the epoch's data plane is done for: its peers' waits on this rank fail too
     throw;
   }
-  for (std::size_t k = 0; k < incoming.size(); ++k)
-    store_.adopt(std::move(incoming[k]), {static_cast<const std::byte*>(headers[k].data_ptr()),
-                                          static_cast<std::size_t>(headers[k].numel())});
+  install(store_, incoming, headers);
   t.copies_us = micros_since(started);
-  t.copy_wait_us = first ? micros(*receiving, *first) : 0;
+  t.copy_wait_us = first ? micros(receiving, *first) : 0;
   return t;
 }
 
@@ -347,9 +365,7 @@ copy_timing layer_copies::run(host_transport& transport, host_communicator& comm
   for (auto bytes : sent) t.bytes_sent += bytes;
   for (const auto& items : in.from)
     for (const auto& r : items) t.bytes_received += static_cast<std::int64_t>(r.t.nbytes());
-  for (std::size_t k = 0; k < incoming.size(); ++k)
-    store.adopt(std::move(incoming[k]), {static_cast<const std::byte*>(in.headers[k].data_ptr()),
-                                            static_cast<std::size_t>(in.headers[k].numel())});
+  install(store, incoming, in.headers);
   const auto installed = std::chrono::steady_clock::now();
 
   // Every byte of a copy travels within its link's span (a source waits for its target's
