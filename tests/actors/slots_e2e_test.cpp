@@ -110,6 +110,11 @@ local_run run_against_single_process(const std::string& text, bool with_profile,
   CHECK(contains(run.events, finished(static_cast<std::uint64_t>(steps))));
   if (extra.empty()) CHECK(run.records.empty());  // no reconfiguration
   REQUIRE(run.steps.size() == static_cast<std::size_t>(steps));
+  // Steps whose commit was decided before a loss: the lost node's digests may never arrive (with
+  // run-ahead it dies in the next step, its digests still on their thread), and the coordinator
+  // records those that did, as recovery_e2e_support.cpp checks them.
+  std::set<std::uint64_t> committed_before_loss;
+  for (const auto& e : all_of(run.events, {.kind = event_kind::commit_stood})) committed_before_loss.insert(e.step);
   for (int k = 0; k < steps; ++k) {
     CAPTURE(k);
     const auto& m = run.steps[static_cast<std::size_t>(k)];
@@ -119,7 +124,10 @@ local_run run_against_single_process(const std::string& text, bool with_profile,
     REQUIRE(m["layer_digests"].size() == static_cast<std::size_t>(job.model.num_layers()));
     for (const auto& [layer, digests] : m["layer_digests"].items()) {
       CAPTURE(layer);
-      CHECK(digests.size() == pipelines);  // one holder per pipeline, bitwise equal
+      if (committed_before_loss.count(static_cast<std::uint64_t>(k)))  // one holder per pipeline, less the lost one
+        CHECK((digests.size() == pipelines || digests.size() + 1 == pipelines));
+      else
+        CHECK(digests.size() == pipelines);  // one holder per pipeline, bitwise equal
       for (const auto& x : digests) CHECK(x == digests[0]);
     }
     const double loss = m["loss"].get<double>();
