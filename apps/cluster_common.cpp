@@ -20,6 +20,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include "actors/admission.hpp"
+#include "apps/coordinator_link.hpp"
 #include "messages/input_error.hpp"
 
 namespace oobleck::apps {
@@ -159,6 +160,13 @@ messages::coordinator_actor connect_coordinator(caf::actor_system& sys, const ho
                                "the job's CA)"
                              : ": it probably runs with TLS: give --tls-certificate, --tls-key and --tls-ca-file (or a "
                                "job file's [tls])"));
+    // CAF's TLS connect starts its handshake the moment TCP connects: when a plain CAF port's
+    // handshake has already arrived by then, the session fails at once and CAF says only
+    // cannot_connect_to_node, as for a port nobody listens on. A port that greets in the clear
+    // tells the two apart.
+    if (tls && c.error() == caf::sec::cannot_connect_to_node && greets_in_clear(at, std::chrono::seconds(1)))
+      throw input_error("the coordinator at " + where + " sent CAF's handshake in the clear: it runs without TLS, "
+                        "and this side has TLS on (both sides must use TLS with the job's CA, or neither)");
     if (std::chrono::steady_clock::now() >= deadline)
       throw std::runtime_error("cannot reach the coordinator at " + where + " within " + std::to_string(timeout_s) +
                                " s: " + sys.render(c.error()));

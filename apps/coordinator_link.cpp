@@ -3,7 +3,9 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -66,6 +68,28 @@ std::size_t shut_down_connections_to(const host_port& at) {
       }
   }
   return shut;
+}
+
+bool greets_in_clear(const host_port& at, std::chrono::milliseconds wait) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(at.host.c_str(), std::to_string(at.port).c_str(), &hints, &found) != 0) return false;
+  bool greeted = false;
+  for (auto* a = found; a && !greeted; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      pollfd p{fd, POLLIN, 0};
+      char byte = 0;
+      greeted = ::poll(&p, 1, static_cast<int>(wait.count())) == 1 && (p.revents & POLLIN) &&
+                ::recv(fd, &byte, 1, 0) == 1;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return greeted;
 }
 
 }  // namespace oobleck::apps

@@ -248,10 +248,14 @@ TEST_CASE("a TLS worker meeting a coordinator without TLS says so at once, and t
     a.insert(a.end(), f.begin(), f.end());
     return a;
   }());
-  CHECK(w.wait_exit(std::chrono::seconds(20)) == 2);
-  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(15));
+  const int exit_status = w.wait_exit(std::chrono::seconds(20));
   INFO(w.output());
-  CHECK(has(w.output(), "closed the connection during CAF's handshake"));
+  CHECK(exit_status == 2);
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(15));
+  // CAF fails the TLS session at once when the plain handshake is already there as TCP connects
+  // (the worker then sees it greet in the clear), or else later, when it arrives.
+  CHECK((has(w.output(), "closed the connection during CAF's handshake") ||
+         has(w.output(), "sent CAF's handshake in the clear")));
   CHECK(has(w.output(), "it runs without TLS"));
   // The coordinator is not disturbed: it still answers an operator.
   const auto status = run_process(bin + "/oobleck-ctl", {"--coordinator", address, "--token-file", p.path("token"), "status"});

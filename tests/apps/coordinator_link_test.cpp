@@ -11,7 +11,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
+#include <thread>
 
 using namespace oobleck::apps;
 
@@ -85,4 +87,31 @@ TEST_CASE("coordinator link: the process's connections to the address are shut d
   CHECK(shut_down_connections_to({"127.0.0.1", 1}) == 0u);
   CHECK(shut_down_connections_to({"no-such-host.invalid", coordinator.port}) == 0u);
   for (int fd : {a, b, c, a_peer, b_peer, c_peer}) ::close(fd);
+}
+
+TEST_CASE("coordinator link: a port that greets in the clear is told from a silent one and from none") {
+  listener greeter, silent;
+  // A plain CAF port sends its handshake unasked; a TLS port waits for the client's hello.
+  std::thread serve([&] {
+    const int peer = greeter.accept_one();
+    REQUIRE(peer >= 0);
+    const char hello[] = "caf";
+    CHECK(::send(peer, hello, sizeof hello, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof hello));
+    char c = 0;
+    static_cast<void>(::read(peer, &c, 1));  // until the prober closes
+    ::close(peer);
+  });
+  CHECK(greets_in_clear({"127.0.0.1", greeter.port}, std::chrono::seconds(2)));
+  serve.join();
+  const auto started = std::chrono::steady_clock::now();
+  CHECK_FALSE(greets_in_clear({"127.0.0.1", silent.port}, std::chrono::milliseconds(200)));
+  CHECK(std::chrono::steady_clock::now() - started >= std::chrono::milliseconds(200));
+  // Nothing listens on a port just closed: false at once.
+  std::uint16_t closed = 0;
+  {
+    listener gone;
+    closed = gone.port;
+  }
+  CHECK_FALSE(greets_in_clear({"127.0.0.1", closed}, std::chrono::seconds(2)));
+  CHECK_FALSE(greets_in_clear({"no-such-host.invalid", 1}, std::chrono::milliseconds(100)));
 }
