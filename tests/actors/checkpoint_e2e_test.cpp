@@ -36,6 +36,7 @@
 #include "planning/planner.hpp"
 #include "planning/reconfiguration.hpp"
 #include "runtime/checkpoint.hpp"
+#include "support/apps_dir.hpp"
 #include "support/background_process.hpp"
 #include "support/local_run.hpp"
 #include "support/subprocess.hpp"
@@ -48,8 +49,6 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-
-const std::string bin = OOBLECK_APPS_DIR;
 
 const std::string& default_job_text() {
   static const std::string text = [] {

@@ -17,6 +17,7 @@
 #include <memory>
 
 #include "runtime/checkpoint.hpp"
+#include "support/apps_dir.hpp"
 #include "support/background_process.hpp"
 #include "support/job_events.hpp"
 #include "support/subprocess.hpp"
@@ -28,8 +29,6 @@ using messages::stop_outcome;
 namespace fs = std::filesystem;
 
 namespace {
-
-const std::string bin = OOBLECK_APPS_DIR;
 
 /// A scratch directory with the default job on 4 nodes (f = 1, n0 = 2: two pipelines of two).
 struct job_dir {

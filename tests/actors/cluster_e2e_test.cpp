@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/apps_dir.hpp"
 #include "support/background_process.hpp"
 #include "support/job_events.hpp"
 #include "support/subprocess.hpp"
@@ -25,8 +26,6 @@ using namespace oobleck::testing;
 using oobleck::messages::event_kind;
 
 namespace {
-
-const std::string bin = OOBLECK_APPS_DIR;
 
 struct cluster_dir {
   std::filesystem::path dir;

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/apps_dir.hpp"
 #include "support/background_process.hpp"
 #include "support/job_events.hpp"
 #include "support/subprocess.hpp"
@@ -27,8 +28,6 @@ using oobleck::messages::event_kind;
 using namespace std::chrono_literals;
 
 namespace {
-
-const std::string bin = OOBLECK_APPS_DIR;
 
 struct job_dir {
   std::filesystem::path dir;

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/cuda_info.hpp"
+#include "support/apps_dir.hpp"
 #include "support/local_run.hpp"
 #include "support/subprocess.hpp"
 #include "support/temp_dir.hpp"
@@ -25,8 +26,6 @@ using namespace oobleck;
 using namespace oobleck::testing;
 
 namespace {
-
-const std::string bin = OOBLECK_APPS_DIR;
 
 /// The GPU's reductions (cuBLAS, atomics in backward kernels) need not sum in one order from run to
 /// run; the host transport's all-reduce does. 1e-4 relative, as on the CPU, unless measured otherwise.

@@ -22,6 +22,7 @@
 #include "apps/job_file.hpp"
 #include "apps/stage_job.hpp"
 #include "runtime/checkpoint.hpp"
+#include "support/apps_dir.hpp"
 #include "support/local_run.hpp"
 #include "support/subprocess.hpp"
 #include "support/temp_dir.hpp"
@@ -33,7 +34,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string bin = OOBLECK_APPS_DIR;
 constexpr int steps = 12;
 constexpr int windows = 8;
 

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "apps/job_file.hpp"
+#include "support/apps_dir.hpp"
 #include "support/background_process.hpp"
 #include "support/job_events.hpp"
 #include "support/subprocess.hpp"
@@ -26,8 +27,6 @@ using namespace oobleck::testing;
 using messages::event_kind;
 
 namespace {
-
-const std::string bin = OOBLECK_APPS_DIR;
 
 }  // namespace
 

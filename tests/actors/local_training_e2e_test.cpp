@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/stage_job.hpp"
+#include "support/apps_dir.hpp"
 #include "support/background_process.hpp"
 #include "support/local_run.hpp"
 #include "support/subprocess.hpp"
@@ -32,8 +33,6 @@ using namespace oobleck::testing;
 using messages::event_kind;
 
 namespace {
-
-const std::string bin = OOBLECK_APPS_DIR;
 
 apps::job_file default_job() {
   const auto r = run_process(bin + "/oobleck-local", {"--print-default-job"});

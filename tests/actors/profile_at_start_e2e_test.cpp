@@ -16,6 +16,7 @@
 #include "messages/profile_file.hpp"
 #include "planning/profile.hpp"
 #include "planning/synthetic_profile.hpp"
+#include "support/apps_dir.hpp"
 #include "support/job_events.hpp"
 #include "support/local_run.hpp"
 #include "support/subprocess.hpp"
@@ -26,8 +27,6 @@ using namespace oobleck::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-const std::string bin = OOBLECK_APPS_DIR;
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

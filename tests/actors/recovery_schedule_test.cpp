@@ -10,13 +10,13 @@
 #include <set>
 #include <string>
 
+#include "support/apps_dir.hpp"
 #include "support/recovery_model.hpp"
 
 using namespace oobleck;
 using namespace oobleck::testing;
 
 namespace {
-const std::string bin = OOBLECK_APPS_DIR;
 }  // namespace
 
 TEST_CASE("recovery chaos: the 20 seeded schedules of the suite draw kills, hangs, stage errors, stalls and joins within f, and coordinator faults") {

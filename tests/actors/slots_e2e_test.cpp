@@ -26,6 +26,7 @@
 #include "apps/stage_job.hpp"
 #include "messages/profile_file.hpp"
 #include "planning/planner.hpp"
+#include "support/apps_dir.hpp"
 #include "support/local_run.hpp"
 
 using namespace oobleck;
@@ -33,8 +34,6 @@ using namespace oobleck::testing;
 using messages::event_kind;
 
 namespace {
-
-const std::string bin = OOBLECK_APPS_DIR;
 
 struct job_dir {
   std::filesystem::path dir;

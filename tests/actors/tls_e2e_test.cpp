@@ -25,6 +25,7 @@
 #include "actors/stage.hpp"
 #include "apps/job_file.hpp"
 #include "apps/stage_job.hpp"
+#include "support/apps_dir.hpp"
 #include "support/background_process.hpp"
 #include "support/job_events.hpp"
 #include "support/local_run.hpp"
@@ -38,8 +39,6 @@ using namespace oobleck::testing;
 using messages::event_kind;
 
 namespace {
-
-const std::string bin = OOBLECK_APPS_DIR;
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "apps/stage_job.hpp"
+#include "support/apps_dir.hpp"
 #include "support/local_run.hpp"
 #include "support/temp_dir.hpp"
 
@@ -21,8 +22,6 @@ using namespace oobleck;
 using namespace oobleck::testing;
 
 namespace {
-
-const std::string bin = OOBLECK_APPS_DIR;
 
 /// `count` uint16 ids in [0, vocab), a repeating pattern with noise: learnable, and far from bytes.
 void write_tokens(const std::filesystem::path& path, int count, int vocab) {

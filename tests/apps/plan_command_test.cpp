@@ -15,13 +15,12 @@
 
 #include "messages/profile_file.hpp"
 #include "planning/synthetic_profile.hpp"
+#include "support/example_profile.hpp"
 
 using oobleck::apps::run_plan_command;
 using nlohmann::json;
 
 namespace {
-
-const std::string kProfile = std::string(OOBLECK_SOURCE_DIR) + "/examples/profiles/gpt-synthetic-24l.json";
 
 struct result {
   int code;

@@ -16,14 +16,13 @@
 
 #include "messages/input_error.hpp"
 #include "planning/profile.hpp"
+#include "support/example_profile.hpp"
 #include "support/subprocess.hpp"
 
 using oobleck::apps::exit_status_of;
 using oobleck::testing::run_process;
 
 namespace {
-
-const std::string kProfile = std::string(OOBLECK_SOURCE_DIR) + "/examples/profiles/gpt-synthetic-24l.json";
 
 int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
 

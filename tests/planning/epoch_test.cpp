@@ -9,6 +9,7 @@
 #include <set>
 #include <type_traits>
 
+#include "planning/holdings.hpp"
 #include "support/brute_force.hpp"
 
 using namespace oobleck::planning;
@@ -42,20 +43,11 @@ profile eight_layers(int gpus_per_node) {
   return p;
 }
 
-using holding = std::map<std::int64_t, std::pair<int, int>>;  // node id -> layers [u, v)
-
-holding holdings_of(const template_set& t, const std::vector<pipeline_instance>& ps) {
-  holding out;
-  for (const auto& p : ps)
-    for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) {
-      const auto [u, v] = t.find(p.template_nodes)->node_layers(i);
-      out[p.nodes[i].value] = {u.value, v.value};
-    }
-  return out;
-}
+using holding = std::map<node_id, std::pair<int, int>>;  // node -> layers [u, v)
+using oobleck::testing::holdings_of;
 
 bool holds(const holding& h, std::int64_t node, int layer) {
-  auto it = h.find(node);
+  auto it = h.find(node_id{node});
   return it != h.end() && layer >= it->second.first && layer < it->second.second;
 }
 

@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "planning/holdings.hpp"
 #include "planning/node_spec.hpp"
 #include "support/brute_force.hpp"
 
@@ -41,15 +42,7 @@ struct fixture {
   }
 };
 
-std::map<node_id, std::pair<int, int>> holdings_of(const template_set& t, const std::vector<pipeline_instance>& ps) {
-  std::map<node_id, std::pair<int, int>> out;
-  for (const auto& p : ps)
-    for (int i = 0; i < static_cast<int>(p.nodes.size()); ++i) {
-      const auto [u, v] = t.find(p.template_nodes)->node_layers(i);
-      out[p.nodes[i]] = {u.value, v.value};
-    }
-  return out;
-}
+using oobleck::testing::holdings_of;
 
 std::vector<int> sizes_of(const reconfiguration& r) {
   std::vector<int> s;

@@ -53,8 +53,8 @@ TEST_CASE("communicator seam, fake: collectives of different tags are independen
 }
 
 TEST_CASE("communicator seam, host transport: collectives of different tags are independent") {
-  auto ts = runtime::testing::make_transports(2, 1);
-  const auto eps = runtime::testing::endpoints_of(ts);
+  auto ts = runtime::transport_testing::make_transports(2, 1);
+  const auto eps = runtime::transport_testing::endpoints_of(ts);
   std::thread connect1([&] { ts[1]->connect(eps); });
   ts[0]->connect(eps);
   connect1.join();
@@ -86,8 +86,8 @@ TEST_CASE("communicator seam, fake: a crashed peer is peer_lost naming it, an ab
 }
 
 TEST_CASE("communicator seam, host transport: a lost peer is peer_lost naming it, an abort is aborted") {
-  auto ts = runtime::testing::make_transports(3, 1);
-  const auto eps = runtime::testing::endpoints_of(ts);
+  auto ts = runtime::transport_testing::make_transports(3, 1);
+  const auto eps = runtime::transport_testing::endpoints_of(ts);
   std::thread c1([&] { ts[1]->connect(eps); }), c2([&] { ts[2]->connect(eps); });
   ts[0]->connect(eps);
   c1.join();

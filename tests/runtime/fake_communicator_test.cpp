@@ -15,7 +15,7 @@
 
 using namespace oobleck;
 using namespace std::chrono_literals;
-using runtime::testing::order_sensitive_data;
+using runtime::transport_testing::order_sensitive_data;
 
 namespace {
 
@@ -60,8 +60,8 @@ std::vector<std::vector<float>> reduce_on_threads(int world, const std::vector<i
 /// The same over the host transport, through the runtime's host_communicator.
 std::vector<std::vector<float>> reduce_over_transport(int world, const std::vector<int>& group,
                                                       const std::vector<std::vector<float>>& in) {
-  auto transports = runtime::testing::make_transports(world, 1);
-  const auto endpoints = runtime::testing::endpoints_of(transports);
+  auto transports = runtime::transport_testing::make_transports(world, 1);
+  const auto endpoints = runtime::transport_testing::endpoints_of(transports);
   std::vector<std::unique_ptr<runtime::host_communicator>> comms;
   for (auto& t : transports) comms.push_back(std::make_unique<runtime::host_communicator>(*t));
   return reduce_on_threads(
@@ -103,9 +103,9 @@ TEST_CASE("the fake's all-reduce is bitwise the host transport's for groups of 3
       const auto in = inputs_of(group, numel);
       const auto fake = reduce_over_fake(world, group, in);
       const auto real = reduce_over_transport(world, group, in);
-      const auto expected = runtime::testing::ring_reference(in);
+      const auto expected = runtime::transport_testing::ring_reference(in);
       // The data tells the orders apart: the old fake (plain sum in group order) differs here.
-      CHECK(runtime::testing::differs_from_serial(in, expected) > numel / 100);
+      CHECK(runtime::transport_testing::differs_from_serial(in, expected) > numel / 100);
       for (std::size_t m = 0; m < group.size(); ++m) {
         CAPTURE(m);
         CHECK(bitwise_equal(real[m], expected));

@@ -14,7 +14,7 @@
 
 using namespace oobleck;
 using namespace std::chrono_literals;
-namespace rt = runtime::testing;
+namespace rt = runtime::transport_testing;
 namespace forked = runtime::forked_ranks;
 
 namespace {

@@ -93,8 +93,8 @@ TEST_CASE("layer copies run link by link: two ranks copying both ways do not wai
                                                {.layer = 2, .source = 1, .target = 0},
                                                {.layer = 4, .source = 2, .target = 0}};
 
-  auto ts = runtime::testing::make_transports(3, 1);
-  const auto eps = runtime::testing::endpoints_of(ts);
+  auto ts = runtime::transport_testing::make_transports(3, 1);
+  const auto eps = runtime::transport_testing::endpoints_of(ts);
   std::vector<std::unique_ptr<runtime::host_communicator>> comms;
   for (auto& t : ts) comms.push_back(std::make_unique<runtime::host_communicator>(*t));
   std::vector<runtime::copy_timing> timing(3);
@@ -117,7 +117,7 @@ TEST_CASE("layer copies run link by link: two ranks copying both ways do not wai
     rank1_done.set_value();
   });
   std::future<void> r2;
-  const runtime::testing::abort_all_on_exit guard{ts};  // a failed check must not leave the ranks waiting for each other
+  const runtime::transport_testing::abort_all_on_exit guard{ts};  // a failed check must not leave the ranks waiting for each other
   REQUIRE_MESSAGE(rank1_done.get_future().wait_for(20s) == std::future_status::ready,
                   "rank 1's copies waited for rank 2, which joins only after them");
   r1.get();
@@ -144,8 +144,8 @@ TEST_CASE("a copy whose sender never sends fails at its deadline, naming the sen
   runtime::layer_store source(model), target(model);
   source.ensure(0, 1);
   const std::vector<runtime::copy_entry> plan{{.layer = 0, .source = 0, .target = 1}};
-  auto ts = runtime::testing::make_transports(2, 1);
-  const auto eps = runtime::testing::endpoints_of(ts);
+  auto ts = runtime::transport_testing::make_transports(2, 1);
+  const auto eps = runtime::transport_testing::endpoints_of(ts);
   auto connect0 = std::async(std::launch::async, [&] { ts[0]->connect(eps); });
   auto connect1 = std::async(std::launch::async, [&] { ts[1]->connect(eps); });
   runtime::host_communicator comm(*ts[1]);
@@ -163,11 +163,11 @@ TEST_CASE("a copy whose sender never sends fails at its deadline, naming the sen
     }
     return "";
   });
-  const runtime::testing::abort_all_on_exit guard{ts};
+  const runtime::transport_testing::abort_all_on_exit guard{ts};
   const auto started = clock_type::now();
-  REQUIRE_MESSAGE(copying.wait_for(limit + runtime::testing::fails_within) == std::future_status::ready,
+  REQUIRE_MESSAGE(copying.wait_for(limit + runtime::transport_testing::fails_within) == std::future_status::ready,
                   "the copy still waits long after its deadline");
-  const double took_ms = runtime::testing::ms_since(started);
+  const double took_ms = runtime::transport_testing::ms_since(started);
   const std::string what = copying.get();
   CAPTURE(what);
   CHECK(what.find("missed their deadline of 400 ms") != std::string::npos);

@@ -12,7 +12,7 @@
 #include "runtime/transport_test_support.hpp"
 
 using namespace oobleck::runtime;
-using namespace oobleck::runtime::testing;
+using namespace oobleck::runtime::transport_testing;
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include "runtime/transport_test_support.hpp"
 
 using namespace oobleck::runtime;
-using namespace oobleck::runtime::testing;
+using namespace oobleck::runtime::transport_testing;
 using namespace std::chrono_literals;
 
 namespace {

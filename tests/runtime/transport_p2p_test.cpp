@@ -16,7 +16,7 @@
 #include "runtime/transport_test_support.hpp"
 
 using namespace oobleck::runtime;
-using namespace oobleck::runtime::testing;
+using namespace oobleck::runtime::transport_testing;
 
 TEST_CASE("p2p: 0 B, 1 B, 1 MiB and 64 MiB messages arrive intact") {
   // Throughput is bench/transport_vs_gloo's business.

@@ -15,7 +15,7 @@
 #include "runtime/transport_test_support.hpp"
 
 using namespace oobleck::runtime;
-using namespace oobleck::runtime::testing;
+using namespace oobleck::runtime::transport_testing;
 using namespace oobleck::runtime::forked_ranks;
 using namespace std::chrono_literals;
 

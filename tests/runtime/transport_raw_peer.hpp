@@ -23,7 +23,7 @@
 #include "runtime/transport/transport_handshake.hpp"
 #include "runtime/transport/transport_wire.hpp"
 
-namespace oobleck::runtime::testing {
+namespace oobleck::runtime::transport_testing {
 
 class raw_peer {
  public:
@@ -134,4 +134,4 @@ inline std::array<std::byte, frame_header_size> frame_header(channel c, std::uin
   return h;
 }
 
-}  // namespace oobleck::runtime::testing
+}  // namespace oobleck::runtime::transport_testing

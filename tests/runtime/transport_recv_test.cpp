@@ -15,7 +15,7 @@
 #include "runtime/transport_test_support.hpp"
 
 using namespace oobleck::runtime;
-using namespace oobleck::runtime::testing;
+using namespace oobleck::runtime::transport_testing;
 
 TEST_CASE("p2p: recv_all takes the messages of several peers and tags at once, whatever their order") {
   // Rank 2's messages are sent at once, so most arrive before rank 0 posts anything (kept,

@@ -21,7 +21,7 @@
 
 #include "runtime/transport/host_transport.hpp"
 
-namespace oobleck::runtime::testing {
+namespace oobleck::runtime::transport_testing {
 
 /// How long a failure may take to reach a pending operation before a test calls it a hang. The
 /// transport has no data timeouts: an operation that is not failed at once by a lost peer or an
@@ -227,4 +227,4 @@ inline double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
-}  // namespace oobleck::runtime::testing
+}  // namespace oobleck::runtime::transport_testing

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "sim/policy.hpp"
+#include "sim/simulator.hpp"
 #include "sim/trace.hpp"
 
 namespace oobleck::sim::testing {
@@ -74,5 +75,8 @@ struct temp_file {
   }
   std::string str() const { return path.string(); }
 };
+
+/// The time a policy's run spent on one activity.
+inline double part(const policy_result& r, activity a) { return r.breakdown_ms[static_cast<int>(a)]; }
 
 }  // namespace oobleck::sim::testing

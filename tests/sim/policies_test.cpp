@@ -10,17 +10,15 @@
 #include "planning/reconfiguration.hpp"
 #include "planning/synthetic_profile.hpp"
 #include "sim/bamboo_policy.hpp"
+#include "sim/fixtures.hpp"
 #include "sim/oobleck_policy.hpp"
 #include "sim/simulator.hpp"
 #include "sim/varuna_policy.hpp"
-#include "sim/fixtures.hpp"
 
 using namespace oobleck::sim;
 using namespace oobleck::sim::testing;
 
 namespace {
-
-double part(const policy_result& r, activity a) { return r.breakdown_ms[static_cast<int>(a)]; }
 
 double total(const policy_result& r) {
   double t = 0;

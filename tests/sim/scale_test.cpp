@@ -22,8 +22,6 @@ using namespace oobleck::sim::testing;
 
 namespace {
 
-double part(const policy_result& r, activity a) { return r.breakdown_ms[static_cast<int>(a)]; }
-
 int failures(const cluster_trace& t) {
   int n = 0;
   for (const auto& c : t.changes) n += static_cast<int>(c.removed.size());

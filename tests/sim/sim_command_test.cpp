@@ -9,6 +9,7 @@
 
 #include "sim/fixtures.hpp"
 #include "sim/report.hpp"
+#include "support/example_profile.hpp"
 #include "support/subprocess.hpp"
 
 using oobleck::apps::run_sim_command;
@@ -28,7 +29,6 @@ result sim(std::vector<std::string> args) {
 }
 
 const char* kTrace = "0,add,n1\n0,add,n2\n0,add,n3\n0,add,n4\n600000,remove,n2\n1200000,remove,n3\n1800000,add,n5\n3600000,remove,n5\n";
-const std::string kProfile = std::string(OOBLECK_SOURCE_DIR) + "/examples/profiles/gpt-synthetic-24l.json";
 
 }  // namespace
 
