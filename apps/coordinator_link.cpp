@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -34,21 +37,34 @@ bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
   return false;
 }
 
-}  // namespace
+struct endpoint {
+  sockaddr_storage address{};
+  socklen_t len = 0;
+};
 
-std::size_t shut_down_connections_to(const host_port& at) {
+/// Every TCP address `at` resolves to (none when it does not resolve).
+std::vector<endpoint> resolve(const host_port& at) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(at.host.c_str(), std::to_string(at.port).c_str(), &hints, &found) != 0) return 0;
-  std::vector<sockaddr_storage> targets;
+  if (::getaddrinfo(at.host.c_str(), std::to_string(at.port).c_str(), &hints, &found) != 0) return {};
+  std::vector<endpoint> out;
   for (auto* a = found; a; a = a->ai_next) {
-    sockaddr_storage s{};
-    std::memcpy(&s, a->ai_addr, std::min<std::size_t>(a->ai_addrlen, sizeof s));
-    targets.push_back(s);
+    endpoint e;
+    e.len = static_cast<socklen_t>(std::min<std::size_t>(a->ai_addrlen, sizeof e.address));
+    std::memcpy(&e.address, a->ai_addr, e.len);
+    out.push_back(e);
   }
   ::freeaddrinfo(found);
+  return out;
+}
+
+}  // namespace
+
+std::size_t shut_down_connections_to(const host_port& at) {
+  const auto targets = resolve(at);
+  if (targets.empty()) return 0;
   std::size_t shut = 0;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
@@ -62,7 +78,7 @@ std::size_t shut_down_connections_to(const host_port& at) {
     socklen_t peer_len = sizeof peer;
     if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
     for (const auto& t : targets)
-      if (same_endpoint(peer, t)) {
+      if (same_endpoint(peer, t.address)) {
         if (::shutdown(fd, SHUT_RDWR) == 0) ++shut;
         break;
       }
@@ -71,25 +87,29 @@ std::size_t shut_down_connections_to(const host_port& at) {
 }
 
 bool greets_in_clear(const host_port& at, std::chrono::milliseconds wait) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(at.host.c_str(), std::to_string(at.port).c_str(), &hints, &found) != 0) return false;
-  bool greeted = false;
-  for (auto* a = found; a && !greeted; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+  // Non-blocking: `wait` bounds the connect too (an unreachable host would otherwise hold this for
+  // the kernel's SYN retries, minutes).
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  const auto ready = [&](int fd, short events) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fd, events, 0};
+    return ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0))) == 1 && (p.revents & events);
+  };
+  for (const auto& e : resolve(at)) {
+    const int fd = ::socket(e.address.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) continue;
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      pollfd p{fd, POLLIN, 0};
+    bool greeted = false;
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&e.address), e.len) == 0 || errno == EINPROGRESS) {
+      int error = 0;
+      socklen_t error_len = sizeof error;
       char byte = 0;
-      greeted = ::poll(&p, 1, static_cast<int>(wait.count())) == 1 && (p.revents & POLLIN) &&
-                ::recv(fd, &byte, 1, 0) == 1;
+      greeted = ready(fd, POLLOUT) && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len) == 0 && error == 0 &&
+                ready(fd, POLLIN) && ::recv(fd, &byte, 1, 0) == 1;
     }
     ::close(fd);
+    if (greeted) return true;
   }
-  ::freeaddrinfo(found);
-  return greeted;
+  return false;
 }
 
 }  // namespace oobleck::apps

@@ -37,9 +37,9 @@ inline constexpr std::chrono::milliseconds handshake_retry_wait{100};
 /// address it has). Returns how many. Linux: the process's sockets are read from /proc/self/fd.
 std::size_t shut_down_connections_to(const host_port& at);
 
-/// Whether a TCP connection to `at` receives bytes within `wait` while this side says nothing:
-/// a plain CAF port sends its handshake unasked, a TLS port waits for the client's hello. False
-/// when nothing accepts the connection. Used to name why a TLS connection failed at once.
+/// Whether a TCP connection to `at` receives bytes within `wait` (the connect included) while this
+/// side says nothing: a plain CAF port sends its handshake unasked, a TLS port waits for the
+/// client's hello. False when nothing accepts the connection. Used to name why a TLS connection failed at once.
 bool greets_in_clear(const host_port& at, std::chrono::milliseconds wait);
 
 }  // namespace oobleck::apps
