@@ -92,7 +92,7 @@ void await_stage(pipeline_pointer self, caf::message_id mid, std::size_t s, std:
 pipeline_actor::behavior_type pipeline(pipeline_pointer self, pipeline_deps deps) {
   self->state.deps = std::move(deps);
   return {
-      [self](run_step& r) {
+      [self](messages::run_step& r) {
         auto& st = self->state;
         if (!sent_by(self, caf::actor_cast<caf::actor_addr>(st.deps.coordinator))) {
           ++st.refused;

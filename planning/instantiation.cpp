@@ -9,11 +9,11 @@ namespace oobleck::planning {
 
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNoLimit = std::numeric_limits<double>::infinity();
 
 /// Microbatches template `t` can take while finishing strictly before `limit`, at most `most`.
 std::int64_t capacity_below(const template_option& t, double limit, int most) {
-  if (limit == kInf) return most;
+  if (limit == kNoLimit) return most;
   return t.time.most_below(limit, most);
 }
 
@@ -108,7 +108,7 @@ std::optional<instantiation> instantiate(std::span<const template_option> templa
   capacity_knapsack knapsack(templates, nodes, min_pipelines, num_microbatches);
   std::vector<std::int64_t> capacity(templates.size());
   std::optional<instantiation> best;
-  double limit = kInf;
+  double limit = kNoLimit;
   while (true) {
     for (std::size_t j = 0; j < templates.size(); ++j)
       capacity[j] = capacity_below(templates[j], limit, num_microbatches);

@@ -23,8 +23,6 @@ namespace {
 
 // Bytes read past the current body (the next headers and small bodies) land here.
 constexpr std::size_t stage_capacity = std::size_t{64} << 10;
-// A read pass yields to the other links' handlers after moving this much.
-constexpr std::size_t yield_after_bytes = std::size_t{8} << 20;
 
 }  // namespace
 

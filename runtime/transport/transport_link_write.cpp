@@ -19,8 +19,6 @@ namespace oobleck::runtime {
 
 namespace {
 
-// A write pass of the I/O thread yields to the other links' handlers after moving this much.
-constexpr std::size_t yield_after_bytes = std::size_t{8} << 20;
 // Pieces gathered into one sendmsg.
 constexpr std::size_t max_iov = 64;
 // A zero-copy send or a collective's segment written from the sending thread (link idle) moves

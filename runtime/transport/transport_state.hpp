@@ -39,6 +39,9 @@
 
 namespace oobleck::runtime {
 
+// A read or write pass of the I/O thread yields to the other links' handlers after moving this much.
+inline constexpr std::size_t yield_after_bytes = std::size_t{8} << 20;
+
 /// An accepted connection that has not proved who it is yet.
 struct handshake {
   explicit handshake(tcp::socket s) : socket(std::move(s)), challenge(fresh_challenge()) {}

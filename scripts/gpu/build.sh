@@ -296,7 +296,10 @@ source "$build/env.sh"
 # The compiler searches /usr/include/<multiarch> by itself, not the prefix's (OpenSSL's opensslconf.h
 # is there): every compilation gets it as a standard include folder.
 prefix_path="$torch_prefix;$usr;$libdir/cmake;$usr/lib/cmake;$usr/share/cmake"
+# File by file, not in unity batches: the GPU machine has the cores for it, and the CUDA-only files
+# (nccl_communicator, cuda_support, the CUDA tests) have never been compiled batched with the others.
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOOBLECK_WITH_CUDA=ON \
+  -DOOBLECK_UNITY_BUILD=OFF -DOOBLECK_UNITY_TESTS=OFF \
   -DCMAKE_CXX_COMPILER="$(command -v "$cxx")" \
   -DCMAKE_PREFIX_PATH="$prefix_path" \
   -DCMAKE_INCLUDE_PATH="$usr/include" -DCMAKE_LIBRARY_PATH="$libdir" \
