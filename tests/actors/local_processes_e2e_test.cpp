@@ -26,10 +26,6 @@ using namespace oobleck;
 using namespace oobleck::testing;
 using messages::event_kind;
 
-namespace {
-
-}  // namespace
-
 TEST_CASE("oobleck-local: --timeout stops every process and returns") {
   // It used to print its error and then wait for ever on the coordinator's output.
   const auto started = std::chrono::steady_clock::now();

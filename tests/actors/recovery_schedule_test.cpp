@@ -16,9 +16,6 @@
 using namespace oobleck;
 using namespace oobleck::testing;
 
-namespace {
-}  // namespace
-
 TEST_CASE("recovery chaos: the 20 seeded schedules of the suite draw kills, hangs, stage errors, stalls and joins within f, and coordinator faults") {
   int with_kills = 0, with_hangs = 0, with_joins = 0, joins_then_faults = 0, hangs_with_kills = 0;
   int with_errors = 0, with_stalls = 0, with_blips = 0;
