@@ -78,12 +78,13 @@ double trial(bool abort_peer) {
 int main(int argc, char** argv) {
   bool quick = false;
   std::string json_path = "executor_abort.json";
-  CLI::App app{"executor_abort: time from aborting an epoch to a stuck stage executor throwing comm_error, over\n"
-               "the host transport (2 ranks on threads): own data plane aborted, and peer's aborted.",
-               "executor_abort"};
-  app.add_flag("--quick", quick, "3 trials instead of 50 (a smoke run)");
-  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default executor_abort.json)");
-  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
+  oobleck::bench::flag_set app{
+      "executor_abort: time from aborting an epoch to a stuck stage executor throwing comm_error, over\n"
+      "the host transport (2 ranks on threads): own data plane aborted, and peer's aborted.",
+      "executor_abort"};
+  app.add_switch("--quick", quick, "3 trials instead of 50 (a smoke run)");
+  app.add_text("--json", json_path, "write the results to PATH (default executor_abort.json)");
+  if (const auto exit = app.parse(argc, argv)) return *exit;
   runtime::use_one_compute_thread();
   const int trials = quick ? 3 : 50;
   std::printf("2-stage pipeline over the host transport, stage 1 frozen after its activation; %d trials each\n", trials);

@@ -63,24 +63,24 @@ int main(int argc, char** argv) {
   std::string json_path = name + ".json";
   int microbatch = 4, steps = 0;
   std::string precision_text = "fp32";
-  CLI::App app{name + ": step time of a 1-stage pipeline (stage executor, 1F1B ops) against a plain\n"
-                      "LibTorch loop with the same gradient accumulation and AdamW, one intra-op thread.",
-               name};
-  app.add_flag("--quick", quick, "a smaller model and fewer steps (a smoke run)");
-  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default " + name + ".json)");
-  oobleck::bench::add_text(app, "--device", device_text, "cpu, cuda or cuda:N (default " + device_text + ")")
-      ->type_name("cpu|cuda[:N]");
-  oobleck::bench::add_text(app, "--preset", preset,
-                           "a GPT-2 size (gpt2, gpt2-medium, ...), untied and without dropout (default: " +
-                               (preset.empty() ? std::string("a small oobleck-gpt") : preset) + ")")
-      ->type_name("NAME");
-  app.add_option("--seq-len", seq_len, "sequence length (default: the model's)")->check(CLI::PositiveNumber);
-  app.add_option("--microbatch", microbatch, "samples per microbatch (default 4)")->check(CLI::PositiveNumber);
-  app.add_option("--steps", steps, "timed steps per round (default 12, 2 with --quick)")->check(CLI::PositiveNumber);
-  oobleck::bench::add_text(app, "--precision", precision_text,
-                           "fp32, or bf16: autocast around both loops' forwards, fp32 parameters and AdamW (default fp32)")
-      ->type_name("fp32|bf16");
-  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
+  oobleck::bench::flag_set app{name +
+                                   ": step time of a 1-stage pipeline (stage executor, 1F1B ops) against a plain\n"
+                                   "LibTorch loop with the same gradient accumulation and AdamW, one intra-op thread.",
+                               name};
+  app.add_switch("--quick", quick, "a smaller model and fewer steps (a smoke run)");
+  app.add_text("--json", json_path, "write the results to PATH (default " + name + ".json)");
+  app.add_text("--device", device_text, "cpu, cuda or cuda:N (default " + device_text + ")").type_name("cpu|cuda[:N]");
+  app.add_text("--preset", preset,
+               "a GPT-2 size (gpt2, gpt2-medium, ...), untied and without dropout (default: " +
+                   (preset.empty() ? std::string("a small oobleck-gpt") : preset) + ")")
+      .type_name("NAME");
+  app.add_integer("--seq-len", seq_len, 1, 1 << 20, "sequence length (default: the model's)");
+  app.add_integer("--microbatch", microbatch, 1, 1 << 20, "samples per microbatch (default 4)");
+  app.add_integer("--steps", steps, 1, 1 << 20, "timed steps per round (default 12, 2 with --quick)");
+  app.add_text("--precision", precision_text,
+               "fp32, or bf16: autocast around both loops' forwards, fp32 parameters and AdamW (default fp32)")
+      .type_name("fp32|bf16");
+  if (const auto exit = app.parse(argc, argv)) return *exit;
   runtime::use_one_compute_thread();
   runtime::device_spec spec;
   torch::Device device = torch::kCPU;

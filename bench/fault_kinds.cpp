@@ -97,20 +97,21 @@ std::vector<kind> all_kinds(const options& o) {
 
 std::optional<options> parse(int argc, char** argv, int& exit) {
   options o;
-  CLI::App app{"fault_kinds: for each fault kind oobleck-local injects (kill, hang, stage error once / every attempt,\n"
-               "stall, SIGTERM with a checkpoint), the detection time, step attempts lost, downtime and whether\n"
-               "the trajectory equals the failure-free run (the default job, 6 nodes).",
-               "fault_kinds"};
-  app.add_flag("--quick", o.quick, "1 repeat of kill, stage error once, stall and SIGTERM (a smoke run)");
-  bench::add_text(app, "--json", o.json_path, "write the results to FILE (default bench/results/fault_kinds.json)");
-  bench::add_integer(app, "--repeats", o.repeats, 1, 100, "runs of each kind (default 3)");
-  bench::add_integer(app, "--steps", o.steps, 3, 10000, "steps per run (default 12)");
-  bench::add_integer(app, "--fault-step", o.fault_step, 1, 10000, "the step K the fault hits (default 5)");
-  bench::add_integer(app, "--node", o.node, 0, 5, "the node the fault hits (default 2)");
-  bench::add_text(app, "--kinds", o.kinds,
-                  "kinds to run, separated by commas: kill, hang, error_once, error_always, stall, sigterm (default all)");
-  app.add_flag("--keep", o.keep, "keep every run's files (job, events, metrics, output) and print their folder");
-  if (const auto e = bench::parse_bench_flags(app, argc, argv)) {
+  oobleck::bench::flag_set app{
+      "fault_kinds: for each fault kind oobleck-local injects (kill, hang, stage error once / every attempt,\n"
+      "stall, SIGTERM with a checkpoint), the detection time, step attempts lost, downtime and whether\n"
+      "the trajectory equals the failure-free run (the default job, 6 nodes).",
+      "fault_kinds"};
+  app.add_switch("--quick", o.quick, "1 repeat of kill, stage error once, stall and SIGTERM (a smoke run)");
+  app.add_text("--json", o.json_path, "write the results to FILE (default bench/results/fault_kinds.json)");
+  app.add_integer("--repeats", o.repeats, 1, 100, "runs of each kind (default 3)");
+  app.add_integer("--steps", o.steps, 3, 10000, "steps per run (default 12)");
+  app.add_integer("--fault-step", o.fault_step, 1, 10000, "the step K the fault hits (default 5)");
+  app.add_integer("--node", o.node, 0, 5, "the node the fault hits (default 2)");
+  app.add_text("--kinds", o.kinds,
+               "kinds to run, separated by commas: kill, hang, error_once, error_always, stall, sigterm (default all)");
+  app.add_switch("--keep", o.keep, "keep every run's files (job, events, metrics, output) and print their folder");
+  if (const auto e = app.parse(argc, argv)) {
     exit = *e;
     return std::nullopt;
   }

@@ -46,12 +46,13 @@ int main(int argc, char** argv) {
   bool quick = false;
   int repeats = 10, pending_ms = 200;
   std::string json_path = "gpu_nccl.json";
-  CLI::App app{"gpu_nccl: a 1-rank NCCL world's creation time and the abort of a pending join, on GPU 0", "gpu_nccl"};
-  app.add_flag("--quick", quick, "3 repeats (a smoke run)");
-  bench::add_integer(app, "--repeats", repeats, 1, 1000, "timed repeats of each measurement (default 10)");
-  bench::add_integer(app, "--pending-ms", pending_ms, 0, 60'000, "how long the join is pending before abort() (default 200)");
-  bench::add_text(app, "--json", json_path, "write the results to PATH (default gpu_nccl.json)");
-  if (const auto exit = bench::parse_bench_flags(app, argc, argv)) return *exit;
+  oobleck::bench::flag_set app{
+      "gpu_nccl: a 1-rank NCCL world's creation time and the abort of a pending join, on GPU 0", "gpu_nccl"};
+  app.add_switch("--quick", quick, "3 repeats (a smoke run)");
+  app.add_integer("--repeats", repeats, 1, 1000, "timed repeats of each measurement (default 10)");
+  app.add_integer("--pending-ms", pending_ms, 0, 60'000, "how long the join is pending before abort() (default 200)");
+  app.add_text("--json", json_path, "write the results to PATH (default gpu_nccl.json)");
+  if (const auto exit = app.parse(argc, argv)) return *exit;
   if (quick) repeats = 3;
   if (!torch::cuda::is_available() || torch::cuda::device_count() < 1) {
     std::fprintf(stderr, "error: gpu_nccl needs a GPU (none visible)\n");

@@ -103,22 +103,24 @@ int main(int argc, char** argv) {
   std::string config, json_path = "op_after_wait.json";
   int layers = 0, wait_us = 300, iterations = 1500, busy = 0;
   bool quick = false;
-  CLI::App app{"op_after_wait: times a stage's forward and backward op back to back, after its thread blocked in a\n"
-               "wait another thread ends, and after it spun as long, alternating in one process; prints the\n"
-               "medians and how much slower an op is after a blocking wait (what a pipeline stage's op\n"
-               "pays that the profiler, timing back to back, does not see).",
-               "op_after_wait"};
-  bench::add_text(app, "--config", config, "the job file whose model is timed (default: oobleck-local's default job)");
-  bench::add_integer(app, "--layers", layers, 0, 1 << 16,
-                     "time the first N layers of the model as one op (default 0: half of them, as the first of 2 stages)");
-  bench::add_integer(app, "--wait-us", wait_us, 0, 1'000'000, "how long each wait or spin lasts, microseconds (default 300)");
-  bench::add_integer(app, "--iterations", iterations, 3, 10'000'000,
-                     "microbatches timed, in turn back to back, after a wait, after a spin (default 1500)");
-  bench::add_integer(app, "--busy", busy, 0, 256,
-                     "N other threads compute the same ops without pause meanwhile (default 0; oobleck-local's nodes share cores)");
-  app.add_flag("--quick", quick, "60 iterations (a smoke run)");
-  bench::add_text(app, "--json", json_path, "write the results to PATH (default op_after_wait.json)");
-  if (const auto exit = bench::parse_bench_flags(app, argc, argv)) return *exit;
+  oobleck::bench::flag_set app{
+      "op_after_wait: times a stage's forward and backward op back to back, after its thread blocked in a\n"
+      "wait another thread ends, and after it spun as long, alternating in one process; prints the\n"
+      "medians and how much slower an op is after a blocking wait (what a pipeline stage's op\n"
+      "pays that the profiler, timing back to back, does not see).",
+      "op_after_wait"};
+  app.add_text("--config", config, "the job file whose model is timed (default: oobleck-local's default job)");
+  app.add_integer("--layers", layers, 0, 1 << 16,
+                  "time the first N layers of the model as one op (default 0: half of them, as the first of 2 stages)");
+  app.add_integer("--wait-us", wait_us, 0, 1'000'000, "how long each wait or spin lasts, microseconds (default 300)");
+  app.add_integer("--iterations", iterations, 3, 10'000'000,
+                  "microbatches timed, in turn back to back, after a wait, after a spin (default 1500)");
+  app.add_integer(
+      "--busy", busy, 0, 256,
+      "N other threads compute the same ops without pause meanwhile (default 0; oobleck-local's nodes share cores)");
+  app.add_switch("--quick", quick, "60 iterations (a smoke run)");
+  app.add_text("--json", json_path, "write the results to PATH (default op_after_wait.json)");
+  if (const auto exit = app.parse(argc, argv)) return *exit;
   if (quick) iterations = 60;
 
   apps::job_file job;

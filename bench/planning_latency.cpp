@@ -93,12 +93,13 @@ double time_it(const std::function<void()>& fn) {
 int main(int argc, char** argv) {
   bool quick = false;
   std::string json_path = "planning_latency.json";
-  CLI::App app{"planning_latency: regenerates the paper's Table 3 (one pipeline template per cell) on GPT-like\n"
-               "synthetic profiles and times instantiation and reconfiguration. Results: a table on stdout, JSON.",
-               "planning_latency"};
-  app.add_flag("--quick", quick, "the 24-layer column only");
-  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default planning_latency.json)");
-  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
+  oobleck::bench::flag_set app{
+      "planning_latency: regenerates the paper's Table 3 (one pipeline template per cell) on GPT-like\n"
+      "synthetic profiles and times instantiation and reconfiguration. Results: a table on stdout, JSON.",
+      "planning_latency"};
+  app.add_switch("--quick", quick, "the 24-layer column only");
+  app.add_text("--json", json_path, "write the results to PATH (default planning_latency.json)");
+  if (const auto exit = app.parse(argc, argv)) return *exit;
   json cells = json::array();
   std::cout << "Table 3: one template per cell, seconds (ours | paper | paper/ours)\n";
   std::cout << "nodes GPUs |";

@@ -34,13 +34,14 @@ int main(int argc, char** argv) {
   bool quick = false;
   int runs = 5;
   std::string json_path = "profiler_stability.json";
-  CLI::App app{"profiler_stability: profiles one model N times and prints each layer's median forward and\n"
-               "backward ms per run, their spread across runs (max / min) and across the identical blocks of each run.",
-               "profiler_stability"};
-  app.add_flag("--quick", quick, "2 runs (a smoke run)");
-  oobleck::bench::add_integer(app, "--runs", runs, 1, 1000, "profile the model N times (default 5; at least 2 are run)");
-  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default profiler_stability.json)");
-  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
+  oobleck::bench::flag_set app{
+      "profiler_stability: profiles one model N times and prints each layer's median forward and\n"
+      "backward ms per run, their spread across runs (max / min) and across the identical blocks of each run.",
+      "profiler_stability"};
+  app.add_switch("--quick", quick, "2 runs (a smoke run)");
+  app.add_integer("--runs", runs, 1, 1000, "profile the model N times (default 5; at least 2 are run)");
+  app.add_text("--json", json_path, "write the results to PATH (default profiler_stability.json)");
+  if (const auto exit = app.parse(argc, argv)) return *exit;
   runs = std::max(2, runs);
   if (quick) runs = 2;
   // The model of tests/runtime/profiler_test.cpp.

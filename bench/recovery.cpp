@@ -88,40 +88,47 @@ int main(int argc, char** argv) try {
   std::string coordinator_kinds = "kill,commit,hang";
   double coordinator_hang_s = 3;
   bool coordinator_only = false;
-  CLI::App app{"recovery: crash (kill -9) and hang (SIGSTOP) of a worker on the local cluster: detection, decision,\n"
-               "copy and downtime; then the coordinator killed and frozen (oobleck-local, repeated runs): its\n"
-               "downtime beside a worker's; then the trace's removals replayed as kills, time-scaled. --json writes\n"
-               "oobleck-sim's recovery-costs file (the coordinator losses under measured.coordinator_loss).",
-               "recovery"};
-  app.add_flag("--quick", quick, "a smoke run: fewer scenarios, time scale 0.001 unless --time-scale is given");
-  add_text(app, "--json", json_path, "write oobleck-sim's recovery-costs file (every figure under \"measured\") to PATH");
-  add_text(app, "--plot", plot_path, "draw the trace replay's throughput over time to PNG (gnuplot)");
-  add_text(app, "--bin", bin, "the folder of oobleck-coordinator, oobleck-worker and oobleck-local (default: the build's)");
-  add_text(app, "--trace", trace_path, "the node availability trace to replay (default: bamboo-p3-trace.csv of the traces folder)");
-  auto* scale_flag = add_number(app, "--time-scale", time_scale, 0, "trace time x this = local time (default 0.005; --quick: 0.001)");
-  auto* transport_flag =
-      add_text(app, "--transport-json", transport_json,
-               "transport_vs_gloo's JSON, for the single p2p reference of earlier runs (default bench/results/transport_vs_gloo.json)");
-  app.add_flag("--copy-link-only", link_only,
-               "only the copy path over one link on idle cores against the transport's p2p for the same bytes (seconds; "
-               "no cluster, nothing written)");
-  auto* repeats_flag = add_integer(app, "--coordinator-runs", coordinator_repeats, 0, 1000,
-                                   "runs of each coordinator fault, one fault a run (default 10; --quick: 1)");
-  auto* kinds_flag = add_text(app, "--coordinator-faults", coordinator_kinds,
-                              "the coordinator faults, a comma-separated list of kill (SIGKILL in the middle of a step), "
-                              "commit (killed once it decided a commit that reached one node) and hang (frozen for "
-                              "--coordinator-hang-s); default kill,commit,hang; --quick: kill")
-                        ->type_name("LIST");
-  add_number(app, "--coordinator-hang-s", coordinator_hang_s, 0,
-             "seconds a hang freezes the coordinator, above the job's connection timeout (default 3)");
-  app.add_flag("--coordinator-only", coordinator_only,
-               "only the coordinator losses (no worker faults, copy probe or trace replay); --json then writes their "
-               "figures alone, not a recovery-costs file");
-  if (const auto exit = parse_bench_flags(app, argc, argv)) return *exit;
-  if (quick && repeats_flag->count() == 0) coordinator_repeats = 1;
-  if (quick && kinds_flag->count() == 0) coordinator_kinds = "kill";
-  const bool scale_given = scale_flag->count() > 0;
-  if (transport_flag->count() > 0) transport_label = transport_json;
+  oobleck::bench::flag_set app{
+      "recovery: crash (kill -9) and hang (SIGSTOP) of a worker on the local cluster: detection, decision,\n"
+      "copy and downtime; then the coordinator killed and frozen (oobleck-local, repeated runs): its\n"
+      "downtime beside a worker's; then the trace's removals replayed as kills, time-scaled. --json writes\n"
+      "oobleck-sim's recovery-costs file (the coordinator losses under measured.coordinator_loss).",
+      "recovery"};
+  app.add_switch("--quick", quick, "a smoke run: fewer scenarios, time scale 0.001 unless --time-scale is given");
+  app.add_text("--json", json_path,
+               "write oobleck-sim's recovery-costs file (every figure under \"measured\") to PATH");
+  app.add_text("--plot", plot_path, "draw the trace replay's throughput over time to PNG (gnuplot)");
+  app.add_text("--bin", bin,
+               "the folder of oobleck-coordinator, oobleck-worker and oobleck-local (default: the build's)");
+  app.add_text("--trace", trace_path,
+               "the node availability trace to replay (default: bamboo-p3-trace.csv of the traces folder)");
+  auto scale_flag =
+      app.add_number("--time-scale", time_scale, 0, "trace time x this = local time (default 0.005; --quick: 0.001)");
+  auto transport_flag = app.add_text("--transport-json", transport_json,
+                                     "transport_vs_gloo's JSON, for the single p2p reference of earlier runs (default "
+                                     "bench/results/transport_vs_gloo.json)");
+  app.add_switch(
+      "--copy-link-only", link_only,
+      "only the copy path over one link on idle cores against the transport's p2p for the same bytes (seconds; "
+      "no cluster, nothing written)");
+  auto repeats_flag = app.add_integer("--coordinator-runs", coordinator_repeats, 0, 1000,
+                                      "runs of each coordinator fault, one fault a run (default 10; --quick: 1)");
+  auto kinds_flag =
+      app.add_text("--coordinator-faults", coordinator_kinds,
+                   "the coordinator faults, a comma-separated list of kill (SIGKILL in the middle of a step), "
+                   "commit (killed once it decided a commit that reached one node) and hang (frozen for "
+                   "--coordinator-hang-s); default kill,commit,hang; --quick: kill")
+          .type_name("LIST");
+  app.add_number("--coordinator-hang-s", coordinator_hang_s, 0,
+                 "seconds a hang freezes the coordinator, above the job's connection timeout (default 3)");
+  app.add_switch("--coordinator-only", coordinator_only,
+                 "only the coordinator losses (no worker faults, copy probe or trace replay); --json then writes their "
+                 "figures alone, not a recovery-costs file");
+  if (const auto exit = app.parse(argc, argv)) return *exit;
+  if (quick && !repeats_flag.given()) coordinator_repeats = 1;
+  if (quick && !kinds_flag.given()) coordinator_kinds = "kill";
+  const bool scale_given = scale_flag.given();
+  if (transport_flag.given()) transport_label = transport_json;
   if (quick && !scale_given) time_scale = 0.001;
   const auto bench_started = clock_type::now();
   const std::string load_start = load_average();

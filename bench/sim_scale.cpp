@@ -66,23 +66,22 @@ int main(int argc, char** argv) {
   double repair_h = 24;
   double spare_percent = -1;
   int max_template_nodes = 0;
-  CLI::App app{"sim_scale: effective training time of oobleck, ckpt-restart and torchft at 1,024, 4,096 and 16,384\n"
-               "GPUs (dense-400b on 8-GPU H100 nodes) under Meta's MTTF for each size, plus checkpoint-restart\n"
-               "under Llama 3's failure rate as a sanity check, and the >= 97% goal for Oobleck at 16,384 GPUs.",
-               "sim_scale"};
-  app.add_flag("--quick", quick, "1,024 GPUs only, 2 simulated days, templates up to 2 n0 (a smoke run)");
-  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default sim_scale.json)");
-  oobleck::bench::add_number(app, "--weeks", weeks, 1e-3, "simulated weeks per run (default 2)");
-  oobleck::bench::add_integer(app, "--seed", seed, 0, std::numeric_limits<std::int64_t>::max(),
-                              "failure process seed (default 1)");
-  oobleck::bench::add_number(app, "--repair-h", repair_h, 0,
-                             "hours until a failed node comes back (default 24; 0: never)");
-  oobleck::bench::add_number(app, "--spare-percent", spare_percent, 0,
-                             "spare nodes beyond the job's, percent of its nodes (default: a pool that rarely runs dry, "
-                             "the mean + 3 standard deviations of the nodes in repair, plus 1)");
-  oobleck::bench::add_integer(app, "--max-template-nodes", max_template_nodes, 0, 1 << 16,
-                              "plan templates only up to this many nodes (default 0: all, as the planner does)");
-  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
+  oobleck::bench::flag_set app{
+      "sim_scale: effective training time of oobleck, ckpt-restart and torchft at 1,024, 4,096 and 16,384\n"
+      "GPUs (dense-400b on 8-GPU H100 nodes) under Meta's MTTF for each size, plus checkpoint-restart\n"
+      "under Llama 3's failure rate as a sanity check, and the >= 97% goal for Oobleck at 16,384 GPUs.",
+      "sim_scale"};
+  app.add_switch("--quick", quick, "1,024 GPUs only, 2 simulated days, templates up to 2 n0 (a smoke run)");
+  app.add_text("--json", json_path, "write the results to PATH (default sim_scale.json)");
+  app.add_number("--weeks", weeks, 1e-3, "simulated weeks per run (default 2)");
+  app.add_integer("--seed", seed, 0, std::numeric_limits<std::int64_t>::max(), "failure process seed (default 1)");
+  app.add_number("--repair-h", repair_h, 0, "hours until a failed node comes back (default 24; 0: never)");
+  app.add_number("--spare-percent", spare_percent, 0,
+                 "spare nodes beyond the job's, percent of its nodes (default: a pool that rarely runs dry, "
+                 "the mean + 3 standard deviations of the nodes in repair, plus 1)");
+  app.add_integer("--max-template-nodes", max_template_nodes, 0, 1 << 16,
+                  "plan templates only up to this many nodes (default 0: all, as the planner does)");
+  if (const auto exit = app.parse(argc, argv)) return *exit;
   try {
     std::vector<scenario> scenarios;
     for (int g : {1024, 4096, 16384}) {

@@ -104,14 +104,15 @@ int main(int argc, char** argv) {
   std::string json_path = "sim_table2.json";
   std::string traces_dir = OOBLECK_TRACES_DIR;
   std::string costs_path;
-  CLI::App app{"sim_table2: regenerates the paper's Table 2 with oobleck-sim's policies: traces DIR/{6h,1h,10m}.csv\n"
-               "(a missing trace is skipped with a message), the five models on analytical A40 profiles, f = 1.",
-               "sim_table2"};
-  app.add_flag("--quick", quick, "BERT-large only");
-  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default sim_table2.json)");
-  oobleck::bench::add_text(app, "--traces", traces_dir, "the folder of the traces (default " OOBLECK_TRACES_DIR ")");
-  oobleck::bench::add_text(app, "--recovery-costs", costs_path, "the recovery costs file the policies use (default: the simulator's)");
-  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
+  oobleck::bench::flag_set app{
+      "sim_table2: regenerates the paper's Table 2 with oobleck-sim's policies: traces DIR/{6h,1h,10m}.csv\n"
+      "(a missing trace is skipped with a message), the five models on analytical A40 profiles, f = 1.",
+      "sim_table2"};
+  app.add_switch("--quick", quick, "BERT-large only");
+  app.add_text("--json", json_path, "write the results to PATH (default sim_table2.json)");
+  app.add_text("--traces", traces_dir, "the folder of the traces (default " OOBLECK_TRACES_DIR ")");
+  app.add_text("--recovery-costs", costs_path, "the recovery costs file the policies use (default: the simulator's)");
+  if (const auto exit = app.parse(argc, argv)) return *exit;
   try {
     const recovery_costs base = costs_path.empty() ? recovery_costs{} : read_recovery_costs(costs_path);
     std::map<std::string, cluster_trace> traces;

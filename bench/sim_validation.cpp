@@ -87,17 +87,20 @@ int main(int argc, char** argv) try {
   std::string only;
   std::string json_path, bin = OOBLECK_APPS_DIR, traces_dir = OOBLECK_TRACES_DIR;
   std::string costs_path = std::string(OOBLECK_SOURCE_DIR) + "/bench/results/recovery.json";
-  CLI::App app{"sim_validation: oobleck-local replays node subsets of the traces time-scaled; the simulator predicts\n"
-               "each replay's average throughput from a profile measured here, the recovery costs and failure-free\n"
-               "calibration runs (contention per node count, join readiness).",
-               "sim_validation"};
-  app.add_flag("--quick", quick, "one short case (a smoke run)");
-  add_text(app, "--case", only, "only the cases whose name contains TEXT (e.g. 'mass')");
-  add_text(app, "--json", json_path, "write every figure to PATH");
-  add_text(app, "--bin", bin, "the folder of oobleck-local, oobleck-profile and the cluster programs (default: the build's)");
-  add_text(app, "--traces", traces_dir, "the folder of the node availability traces (default " OOBLECK_TRACES_DIR ")");
-  add_text(app, "--recovery-costs", costs_path, "the recovery costs the simulator uses (default bench/results/recovery.json)");
-  if (const auto exit = parse_bench_flags(app, argc, argv)) return *exit;
+  oobleck::bench::flag_set app{
+      "sim_validation: oobleck-local replays node subsets of the traces time-scaled; the simulator predicts\n"
+      "each replay's average throughput from a profile measured here, the recovery costs and failure-free\n"
+      "calibration runs (contention per node count, join readiness).",
+      "sim_validation"};
+  app.add_switch("--quick", quick, "one short case (a smoke run)");
+  app.add_text("--case", only, "only the cases whose name contains TEXT (e.g. 'mass')");
+  app.add_text("--json", json_path, "write every figure to PATH");
+  app.add_text("--bin", bin,
+               "the folder of oobleck-local, oobleck-profile and the cluster programs (default: the build's)");
+  app.add_text("--traces", traces_dir, "the folder of the node availability traces (default " OOBLECK_TRACES_DIR ")");
+  app.add_text("--recovery-costs", costs_path,
+               "the recovery costs the simulator uses (default bench/results/recovery.json)");
+  if (const auto exit = app.parse(argc, argv)) return *exit;
   const auto started = std::chrono::steady_clock::now();
   const std::string load_start = load_average();
   std::cout << "simulator validation" << (quick ? " (quick)" : "") << ", load average " << load_start << "\n";

@@ -77,23 +77,26 @@ struct options {
 std::optional<options> parse(int argc, char** argv, int& exit) {
   options o;
   std::string nodes;
-  CLI::App app{"throughput: failure-free throughput of oobleck-local against the planner's prediction (a profile\n"
-               "measured here by oobleck-profile, R timed microbatches) and the single-process run.",
-               "throughput"};
-  app.add_flag("--quick", o.quick, "2 nodes, 3 steps, R = 2 (a smoke run)");
-  bench::add_text(app, "--json", o.json_path, "write the results to FILE (default bench/results/throughput.json)");
-  bench::add_text(app, "--nodes", nodes, "node counts to run, in 1..64, separated by commas (default 2,4,6)");
-  bench::add_integer(app, "--steps", o.steps, 1, 1 << 20, "steps per run (default 14)");
-  bench::add_integer(app, "--warmup", o.warmup, 0, 1 << 20, "first steps of each run left out of the means (default 4)");
-  bench::add_text(app, "--config", o.config, "the job file (default: oobleck-local's default job)");
-  bench::add_integer(app, "--profile-repeats", o.profile_repeats, 1, 1000,
-                     "microbatches the profile times (oobleck-profile --repeats; default 200)");
-  bench::add_integer(app, "--runs", o.runs, 1, 100,
-                     "alternating rounds of the single process and every cluster configuration; medians over them (default 5)");
-  app.add_flag("--profile-at-start", o.profile_at_start,
-               "no profile file: the coordinator profiles the model at each run's start (the job's [profile] repeats)\n"
-               "and predicts from that, as a user's job does; the prediction is each run's own");
-  if (const auto e = bench::parse_bench_flags(app, argc, argv)) {
+  oobleck::bench::flag_set app{
+      "throughput: failure-free throughput of oobleck-local against the planner's prediction (a profile\n"
+      "measured here by oobleck-profile, R timed microbatches) and the single-process run.",
+      "throughput"};
+  app.add_switch("--quick", o.quick, "2 nodes, 3 steps, R = 2 (a smoke run)");
+  app.add_text("--json", o.json_path, "write the results to FILE (default bench/results/throughput.json)");
+  app.add_text("--nodes", nodes, "node counts to run, in 1..64, separated by commas (default 2,4,6)");
+  app.add_integer("--steps", o.steps, 1, 1 << 20, "steps per run (default 14)");
+  app.add_integer("--warmup", o.warmup, 0, 1 << 20, "first steps of each run left out of the means (default 4)");
+  app.add_text("--config", o.config, "the job file (default: oobleck-local's default job)");
+  app.add_integer("--profile-repeats", o.profile_repeats, 1, 1000,
+                  "microbatches the profile times (oobleck-profile --repeats; default 200)");
+  app.add_integer(
+      "--runs", o.runs, 1, 100,
+      "alternating rounds of the single process and every cluster configuration; medians over them (default 5)");
+  app.add_switch(
+      "--profile-at-start", o.profile_at_start,
+      "no profile file: the coordinator profiles the model at each run's start (the job's [profile] repeats)\n"
+      "and predicts from that, as a user's job does; the prediction is each run's own");
+  if (const auto e = app.parse(argc, argv)) {
     exit = *e;
     return std::nullopt;
   }

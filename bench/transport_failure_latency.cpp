@@ -278,13 +278,14 @@ int main(int argc, char** argv) {
   int runs = 10;
   std::string json_path = "transport_failure_latency.json";
   bool quick = false;
-  CLI::App app{"transport_failure_latency: how fast pending operations of the host transport fail after a peer's\n"
-               "kill -9 or an abort() (ranks as processes on loopback).",
-               "transport_failure_latency"};
-  app.add_flag("--quick", quick, "one run of each scenario");
-  oobleck::bench::add_integer(app, "--runs", runs, 1, 10000, "runs of each scenario (default 10)");
-  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default transport_failure_latency.json)");
-  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
+  oobleck::bench::flag_set app{
+      "transport_failure_latency: how fast pending operations of the host transport fail after a peer's\n"
+      "kill -9 or an abort() (ranks as processes on loopback).",
+      "transport_failure_latency"};
+  app.add_switch("--quick", quick, "one run of each scenario");
+  app.add_integer("--runs", runs, 1, 10000, "runs of each scenario (default 10)");
+  app.add_text("--json", json_path, "write the results to PATH (default transport_failure_latency.json)");
+  if (const auto exit = app.parse(argc, argv)) return *exit;
   if (quick) runs = 1;
   std::vector<row> rows;
   try {

@@ -153,15 +153,15 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string json_path = "transport_vs_gloo.json";
   std::vector<std::string> child;  // RANK WORLD STORE OUT QUICK(1|0): this program as one of its ranks
-  CLI::App app{"transport_vs_gloo: host transport vs c10d ProcessGroupGloo on loopback: p2p bandwidth (2 processes)\n"
-               "and all-reduce latency and bus bandwidth (2, 3, 4 processes).",
-               "transport_vs_gloo"};
-  app.add_flag("--quick", quick, "fewer iterations (a smoke run)");
-  oobleck::bench::add_text(app, "--json", json_path, "write the results to PATH (default transport_vs_gloo.json)");
-  app.add_option("--child", child, "run as rank RANK of WORLD processes (the benchmark starts its ranks so)")
-      ->expected(5)
-      ->group("");  // not in --help: internal
-  if (const auto exit = oobleck::bench::parse_bench_flags(app, argc, argv)) return *exit;
+  oobleck::bench::flag_set app{
+      "transport_vs_gloo: host transport vs c10d ProcessGroupGloo on loopback: p2p bandwidth (2 processes)\n"
+      "and all-reduce latency and bus bandwidth (2, 3, 4 processes).",
+      "transport_vs_gloo"};
+  app.add_switch("--quick", quick, "fewer iterations (a smoke run)");
+  app.add_text("--json", json_path, "write the results to PATH (default transport_vs_gloo.json)");
+  app.add_internal_words("--child", child, 5,
+                         "run as rank RANK of WORLD processes (the benchmark starts its ranks so)");
+  if (const auto exit = app.parse(argc, argv)) return *exit;
   if (!child.empty()) {
     try {
       return run_child({std::stoi(child[0]), std::stoi(child[1]), child[2], child[3], child[4] == "1"});

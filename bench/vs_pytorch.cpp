@@ -77,29 +77,30 @@ struct options {
 std::optional<options> parse(int argc, char** argv, int& exit) {
   options o;
   bool no_pipeline = false;
-  CLI::App app{"vs_pytorch: oobleck-local beside PyTorch DDP (gloo) on the same GPT-2, global batch, microbatch,\n"
-               "AdamW and steps (bench/vs_pytorch.py under /usr/bin/python3): data-parallel (N pipelines of one\n"
-               "stage) and pipeline (2 stages per pipeline) configurations against DDP on N processes, and one\n"
-               "process against PyTorch's single loop; R alternating runs, medians of samples/s and their ratio.\n"
-               "No ratio is reported when the 1-minute load average was above --max-load before a run.\n"
-               "Exits 0 with a SKIPPED line when /usr/bin/python3 cannot import torch.",
-               "vs_pytorch"};
-  app.add_flag("--quick", o.quick, "a smoke run: 1 run of each, 3 steps, 1 of them warm-up");
-  bench::add_text(app, "--json", o.json_path, "write the results to FILE (default bench/results/vs_pytorch.json)");
-  bench::add_integer(app, "--nodes", o.nodes, 2, 16, "N: processes of PyTorch DDP and nodes of oobleck-local (default 2)");
-  bench::add_integer(app, "--steps", o.steps, 2, 1 << 20, "steps per run (default 20)");
-  bench::add_integer(app, "--warmup", o.warmup, 1, 1 << 20, "first steps of each run left out (default 5)");
-  bench::add_integer(app, "--runs", o.runs, 1, 1000, "R: alternating runs of each configuration (default 5)");
-  bench::add_text(app, "--config", o.config,
-                  "the job file (default: oobleck-local's default job with [model] architecture = \"gpt2\");\n"
-                  "its architecture is set to gpt2 and its slot memory per configuration");
-  bench::add_integer(app, "--d-model", o.d_model, 1, 1 << 16, "the model's d_model (default: the job's)");
-  bench::add_integer(app, "--seq-len", o.seq_len, 1, 1 << 16, "the model's seq_len (default: the job's)");
-  bench::add_number(app, "--max-load", o.max_load, 0.0,
-                    "the 1-minute load average above which, before any run, the machine counts as busy and no\n"
-                    "ratio is reported (default 2.5 on this 2-core machine: the runs themselves keep ~2 cores busy)");
-  app.add_flag("--no-pipeline", no_pipeline, "leave out the pipeline configuration");
-  if (const auto e = bench::parse_bench_flags(app, argc, argv)) {
+  oobleck::bench::flag_set app{
+      "vs_pytorch: oobleck-local beside PyTorch DDP (gloo) on the same GPT-2, global batch, microbatch,\n"
+      "AdamW and steps (bench/vs_pytorch.py under /usr/bin/python3): data-parallel (N pipelines of one\n"
+      "stage) and pipeline (2 stages per pipeline) configurations against DDP on N processes, and one\n"
+      "process against PyTorch's single loop; R alternating runs, medians of samples/s and their ratio.\n"
+      "No ratio is reported when the 1-minute load average was above --max-load before a run.\n"
+      "Exits 0 with a SKIPPED line when /usr/bin/python3 cannot import torch.",
+      "vs_pytorch"};
+  app.add_switch("--quick", o.quick, "a smoke run: 1 run of each, 3 steps, 1 of them warm-up");
+  app.add_text("--json", o.json_path, "write the results to FILE (default bench/results/vs_pytorch.json)");
+  app.add_integer("--nodes", o.nodes, 2, 16, "N: processes of PyTorch DDP and nodes of oobleck-local (default 2)");
+  app.add_integer("--steps", o.steps, 2, 1 << 20, "steps per run (default 20)");
+  app.add_integer("--warmup", o.warmup, 1, 1 << 20, "first steps of each run left out (default 5)");
+  app.add_integer("--runs", o.runs, 1, 1000, "R: alternating runs of each configuration (default 5)");
+  app.add_text("--config", o.config,
+               "the job file (default: oobleck-local's default job with [model] architecture = \"gpt2\");\n"
+               "its architecture is set to gpt2 and its slot memory per configuration");
+  app.add_integer("--d-model", o.d_model, 1, 1 << 16, "the model's d_model (default: the job's)");
+  app.add_integer("--seq-len", o.seq_len, 1, 1 << 16, "the model's seq_len (default: the job's)");
+  app.add_number("--max-load", o.max_load, 0.0,
+                 "the 1-minute load average above which, before any run, the machine counts as busy and no\n"
+                 "ratio is reported (default 2.5 on this 2-core machine: the runs themselves keep ~2 cores busy)");
+  app.add_switch("--no-pipeline", no_pipeline, "leave out the pipeline configuration");
+  if (const auto e = app.parse(argc, argv)) {
     exit = *e;
     return std::nullopt;
   }
