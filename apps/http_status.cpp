@@ -17,7 +17,9 @@
 
 namespace oobleck::apps {
 
-namespace {
+// Named, not anonymous: http_status_server::impl holds a core, and a unity batch would otherwise
+// give that member a type of another file's anonymous namespace (-Wsubobject-linkage).
+namespace http_status_detail {
 
 namespace beast = boost::beast;
 namespace http = beast::http;
@@ -199,7 +201,9 @@ class session : public std::enable_shared_from_this<session> {
   char scratch_[1024];
 };
 
-}  // namespace
+}  // namespace http_status_detail
+
+using namespace http_status_detail;
 
 struct http_status_server::impl {
   std::shared_ptr<core> c;
