@@ -1,7 +1,10 @@
 #include "apps/cluster_common.hpp"
 
+#include <cerrno>
 #include <cstdlib>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -91,13 +94,39 @@ std::function<void(const std::string&)> progress_printer(std::string who) {
   };
 }
 
-namespace {
+bool tcp_reachable(const host_port& at, std::chrono::milliseconds wait) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(at.host.c_str(), std::to_string(at.port).c_str(), &hints, &found) != 0 || !found) return false;
+  bool open = false;
+  for (addrinfo* a = found; a && !open; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      open = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      open = ::poll(&p, 1, static_cast<int>(wait.count())) == 1 &&
+             ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return open;
+}
 
-std::string seconds_text(std::chrono::milliseconds d) {
+
+std::string seconds_text(double seconds) {
   std::ostringstream s;
-  s << std::chrono::duration<double>(d).count();
+  s << seconds;
   return s.str();
 }
+
+namespace {
 
 /// One connection attempt through the middleman actor (TLS or not), waiting at most `wait`.
 caf::expected<caf::strong_actor_ptr> connect_once(caf::actor_system& sys, const host_port& at,
@@ -129,13 +158,64 @@ std::optional<messages::coordinator_actor> try_coordinator(caf::actor_system& sy
   return caf::actor_cast<messages::coordinator_actor>(std::move(*c));
 }
 
+namespace {
+
+/// What one connection attempt met: a coordinator, nothing listening (yet), a listener silent
+/// through CAF's handshake (another way of speaking, or overloaded, frozen or unreachable), or one
+/// that closed it or greeted in the clear (another way of speaking). `why` says it for a user.
+struct attempt {
+  enum class outcome { connected, nothing, silent, mismatch } kind;
+  messages::coordinator_actor coordinator;
+  std::string why;
+};
+
+attempt connect_attempt(caf::actor_system& sys, const host_port& at, std::chrono::milliseconds wait) {
+  const std::string where = at.host + ":" + std::to_string(at.port);
+  const bool tls = sys.has_openssl_manager();
+  auto c = connect_once(sys, at, wait);
+  if (c) return {attempt::outcome::connected, caf::actor_cast<messages::coordinator_actor>(std::move(*c)), ""};
+  if (c.error() == caf::sec::request_timeout)
+    return {attempt::outcome::silent, {},
+            "the coordinator at " + where + " did not complete CAF's handshake within " +
+                seconds_text(std::chrono::duration<double>(wait).count()) +
+                " s: " +
+                (tls ? "it runs without TLS, or is overloaded or unreachable"
+                     : "if it runs with TLS, give --tls-certificate, --tls-key and --tls-ca-file (or a job "
+                       "file's [tls]); else it is overloaded or unreachable")};
+  if (c.error() == caf::sec::disconnect_during_handshake || c.error() == caf::sec::malformed_basp_message)
+    return {attempt::outcome::mismatch, {},
+            "the coordinator at " + where + " closed the connection during CAF's handshake (" + sys.render(c.error()) +
+                ")" +
+                (tls ? ": with TLS on here, it runs without TLS, or its CA did not sign this side's "
+                       "certificate, or this side's CA did not sign its certificate (both sides must use "
+                       "the job's CA)"
+                     : ": it probably runs with TLS: give --tls-certificate, --tls-key and --tls-ca-file (or a "
+                       "job file's [tls])")};
+  // CAF's TLS connect starts its handshake the moment TCP connects: when a plain CAF port's
+  // handshake has already arrived by then, the session fails at once and CAF says only
+  // cannot_connect_to_node, as for a port nobody listens on. A port that greets in the clear
+  // tells the two apart.
+  if (tls && c.error() == caf::sec::cannot_connect_to_node && greets_in_clear(at, std::chrono::seconds(1)))
+    return {attempt::outcome::mismatch, {},
+            "the coordinator at " + where + " sent CAF's handshake in the clear: it runs without TLS, "
+            "and this side has TLS on (both sides must use TLS with the job's CA, or neither)"};
+  return {attempt::outcome::nothing, {}, sys.render(c.error())};
+}
+
+std::string listed(const std::vector<host_port>& addresses) {
+  std::string out;
+  for (const auto& a : addresses) out += (out.empty() ? "" : ",") + a.host + ":" + std::to_string(a.port);
+  return out;
+}
+
+}  // namespace
+
 messages::coordinator_actor connect_coordinator(caf::actor_system& sys, const host_port& at,
                                                 double timeout_s,
                                                 const std::function<void(const std::string&)>& log) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   const std::string where = at.host + ":" + std::to_string(at.port);
-  const bool tls = sys.has_openssl_manager();
   // A CAF handshake takes milliseconds (a TLS one too): a peer that accepts and then stays silent
   // this long waits for something this side never sends (a TLS port met without TLS). Refused
   // connections (nothing listens yet) fail at once and are retried.
@@ -144,37 +224,71 @@ messages::coordinator_actor connect_coordinator(caf::actor_system& sys, const ho
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     const auto wait = std::clamp(left, std::chrono::milliseconds(200), std::chrono::milliseconds(handshake_wait));
-    auto c = connect_once(sys, at, wait);
-    if (c) return caf::actor_cast<messages::coordinator_actor>(std::move(*c));
-    if (c.error() == caf::sec::request_timeout)
-      throw input_error("the coordinator at " + where + " did not complete CAF's handshake within " +
-                        seconds_text(wait) + " s: " +
-                        (tls ? "it runs without TLS, or is overloaded or unreachable"
-                             : "if it runs with TLS, give --tls-certificate, --tls-key and --tls-ca-file (or a job "
-                               "file's [tls]); else it is overloaded or unreachable"));
-    if (c.error() == caf::sec::disconnect_during_handshake || c.error() == caf::sec::malformed_basp_message)
-      throw input_error("the coordinator at " + where + " closed the connection during CAF's handshake (" +
-                        sys.render(c.error()) + ")" +
-                        (tls ? ": with TLS on here, it runs without TLS, or its CA did not sign this side's "
-                               "certificate, or this side's CA did not sign its certificate (both sides must use "
-                               "the job's CA)"
-                             : ": it probably runs with TLS: give --tls-certificate, --tls-key and --tls-ca-file (or a "
-                               "job file's [tls])"));
-    // CAF's TLS connect starts its handshake the moment TCP connects: when a plain CAF port's
-    // handshake has already arrived by then, the session fails at once and CAF says only
-    // cannot_connect_to_node, as for a port nobody listens on. A port that greets in the clear
-    // tells the two apart.
-    if (tls && c.error() == caf::sec::cannot_connect_to_node && greets_in_clear(at, std::chrono::seconds(1)))
-      throw input_error("the coordinator at " + where + " sent CAF's handshake in the clear: it runs without TLS, "
-                        "and this side has TLS on (both sides must use TLS with the job's CA, or neither)");
+    auto a = connect_attempt(sys, at, wait);
+    if (a.kind == attempt::outcome::connected) return a.coordinator;
+    if (a.kind != attempt::outcome::nothing) throw input_error(a.why);
     if (std::chrono::steady_clock::now() >= deadline)
       throw std::runtime_error("cannot reach the coordinator at " + where + " within " + std::to_string(timeout_s) +
-                               " s: " + sys.render(c.error()));
+                               " s: " + a.why);
     if (!said) {
-      log("waiting for the coordinator at " + where + " (" + sys.render(c.error()) + ")");
+      log("waiting for the coordinator at " + where + " (" + a.why + ")");
       said = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+messages::coordinator_actor connect_first_coordinator(caf::actor_system& sys, const std::vector<host_port>& addresses,
+                                                      std::chrono::steady_clock::time_point deadline,
+                                                      const std::string& within,
+                                                      const std::function<void(const std::string&)>& log) {
+  const auto left_s = [&] {
+    return std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+  };
+  const bool one = addresses.size() == 1;
+  // One address: CAF's handshake gets up to 10 s (as connect_coordinator's); several: 1 s each.
+  const double most_s = one ? 10.0 : 1.0;
+  std::vector<int> failures(addresses.size(), 0);
+  std::string last_nothing, last_silent;
+  bool said = false;
+  for (;;) {
+    for (std::size_t i = 0; i < addresses.size(); ++i) {
+      const auto wait = std::chrono::milliseconds(static_cast<std::int64_t>(1000 * std::clamp(left_s(), 0.2, most_s)));
+      auto a = one || tcp_reachable(addresses[i], wait)
+                   ? connect_attempt(sys, addresses[i], wait)
+                   : attempt{attempt::outcome::nothing, {}, "nothing accepted a TCP connection"};
+      switch (a.kind) {
+        case attempt::outcome::connected:
+          return a.coordinator;
+        case attempt::outcome::mismatch:
+        case attempt::outcome::silent:
+          // Twice in a row: it speaks another way. Once, it may have gone away during the
+          // handshake (killed, or frozen then replaced). Several addresses' short waits leave
+          // silence to the deadline (a busy coordinator may take more than 1 s).
+          if (a.kind == attempt::outcome::silent && !one) {
+            failures[i] = 0;
+            last_silent = a.why;
+          } else if (++failures[i] >= 2 || left_s() <= 0) {
+            throw input_error(a.why);
+          }
+          break;
+        case attempt::outcome::nothing:
+          failures[i] = 0;
+          last_nothing = a.why;
+          break;
+      }
+    }
+    if (left_s() <= 0) {
+      if (!last_silent.empty()) throw input_error(last_silent);
+      throw std::runtime_error("cannot reach " + std::string(one ? "the" : "a") + " coordinator at " +
+                               listed(addresses) + " within " + within + ": " + last_nothing);
+    }
+    if (!said) {
+      log("waiting for " + std::string(one ? "the" : "a") + " coordinator at " + listed(addresses) + " (" +
+          (last_nothing.empty() ? last_silent : last_nothing) + ")");
+      said = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(one ? 200 : 100));
   }
 }
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -62,6 +63,18 @@ struct cluster_config : caf::actor_system_config {
 /// A progress line: "[who] text", flushed at once (other processes interleave with it).
 std::function<void(const std::string&)> progress_printer(std::string who);
 
+/// Whether a TCP connection to `at` opens within `wait` (then it is closed at once).
+///
+/// CAF 0.17's middleman connects with a blocking connect() on its own thread, and serves the
+/// process's connection requests one at a time. To an address that drops packets (a coordinator
+/// cut off, its host frozen or gone from a routed network) that connect() waits for SYN
+/// retransmissions, up to about two minutes, and every later request waits behind it: a worker
+/// looking for its lost coordinator would not reach it again until the kernel's next
+/// retransmission after the network heals (seconds to a minute later, past the grace period).
+/// So a worker asks the middleman only once a connection of its own opened: it waits at most
+/// `wait` here, without blocking anyone else.
+bool tcp_reachable(const host_port& at, std::chrono::milliseconds wait);
+
 /// One attempt to reach a coordinator at `at`, waiting at most `wait` (a worker looking for a
 /// replacement of the coordinator it lost): nullopt when none answered.
 std::optional<messages::coordinator_actor> try_coordinator(caf::actor_system& sys, const host_port& at,
@@ -76,6 +89,23 @@ std::optional<messages::coordinator_actor> try_coordinator(caf::actor_system& sy
 messages::coordinator_actor connect_coordinator(caf::actor_system& sys, const host_port& at,
                                                 double timeout_s,
                                                 const std::function<void(const std::string&)>& log);
+
+/// The first coordinator of `addresses` (a coordinator and its standbys) that completes CAF's
+/// handshake, each tried in turn until `deadline`: one address for up to 10 s a try, several for
+/// up to 1 s each, and then only once a TCP connection of its own opened there (tcp_reachable: an
+/// address that drops packets must not hold up the next). A coordinator that closes the handshake,
+/// greets in the clear, or (one address) stays silent through it twice in a row speaks another way
+/// (TLS on one side only): messages::input_error says so. Once, it may have gone away during it
+/// (killed, or frozen then replaced): tried again. Silence at one of several addresses is tried
+/// again until the deadline and then named the same way. Else std::runtime_error naming the
+/// addresses and `within`. `log` hears once that none answered yet.
+messages::coordinator_actor connect_first_coordinator(caf::actor_system& sys, const std::vector<host_port>& addresses,
+                                                      std::chrono::steady_clock::time_point deadline,
+                                                      const std::string& within,
+                                                      const std::function<void(const std::string&)>& log);
+
+/// "12.5": seconds as a user reads them.
+std::string seconds_text(double s);
 
 /// Publishes the coordinator on `at` (port 0: any free one), over TLS when the system has CAF's
 /// OpenSSL module; returns the port or CAF's error.

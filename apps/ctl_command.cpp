@@ -89,35 +89,6 @@ double seconds_until(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(t - std::chrono::steady_clock::now()).count();
 }
 
-/// The first coordinator of `addresses` that completes CAF's handshake, each tried in turn until
-/// `deadline` (one address: for all the time left; several: up to 1 s each, then the next). A
-/// handshake that fails twice in a row at one address is a coordinator that speaks another way
-/// (TLS on one side only): connect_coordinator's messages::input_error. Once, it may be a
-/// coordinator that went away during it (killed, or frozen then replaced): tried again.
-coordinator_actor reach(caf::actor_system& sys, const std::vector<host_port>& addresses,
-                        std::chrono::steady_clock::time_point deadline, const std::string& listed) {
-  std::vector<int> handshake_failures(addresses.size(), 0);
-  std::string last;
-  for (;;) {
-    for (std::size_t i = 0; i < addresses.size(); ++i) {
-      const double left = std::max(0.2, seconds_until(deadline));
-      try {
-        return connect_coordinator(sys, addresses[i], addresses.size() == 1 ? left : std::min(left, 1.0),
-                                   [](const std::string&) {});
-      } catch (const input_error& e) {
-        if (++handshake_failures[i] >= 2 || seconds_until(deadline) <= 0) throw;
-        last = e.what();
-      } catch (const std::runtime_error& e) {  // nothing listens there (yet)
-        handshake_failures[i] = 0;
-        last = e.what();
-      }
-    }
-    if (seconds_until(deadline) <= 0)
-      throw std::runtime_error("cannot reach a coordinator at " + listed + " within --connect-timeout: " + last);
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-}
-
 }  // namespace
 
 int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std::ostream&) {
@@ -175,7 +146,7 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
   // asked went away first (a refusal is final: messages::input_error).
   auto at_coordinator = [&](const auto& request) {
     for (;;) {
-      const auto c = reach(sys, addresses, deadline, coordinator);
+      const auto c = connect_first_coordinator(sys, addresses, deadline, "--connect-timeout", [](const std::string&) {});
       try {
         return request(c);
       } catch (const coordinator_gone& e) {

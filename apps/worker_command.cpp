@@ -39,41 +39,6 @@ std::string default_name() {
   return std::string(host) + "-" + std::to_string(::getpid());
 }
 
-/// Whether a TCP connection to `at` opens within `wait` (then it is closed at once).
-///
-/// CAF 0.17's middleman connects with a blocking connect() on its own thread, and serves the
-/// process's connection requests one at a time. To an address that drops packets (a coordinator
-/// cut off, its host frozen or gone from a routed network) that connect() waits for SYN
-/// retransmissions, up to about two minutes, and every later request waits behind it: a worker
-/// looking for its lost coordinator would not reach it again until the kernel's next
-/// retransmission after the network heals (seconds to a minute later, past the grace period).
-/// So a worker asks the middleman only once a connection of its own opened: it waits at most
-/// `wait` here, without blocking anyone else.
-bool tcp_reachable(const host_port& at, std::chrono::milliseconds wait) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(at.host.c_str(), std::to_string(at.port).c_str(), &hints, &found) != 0 || !found) return false;
-  bool open = false;
-  for (addrinfo* a = found; a && !open; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-    if (fd < 0) continue;
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      open = true;
-    } else if (errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      int err = 0;
-      socklen_t len = sizeof err;
-      open = ::poll(&p, 1, static_cast<int>(wait.count())) == 1 &&
-             ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
-    }
-    ::close(fd);
-  }
-  ::freeaddrinfo(found);
-  return open;
-}
-
 /// One attempt to reach a coordinator at `at` (see tcp_reachable): nullopt when none answered;
 /// `listening` (if given) says whether something accepted the TCP connection.
 std::optional<messages::coordinator_actor> reach_coordinator(caf::actor_system& sys, const host_port& at,
@@ -167,27 +132,13 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   cfg.set_heartbeat(heartbeat_ms, silence_ms);
   use_tls(cfg, tls);
   caf::actor_system sys{cfg};
-  // The first address that answers (each tried in turn until --connect-timeout).
-  messages::coordinator_actor coord;
-  if (addresses.size() == 1) {
-    coord = connect_coordinator(sys, at, connect_timeout, log);
-  } else {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(connect_timeout);
-    for (bool said = false;;) {
-      for (const auto& a : addresses)
-        if (auto c = reach_coordinator(sys, a)) {
-          coord = *c;
-          break;
-        }
-      if (coord) break;
-      if (std::chrono::steady_clock::now() >= deadline)
-        throw std::runtime_error("cannot reach a coordinator at " + coordinator + " within " +
-                                 std::to_string(connect_timeout) + " s");
-      if (!said) log("waiting for a coordinator at " + coordinator);
-      said = true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-  }
+  // The first address that answers (each tried in turn until --connect-timeout); a coordinator
+  // that speaks another way (TLS on one side only) is said at once, as with one address.
+  const auto connect_deadline = std::chrono::steady_clock::now() +
+                                std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(connect_timeout));
+  const messages::coordinator_actor coord =
+      connect_first_coordinator(sys, addresses, connect_deadline, seconds_text(connect_timeout) + " s", log);
   actors::monitor_deps deps;
   deps.coordinator = coord;
   deps.token = token;

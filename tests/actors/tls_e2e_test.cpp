@@ -2,14 +2,16 @@
 // the openssl tool: a job whose coordinator and workers all use TLS trains to the same losses as
 // the single-process run; a worker without TLS, or with a certificate of another CA, cannot join
 // a TLS coordinator and says why within seconds while the job goes on; oobleck-ctl gets the status
-// with TLS and is refused without; a TLS worker meeting a plain coordinator says so too; half a
-// configuration stops every program before it listens or connects. That the port really speaks
-// TLS is seen on the wire: a CAF port greets a new connection with its handshake at once, a TLS
+// with TLS and is refused without; a TLS worker meeting a plain coordinator says so too, given the
+// coordinator alone or in a standby list; half a configuration stops every program before it
+// listens or connects. That the port really speaks TLS is seen on the wire: a CAF port greets a new connection with its handshake at once, a TLS
 // port says nothing until the client's hello. Every wait has a deadline.
 
 #include <doctest/doctest.h>
 
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -108,6 +110,26 @@ void check_trajectory(const apps::job_file& job, const std::vector<nlohmann::jso
   }
 }
 
+/// A loopback port this test holds bound and never listens on: a connection there is refused (a
+/// standby coordinator not started yet).
+struct refused_port {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  std::string address;
+  refused_port() {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(fd >= 0);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~refused_port() { ::close(fd); }
+  refused_port(const refused_port&) = delete;
+  refused_port& operator=(const refused_port&) = delete;
+};
+
 struct pki_set {
   temp_dir dir{"oobleck-tls-e2e-"};
   test_pki job{dir.path(), "job"};
@@ -186,16 +208,26 @@ TEST_CASE("a TLS coordinator: workers without TLS or of another CA are refused a
   const auto started = std::chrono::steady_clock::now();
   auto plain = worker("plain", {});
   auto foreign = worker("foreign", tls_flags(stranger, p.other.ca_file()));
+  // With a standby list (the standby not started): each address gets 1 s at a time, so silence is
+  // tried again until the connect timeout, and then named as the single address's is.
+  refused_port standby;
+  background_process plain_listed(bin + "/oobleck-worker",
+                                  {"--coordinator", standby.address + "," + address, "--token-file", p.path("token"),
+                                   "--name", "plain-listed", "--connect-timeout", "6"});
   CHECK(foreign->wait_exit(std::chrono::seconds(15)) == 2);
   CHECK(plain->wait_exit(std::chrono::seconds(20)) == 2);
+  CHECK(plain_listed.wait_exit(std::chrono::seconds(20)) == 2);
   // Fast: the plain one within its handshake wait (10 s), not its connect timeout (30 s).
   CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(20));
   INFO(plain->output());
   INFO(foreign->output());
+  INFO(plain_listed.output());
   CHECK(has(plain->output(), "error: the coordinator at " + address));
   CHECK(has(plain->output(), "give --tls-certificate, --tls-key and --tls-ca-file"));
   CHECK(has(foreign->output(), "closed the connection during CAF's handshake"));
   CHECK(has(foreign->output(), "both sides must use the job's CA"));
+  CHECK(has(plain_listed.output(), "error: the coordinator at " + address));
+  CHECK(has(plain_listed.output(), "give --tls-certificate, --tls-key and --tls-ca-file"));
 
   // oobleck-ctl: refused without TLS, answered with it.
   const std::vector<std::string> ctl_base{"--coordinator", address, "--token-file", p.path("token"), "--connect-timeout", "3"};
@@ -247,15 +279,27 @@ TEST_CASE("a TLS worker meeting a coordinator without TLS says so at once, and t
     a.insert(a.end(), f.begin(), f.end());
     return a;
   }());
-  const int exit_status = w.wait_exit(std::chrono::seconds(20));
-  INFO(w.output());
-  CHECK(exit_status == 2);
-  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(15));
-  // CAF fails the TLS session at once when the plain handshake is already there as TCP connects
-  // (the worker then sees it greet in the clear), or else later, when it arrives.
-  CHECK((has(w.output(), "closed the connection during CAF's handshake") ||
-         has(w.output(), "sent CAF's handshake in the clear")));
-  CHECK(has(w.output(), "it runs without TLS"));
+  // The same worker given a standby list (the standby not started, listed first): the plain
+  // coordinator is named as soon as it answered in another way twice, not after --connect-timeout.
+  refused_port standby;
+  background_process listed(bin + "/oobleck-worker", [&] {
+    std::vector<std::string> a{"--coordinator", standby.address + "," + address, "--token-file", p.path("token"),
+                               "--name", "tls-worker-listed", "--connect-timeout", "30"};
+    const auto f = tls_flags(worker_id, p.job.ca_file());
+    a.insert(a.end(), f.begin(), f.end());
+    return a;
+  }());
+  for (auto* worker : {&w, &listed}) {
+    const int exit_status = worker->wait_exit(std::chrono::seconds(20));
+    INFO(worker->output());
+    CHECK(exit_status == 2);
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(15));
+    // CAF fails the TLS session at once when the plain handshake is already there as TCP connects
+    // (the worker then sees it greet in the clear), or else later, when it arrives.
+    CHECK((has(worker->output(), "closed the connection during CAF's handshake") ||
+           has(worker->output(), "sent CAF's handshake in the clear")));
+    CHECK(has(worker->output(), "it runs without TLS"));
+  }
   // The coordinator is not disturbed: it still answers an operator.
   const auto status = run_process(bin + "/oobleck-ctl", {"--coordinator", address, "--token-file", p.path("token"), "status"});
   CHECK(status.exit_status == 0);
