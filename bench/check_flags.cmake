@@ -37,3 +37,5 @@ expect(throughput 2 stderr "--steps expects an integer, got '3x'" ARGS --steps 3
 expect(executor_overhead 2 stderr "--steps must be >= 1, got 0" ARGS --steps 0)
 expect(transport_vs_gloo 0 stdout "--child" ABSENT ARGS --help)
 expect(transport_vs_gloo 2 stderr "--child takes 5 words, got 2" ARGS --child 0 2)
+# A full validation run needs the traces (a smoke run without them replays one of its own).
+expect(sim_validation 2 stderr "no 10m.csv in \"/nonexistent-oobleck-traces\"" ARGS --traces /nonexistent-oobleck-traces)

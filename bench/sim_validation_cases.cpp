@@ -65,6 +65,23 @@ replay_case ten_minute_case(const fs::path& traces, const fs::path& dir, int rem
   return c;
 }
 
+replay_case synthetic_case(const fs::path& dir, double scale) {
+  std::vector<sim::trace_event> out;
+  for (int i = 1; i <= 6; ++i) out.push_back({0, sim::trace_action::add, "node" + std::to_string(i), 0});
+  out.push_back({601200, sim::trace_action::remove, "node2", 0});
+  out.push_back({1202400, sim::trace_action::remove, "node5", 0});
+  out.push_back({1803600, sim::trace_action::add, "end-of-window", 0});
+  replay_case c;
+  c.name = "synthetic";
+  c.source = "written by sim_validation (no traces folder)";
+  c.how = "6 nodes, 2 removed 601.2 s apart (10m.csv's spacing), the window ending at 1803.6 s";
+  c.trace = dir / "synthetic.csv";
+  c.slots = 6;
+  c.scale = scale;
+  write_trace(c.trace, out);
+  return c;
+}
+
 replay_case bamboo_case(const fs::path& traces, const fs::path& dir, int slots, double until_ms, double scale) {
   const auto events = sim::read_trace((traces / "bamboo-p3-trace.csv").string());
   std::vector<sim::trace_event> out;

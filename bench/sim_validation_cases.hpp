@@ -24,6 +24,12 @@ struct replay_case {
 replay_case ten_minute_case(const std::filesystem::path& traces, const std::filesystem::path& dir, int removed,
                             int kept, double scale);
 
+/// Where the traces are absent (a clone without ../shared/traces): a trace written here in the shape
+/// of ten_minute_case(2 removed, 4 kept), so that a smoke run still replays and predicts something.
+/// Six nodes from the start, one removed at 601.2 s and another at 1202.4 s (10m.csv's removals
+/// come every 601.2 s), the window ending at 1803.6 s.
+replay_case synthetic_case(const std::filesystem::path& dir, double scale);
+
 /// bamboo-p3-trace.csv up to `until_ms` (its events at or before it), on `slots` workers: the
 /// nodes take the slots in the order they are added, later ones wait as spares and join when a
 /// slot frees (oobleck-local --trace-nodes).
