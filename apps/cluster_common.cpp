@@ -210,34 +210,6 @@ std::string listed(const std::vector<host_port>& addresses) {
 
 }  // namespace
 
-messages::coordinator_actor connect_coordinator(caf::actor_system& sys, const host_port& at,
-                                                double timeout_s,
-                                                const std::function<void(const std::string&)>& log) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  const std::string where = at.host + ":" + std::to_string(at.port);
-  // A CAF handshake takes milliseconds (a TLS one too): a peer that accepts and then stays silent
-  // this long waits for something this side never sends (a TLS port met without TLS). Refused
-  // connections (nothing listens yet) fail at once and are retried.
-  constexpr auto handshake_wait = std::chrono::seconds(10);
-  bool said = false;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    const auto wait = std::clamp(left, std::chrono::milliseconds(200), std::chrono::milliseconds(handshake_wait));
-    auto a = connect_attempt(sys, at, wait);
-    if (a.kind == attempt::outcome::connected) return a.coordinator;
-    if (a.kind != attempt::outcome::nothing) throw input_error(a.why);
-    if (std::chrono::steady_clock::now() >= deadline)
-      throw std::runtime_error("cannot reach the coordinator at " + where + " within " + std::to_string(timeout_s) +
-                               " s: " + a.why);
-    if (!said) {
-      log("waiting for the coordinator at " + where + " (" + a.why + ")");
-      said = true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-}
-
 messages::coordinator_actor connect_first_coordinator(caf::actor_system& sys, const std::vector<host_port>& addresses,
                                                       std::chrono::steady_clock::time_point deadline,
                                                       const std::string& within,
@@ -246,7 +218,10 @@ messages::coordinator_actor connect_first_coordinator(caf::actor_system& sys, co
     return std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
   };
   const bool one = addresses.size() == 1;
-  // One address: CAF's handshake gets up to 10 s (as connect_coordinator's); several: 1 s each.
+  // A CAF handshake takes milliseconds (a TLS one too): a peer that accepts and then stays silent
+  // this long waits for something this side never sends (a TLS port met without TLS). One address
+  // gets up to 10 s a try; several, 1 s each. Refused connections (nothing listens yet) fail at
+  // once and are retried.
   const double most_s = one ? 10.0 : 1.0;
   std::vector<int> failures(addresses.size(), 0);
   std::string last_nothing, last_silent;

@@ -80,16 +80,6 @@ bool tcp_reachable(const host_port& at, std::chrono::milliseconds wait);
 std::optional<messages::coordinator_actor> try_coordinator(caf::actor_system& sys, const host_port& at,
                                                            std::chrono::milliseconds wait);
 
-/// Connects to the coordinator, retrying until `timeout_s` while nothing listens there (it may
-/// start after the worker); over TLS when the system has CAF's OpenSSL module (apps::use_tls).
-/// A connection accepted but not answered with CAF's handshake within 10 s, or closed during it,
-/// is a coordinator that speaks another way (TLS on one side only, a certificate the other's CA
-/// did not sign): no retry, messages::input_error says so. Throws std::runtime_error naming the
-/// address and CAF's error when nothing listened there until `timeout_s`.
-messages::coordinator_actor connect_coordinator(caf::actor_system& sys, const host_port& at,
-                                                double timeout_s,
-                                                const std::function<void(const std::string&)>& log);
-
 /// The first coordinator of `addresses` (a coordinator and its standbys) that completes CAF's
 /// handshake, each tried in turn until `deadline`: one address for up to 10 s a try, several for
 /// up to 1 s each, and then only once a TCP connection of its own opened there (tcp_reachable: an
@@ -98,7 +88,8 @@ messages::coordinator_actor connect_coordinator(caf::actor_system& sys, const ho
 /// (TLS on one side only): messages::input_error says so. Once, it may have gone away during it
 /// (killed, or frozen then replaced): tried again. Silence at one of several addresses is tried
 /// again until the deadline and then named the same way. Else std::runtime_error naming the
-/// addresses and `within`. `log` hears once that none answered yet.
+/// addresses and `within`. `log` hears once that none answered yet. Over TLS when the system has
+/// CAF's OpenSSL module (apps::use_tls).
 messages::coordinator_actor connect_first_coordinator(caf::actor_system& sys, const std::vector<host_port>& addresses,
                                                       std::chrono::steady_clock::time_point deadline,
                                                       const std::string& within,

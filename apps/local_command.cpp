@@ -210,7 +210,8 @@ class local_run {
     use_tls(*caf_cfg_, s_.tls);
     caf_sys_ = std::make_unique<caf::actor_system>(*caf_cfg_);
     const auto at = parse_host_port("coordinator", address_);
-    const auto coord = connect_coordinator(*caf_sys_, at, 10, [](const std::string&) {});
+    const auto coord = connect_first_coordinator(*caf_sys_, {at}, std::chrono::steady_clock::now() + std::chrono::seconds(10),
+                                                 "10 s", [](const std::string&) {});
     actors::injector_deps d{coord, actors::read_token_file(s_.token), faults, progress_printer("injector")};
     // A coordinator restarted below listens at the same address: the injector follows it there and
     // hands it the faults the lost one still held (detached: each attempt blocks up to 1 s).

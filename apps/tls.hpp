@@ -43,7 +43,7 @@ void add_tls_flags(CLI::App& app, tls_flags& flags, bool reads_job_file = true);
 tls_section resolve_tls(const tls_section& job, const tls_flags& flags);
 
 /// Loads CAF's OpenSSL module configured with `tls` (before the actor system is built); does
-/// nothing when TLS is off. Connections then go through apps::connect_coordinator and
+/// nothing when TLS is off. Connections then go through apps::connect_first_coordinator and
 /// apps::publish_coordinator, which pick TLS when the module is loaded.
 void use_tls(caf::actor_system_config& cfg, const tls_section& tls);
 
