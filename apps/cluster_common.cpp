@@ -119,7 +119,6 @@ bool tcp_reachable(const host_port& at, std::chrono::milliseconds wait) {
   return open;
 }
 
-
 std::string seconds_text(double seconds) {
   std::ostringstream s;
   s << seconds;
