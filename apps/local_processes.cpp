@@ -32,7 +32,12 @@ void local_processes::start_coordinator(const std::vector<std::string>& args) {
 void local_processes::start_worker(const std::vector<std::string>& args) {
   runtime::child_streams streams;
   if (workers_out_) streams.out = runtime::child_output::descriptor(workers_out_->write_end());
-  workers_.emplace_back((bin_ / "oobleck-worker").string(), args, streams);
+  // A worker computes on one thread (runtime::use_one_compute_thread), but OpenBLAS reads its thread
+  // count when it is loaded, before main: without this, it starts a thread for every core but one,
+  // and each spins ~0.1 s before it sleeps, on cores the other workers share (bench/RESULTS.md,
+  // "Starting a worker"). A value the user set is kept.
+  workers_.emplace_back((bin_ / "oobleck-worker").string(), args, streams,
+                        std::vector<std::string>{"OPENBLAS_NUM_THREADS=1"});
 }
 
 void local_processes::join_coordinator_output() {

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <system_error>
@@ -47,7 +48,7 @@ class file_actions {
 }  // namespace
 
 child_process::child_process(const std::string& path, const std::vector<std::string>& args,
-                             const child_streams& streams) {
+                             const child_streams& streams, const std::vector<std::string>& env_defaults) {
   std::vector<char*> argv{const_cast<char*>(path.c_str())};
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -59,7 +60,15 @@ child_process::child_process(const std::string& path, const std::vector<std::str
   } else if (streams.out.fd >= 0 || !streams.out.path.empty()) {
     posix_spawn_file_actions_adddup2(actions.get(), 1, 2);  // one open file: both streams append to it
   }
-  const int rc = posix_spawn(&pid_, path.c_str(), actions.get(), nullptr, argv.data(), environ);
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (const auto& d : env_defaults) {
+    const auto eq = d.find('=');
+    if (eq == 0 || eq == std::string::npos) throw std::invalid_argument("child_process: '" + d + "' is not NAME=VALUE");
+    if (std::getenv(d.substr(0, eq).c_str()) == nullptr) envp.push_back(const_cast<char*>(d.c_str()));
+  }
+  envp.push_back(nullptr);
+  const int rc = posix_spawn(&pid_, path.c_str(), actions.get(), nullptr, argv.data(), envp.data());
   if (rc != 0) throw child_spawn_error("cannot start " + path + ": " + std::strerror(rc));
   reaped_ = false;
 }

@@ -47,9 +47,11 @@ class child_process {
  public:
   using clock = std::chrono::steady_clock;
 
-  /// Starts `path` (no PATH search) with argv `path, args...` and this process's environment.
-  /// Throws child_spawn_error ("cannot start PATH: REASON").
-  child_process(const std::string& path, const std::vector<std::string>& args, const child_streams& streams = {});
+  /// Starts `path` (no PATH search) with argv `path, args...` and this process's environment, plus
+  /// each `NAME=VALUE` of `env_defaults` whose NAME this process's environment does not have (a value
+  /// the user set wins). Throws child_spawn_error ("cannot start PATH: REASON").
+  child_process(const std::string& path, const std::vector<std::string>& args, const child_streams& streams = {},
+                const std::vector<std::string>& env_defaults = {});
   ~child_process();
   child_process(child_process&& other) noexcept;
   child_process& operator=(child_process&& other) noexcept;

@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "apps/job_file.hpp"
 #include "support/apps_dir.hpp"
@@ -58,6 +60,22 @@ TEST_CASE("oobleck-local: killed with SIGKILL, its coordinator and workers end w
   wait_for_event(events, {.kind = event_kind::step_committed, .step = 2}, std::chrono::seconds(60));
   const auto started = children_of(local.pid());
   CHECK(started.size() == 1 + static_cast<std::size_t>(apps::parse_job(run_process(bin + "/oobleck-local", {"--print-default-job"}).out, "default job").cluster.nodes));  // the coordinator, the workers
+  // Its workers start with OpenBLAS on one thread (no pool of spinning threads at load), unless
+  // the environment oobleck-local was given says otherwise.
+  const char* given = std::getenv("OPENBLAS_NUM_THREADS");
+  const std::string expected = std::string("OPENBLAS_NUM_THREADS=") + (given != nullptr ? given : "1");
+  int workers = 0;
+  for (const pid_t p : started) {
+    std::error_code ec;
+    if (std::filesystem::read_symlink("/proc/" + std::to_string(p) + "/exe", ec).filename() != "oobleck-worker")
+      continue;
+    ++workers;
+    std::ifstream in("/proc/" + std::to_string(p) + "/environ", std::ios::binary);
+    std::vector<std::string> env;
+    for (std::string entry; std::getline(in, entry, '\0');) env.push_back(entry);
+    CHECK(std::count(env.begin(), env.end(), expected) == 1);
+  }
+  CHECK(workers == static_cast<int>(started.size()) - 1);
   local.signal(SIGKILL);
   CHECK(local.wait_exit(std::chrono::seconds(10)) == 128 + SIGKILL);
   auto alive = [&] {

@@ -10,9 +10,11 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -183,4 +185,28 @@ TEST_CASE("child_process: an output file that cannot be created is a clear error
   } catch (const child_spawn_error& e) {
     CHECK(std::string(e.what()).find("cannot start /bin/sh: ") == 0);
   }
+}
+
+TEST_CASE("child_process: environment defaults reach the child unless this process has the name") {
+  const char* name = "OOBLECK_CHILD_PROCESS_TEST_DEFAULT";
+  auto child_sees = [&](const std::vector<std::string>& defaults) {
+    output_pipe pipe;
+    child_process c("/bin/sh", {"-c", std::string("printf '%s\\n' \"${") + name + "-unset}\""},
+                    {.out = child_output::descriptor(pipe.write_end())}, defaults);
+    pipe.close_write_end();
+    std::vector<std::string> lines;
+    pipe.read_lines([&](const std::string& l) { lines.push_back(l); });
+    CHECK(c.wait() == 0);
+    return lines.size() == 1 ? lines[0] : "(" + std::to_string(lines.size()) + " lines)";
+  };
+  ::unsetenv(name);
+  CHECK(child_sees({}) == "unset");
+  CHECK(child_sees({std::string(name) + "=from-default"}) == "from-default");
+  CHECK(child_sees({std::string(name) + "="}) == "");  // an empty value is a value
+  ::setenv(name, "from-parent", 1);
+  CHECK(child_sees({std::string(name) + "=from-default"}) == "from-parent");
+  ::unsetenv(name);
+  CHECK(child_sees({"OOBLECK_CHILD_PROCESS_TEST_OTHER=x"}) == "unset");  // other names change nothing
+  CHECK_THROWS_AS(child_process("/bin/true", {}, {}, {"NO_EQUALS_SIGN"}), std::invalid_argument);
+  CHECK_THROWS_AS(child_process("/bin/true", {}, {}, {"=value"}), std::invalid_argument);
 }
