@@ -15,6 +15,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include "messages/input_error.hpp"
 #include "messages/protocol.hpp"
 
 namespace oobleck::actors {
@@ -81,23 +82,22 @@ std::string control_proof_of(std::string_view token, std::string_view nonce) {
 
 std::string read_token_file(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    throw std::runtime_error("token file " + path + ": " + std::strerror(errno));
+  // What a user gave or must fix is bad input (exit status 2), never an internal error.
+  if (::stat(path.c_str(), &st) != 0) throw messages::input_error("token file " + path + ": " + std::strerror(errno));
   if (st.st_mode & (S_IRWXG | S_IRWXO))
-    throw std::runtime_error("token file " + path +
-                             " is accessible by group or others; run chmod 600 " + path);
+    throw messages::input_error("token file " + path + " is accessible by group or others; run chmod 600 " + path);
   std::ifstream in(path);
   std::string token;
   std::getline(in, token);
   while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
   if (token.size() < 32)
-    throw std::runtime_error("token file " + path + " holds no token of at least 32 characters");
+    throw messages::input_error("token file " + path + " holds no token of at least 32 characters");
   return token;
 }
 
 std::string create_token_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) throw std::runtime_error("cannot create token file " + path + ": " + std::strerror(errno));
+  if (fd < 0) throw messages::input_error("cannot create token file " + path + ": " + std::strerror(errno));
   const std::string token = random_hex(32);
   const std::string line = token + "\n";
   const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());

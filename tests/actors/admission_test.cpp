@@ -11,6 +11,7 @@
 #include <fstream>
 #include <set>
 
+#include "messages/input_error.hpp"
 #include "messages/protocol.hpp"
 
 using namespace oobleck::actors;
@@ -178,16 +179,15 @@ TEST_CASE("admission: token files are created private and refused when readable 
   REQUIRE(::stat(path.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0600);
   CHECK(read_token_file(path) == token);
-  CHECK_THROWS_WITH_AS(create_token_file(path), doctest::Contains("File exists"), std::runtime_error);
+  CHECK_THROWS_WITH_AS(create_token_file(path), doctest::Contains("File exists"), input_error);
   ::chmod(path.c_str(), 0644);
-  CHECK_THROWS_WITH_AS(read_token_file(path), doctest::Contains("chmod 600"), std::runtime_error);
+  CHECK_THROWS_WITH_AS(read_token_file(path), doctest::Contains("chmod 600"), input_error);
   {
     std::ofstream(dir / "short") << "abc\n";
     ::chmod((dir / "short").c_str(), 0600);
   }
-  CHECK_THROWS_WITH_AS(read_token_file((dir / "short").string()), doctest::Contains("at least 32"),
-                       std::runtime_error);
-  CHECK_THROWS_WITH_AS(read_token_file((dir / "missing").string()), doctest::Contains("No such file"),
-                       std::runtime_error);
+  // Bad input, as every program reports it (exit status 2), not an internal error.
+  CHECK_THROWS_WITH_AS(read_token_file((dir / "short").string()), doctest::Contains("at least 32"), input_error);
+  CHECK_THROWS_WITH_AS(read_token_file((dir / "missing").string()), doctest::Contains("No such file"), input_error);
   std::filesystem::remove_all(dir);
 }

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <vector>
 #include <unistd.h>
 
 #include "messages/input_error.hpp"
@@ -93,6 +95,44 @@ TEST_CASE("--help prints the usage of every flag and exits 0") {
   CHECK(profile.exit_status == 0);
   CHECK(profile.err.empty());
   for (const char* flag : {"--config", "--out", "--json", "--repeats"}) CHECK(profile.out.find(flag) != std::string::npos);
+}
+
+TEST_CASE("a token file that cannot be used is bad input: one error line, exit 2, not an internal error") {
+  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-token-input-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string open_to_all = (dir / "open").string();
+  std::ofstream(open_to_all) << std::string(64, 'a') << "\n";
+  std::filesystem::permissions(open_to_all, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+                                                std::filesystem::perms::group_read |
+                                                std::filesystem::perms::others_read);
+  const std::string missing = (dir / "missing").string();
+  const std::string bin_dir = OOBLECK_APPS_DIR;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{bin_dir + "/oobleck-ctl", "--coordinator", "127.0.0.1:1", "--token-file", missing, "status"},
+       "token file " + missing + ": No such file or directory"},
+      {{bin_dir + "/oobleck-ctl", "--coordinator", "127.0.0.1:1", "--token-file", open_to_all, "status"},
+       "run chmod 600 " + open_to_all},
+      {{bin_dir + "/oobleck-worker", "--coordinator", "127.0.0.1:1", "--token-file", missing},
+       "token file " + missing + ": No such file or directory"},
+      {{bin_dir + "/oobleck-coordinator", "--listen", "127.0.0.1:0", "--config",
+        std::string(OOBLECK_SOURCE_DIR) + "/examples/jobs/default.toml", "--token-file", open_to_all},
+       "run chmod 600 " + open_to_all},
+      {{bin_dir + "/oobleck-coordinator", "--listen", "127.0.0.1:0", "--config",
+        std::string(OOBLECK_SOURCE_DIR) + "/examples/jobs/default.toml", "--token-file",
+        (dir / "no-such-folder" / "token").string()},
+       "cannot create token file " + (dir / "no-such-folder" / "token").string()},
+  };
+  for (const auto& [command, expected] : cases) {
+    CAPTURE(command[0]);
+    const std::vector<std::string> args(command.begin() + 1, command.end());
+    const auto r = run_process(command[0], args);
+    CAPTURE(r.err);
+    CHECK(r.exit_status == 2);
+    CHECK(r.err.find(expected) != std::string::npos);
+    CHECK(r.err.find("internal") == std::string::npos);
+    CHECK(lines(r.err) == 1);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("oobleck-plan: bad flags are one error line and exit 2") {
