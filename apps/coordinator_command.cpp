@@ -179,10 +179,14 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   std::optional<std::int64_t> checkpoint_every;
   tls_flags tls_given;
   add_text(app, "--listen", listen, "HOST:PORT to accept workers and operators on (PORT 0: any free port)")
+      ->type_name("HOST:PORT")
       ->required();
-  add_text(app, "--config", config, "the job file (TOML); workers receive it when admitted")->required();
+  add_text(app, "--config", config, "the job file (TOML); workers receive it when admitted")
+      ->type_name("JOB.toml")
+      ->required();
   add_text(app, "--token-file", token_file,
-           "the job token; created (mode 0600) with a fresh random token if absent (default: oobleck.token)");
+           "the job token; created (mode 0600) with a fresh random token if absent (default: oobleck.token)")
+      ->type_name("FILE");
   add_integer(app, "--nodes", nodes_flag, 1, 4096,
               "nodes to wait for before the job starts (default: the job's cluster.nodes)");
   add_integer(app, "--steps", steps_flag, 0, std::int64_t{1} << 40,
@@ -190,32 +194,38 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
               "serve status only)");
   add_integer(app, "--fault-tolerance", fault_tolerance_flag, 0, 64,
               "f: the plan keeps at least f+1 pipelines (default: the job's cluster.fault_tolerance)");
-  add_text(app, "--metrics-out", metrics_out, "append one JSON line per committed step to FILE");
+  add_text(app, "--metrics-out", metrics_out, "append one JSON line per committed step to FILE")->type_name("FILE");
   add_text(app, "--events-out", events_out,
            "append one JSON line per job event to FILE (node joined or lost, epoch forming or formed, step "
            "committed or failed, checkpoint written, stopped), flushed as it happens: what programs read "
-           "instead of the log lines");
+           "instead of the log lines")
+      ->type_name("FILE");
   add_text(app, "--address-file", address_file,
-           "once listening, write HOST:PORT (and a newline) to FILE (written whole, by a rename)");
+           "once listening, write HOST:PORT (and a newline) to FILE (written whole, by a rename)")
+      ->type_name("FILE");
   add_text(app, "--http", http,
            "HOST:PORT to serve the dashboard (GET /), GET /status and GET /history (JSON) and GET /metrics "
            "(Prometheus) on (PORT 0: any free port; default: the job's http.port on the --listen host, off "
-           "when it is 0)");
+           "when it is 0)")
+      ->type_name("HOST:PORT");
   add_text(app, "--checkpoint-dir", checkpoint_dir,
            "where checkpoints are written, on a filesystem every node shares (default: the job's "
            "[checkpoint] dir; none: no checkpoints, and a stop by the policy loses the trained state). "
            "A checkpoint is also written before the job stops as failed, on the first SIGTERM/SIGINT "
-           "(a second stops at once) and on oobleck-ctl shutdown --checkpoint");
+           "(a second stops at once) and on oobleck-ctl shutdown --checkpoint")
+      ->type_name("DIR");
   add_integer(app, "--checkpoint-every", checkpoint_every, 0, std::int64_t{1} << 40,
               "write a checkpoint after every K committed steps (default: the job's [checkpoint] every; "
               "0: only when the policy stops the job)");
   add_text(app, "--resume", resume,
            "continue the job from the checkpoint in DIR (a step-N directory, or the checkpoint directory "
            "itself: then its newest complete checkpoint valid for the job, named in a line): it is validated "
-           "in full against the job first, then training starts at its step");
+           "in full against the job first, then training starts at its step")
+      ->type_name("DIR");
   add_text(app, "--resume-command", resume_command,
            "for launchers: the command printed to resume the job, before ' --resume DIR' (default: this "
-           "command line)");
+           "command line)")
+      ->type_name("COMMAND");
   double adopt_wait = 10;
   add_number(app, "--adopt-wait", adopt_wait, 0,
              "a replacement coordinator (workers come back with the state of a job in progress) waits this many "

@@ -105,7 +105,9 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
            "tried in turn")
       ->type_name("HOST:PORT[,HOST:PORT]")
       ->required();
-  add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")->required();
+  add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")
+      ->type_name("FILE")
+      ->required();
   add_number(app, "--connect-timeout", timeout, 0,
              "seconds to keep trying to reach a coordinator (default 10); a coordinator that goes away before it "
              "answered (killed, frozen) is looked for again at every address until then, so a replacement or a "
@@ -126,11 +128,16 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
   int attempts = 0;
   add_integer(*error, "--attempts", attempts, 0, 1 << 30, "throw in at most this many attempts; 0: every attempt (default)");
   auto* shutdown = app.add_subcommand("shutdown", "stop the job: the coordinator and every worker exit");
-  add_text(*shutdown, "--reason", reason, "said to every worker");
+  add_text(*shutdown, "--reason", reason, "said to every worker")->type_name("TEXT");
   bool checkpoint = false;
   shutdown->add_flag("--checkpoint", checkpoint,
                      "first write a checkpoint of the last committed step into the job's checkpoint folder "
                      "(when it has one and every layer has a live holder; the log says why not otherwise)");
+  for (auto* sub : {status, kill, hang, error, shutdown})
+    sub->footer(
+        "oobleck-ctl's own flags come before the subcommand: oobleck-ctl --coordinator HOST:PORT "
+        "--token-file FILE " +
+        sub->get_name() + " ... (see oobleck-ctl --help)");
   app.require_subcommand(1);
   if (!parse_flags(app, args, out)) return 0;
 

@@ -99,11 +99,20 @@ std::vector<int> parse_id_list(const std::string& flag, const std::string& text)
 }
 
 bool parse_flags(CLI::App& app, const std::vector<std::string>& args, std::ostream& out) {
-  for (const auto& a : args)
+  // The help of the subcommand named before --help ("oobleck-ctl kill-node --help"), else the
+  // program's: read before parsing, so that missing required flags do not hide it.
+  CLI::App* shown = &app;
+  for (const auto& a : args) {
     if (a == "--help" || a == "-h") {
-      out << app.help();
+      out << shown->help();
       return false;
     }
+    for (CLI::App* sub : shown->get_subcommands([](CLI::App*) { return true; }))
+      if (sub->check_name(a)) {
+        shown = sub;
+        break;
+      }
+  }
   app.allow_extras();  // so that the first unknown word is named below, in our words
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
   try {

@@ -93,15 +93,16 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
   local_options o;
   std::vector<std::string> fail_at, hang_at, error_at, stall_at, join_at;
   add_integer(app, "--nodes", o.nodes, 1, 64, "worker processes (default: the job's cluster.nodes, 6 for the default job)");
-  add_text(app, "--config", o.config, "the job file (default: the built-in default job)");
+  add_text(app, "--config", o.config, "the job file (default: the built-in default job)")->type_name("JOB.toml");
   add_integer(app, "--steps", o.steps, 1, std::int64_t{1} << 40,
               "steps to train (default: the job's training.steps, 20 for the default job)");
   add_integer(app, "--fault-tolerance", o.fault_tolerance, 0, 64, "f (default: the job's cluster.fault_tolerance)");
-  add_text(app, "--metrics-out", o.metrics_out, "one JSON line per committed step to FILE");
+  add_text(app, "--metrics-out", o.metrics_out, "one JSON line per committed step to FILE")->type_name("FILE");
   add_text(app, "--events-out", o.events_out,
            "one JSON line per job event to FILE (node joined, lost or refused; epoch forming or formed; step "
            "committed or failed; commit stood; checkpoint written; stopped, with the outcome), written as they "
-           "happen: what scripts should read, rather than the progress lines (which are for people)");
+           "happen: what scripts should read, rather than the progress lines (which are for people)")
+      ->type_name("FILE");
   add_number(app, "--timeout", o.timeout_s, 1, "give up (and stop every process) after this many seconds (default 600)");
   app.add_option("--fail-at", fail_at,
                  "STEP:ID[,ID...]: those nodes' processes kill themselves (SIGKILL) in the middle of "
@@ -171,10 +172,14 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
            "worker i on GPU i with cluster.data_plane \"nccl\"; a build with OOBLECK_WITH_CUDA)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->type_name("cpu|cuda");
-  add_text(app, "--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (default: the job's [checkpoint] dir)");
+  add_text(app, "--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (default: the job's [checkpoint] dir)")
+      ->type_name("DIR");
   add_integer(app, "--checkpoint-every", o.checkpoint_every, 0, std::int64_t{1} << 40,
               "a checkpoint after every K committed steps (default: the job's [checkpoint] every)");
-  add_text(app, "--resume", o.resume, "continue from the checkpoint in DIR (a step-N folder, or the checkpoint folder: then its newest complete checkpoint); validated against the job first");
+  add_text(app, "--resume", o.resume,
+           "continue from the checkpoint in DIR (a step-N folder, or the checkpoint folder: then its newest complete "
+           "checkpoint); validated against the job first")
+      ->type_name("DIR");
   app.footer("Exit status: the coordinator's: 0 finished, 1 internal error, 2 bad input, 4 the reconfiguration "
              "policy stopped the job (too few nodes left, and it did not wait for nodes): a checkpoint was written "
              "when possible and the command that resumes it printed. A coordinator that dies (a signal) is started again at the same "

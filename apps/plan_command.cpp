@@ -42,7 +42,7 @@ struct plan_options {
 bool parse(const std::vector<std::string>& args, std::ostream& out, plan_options& o) {
   CLI::App app{"", "oobleck-plan"};
   app.footer(kAbout);
-  add_text(app, "--profile", o.profile_path, "profile file (JSON or Cap'n Proto)")->required();
+  add_text(app, "--profile", o.profile_path, "profile file (JSON or Cap'n Proto)")->type_name("FILE")->required();
   auto* nodes = add_integer(app, "--nodes", o.job.nodes, 1, 1 << 20, "nodes at the start; they get ids 0..N-1")
                     ->type_name("N");
   auto* f = add_integer(app, "--fault-tolerance", o.job.fault_tolerance, 0, 1 << 20,

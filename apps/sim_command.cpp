@@ -102,9 +102,10 @@ std::vector<std::string> policy_names(const std::string& flag) {
 bool parse(const std::vector<std::string>& args, std::ostream& out, sim_options& o) {
   CLI::App app{"", "oobleck-sim"};
   app.footer(kAbout);
-  add_text(app, "--profile", o.profile_path, "profile file (JSON or Cap'n Proto), e.g. oobleck-profile's output");
+  add_text(app, "--profile", o.profile_path, "profile file (JSON or Cap'n Proto), e.g. oobleck-profile's output")
+      ->type_name("FILE");
   add_text(app, "--model", o.model, "generate the profile of one of the paper's models (or dense-400b, 126 layers on 8-GPU H100 nodes) instead")->type_name("NAME");
-  add_text(app, "--trace", o.trace_path, "node availability trace (ms,add|remove,node)");
+  add_text(app, "--trace", o.trace_path, "node availability trace (ms,add|remove,node)")->type_name("FILE");
   app.add_flag("--random-failures", o.random_failures,
                "draw failures from the exponential process instead of a trace (needs --nodes and --duration-s)");
   add_number(app, "--mttf-h", o.mttf_h, 1e-9,
@@ -129,7 +130,8 @@ bool parse(const std::vector<std::string>& args, std::ostream& out, sim_options&
               "Bamboo's microbatch (default: Table 1's with --model, else b)")
       ->type_name("b");
   add_text(app, "--bamboo-profile", o.bamboo_profile_path,
-           "profile Bamboo runs (default: --profile's; with --model, the model without activation checkpointing)");
+           "profile Bamboo runs (default: --profile's; with --model, the model without activation checkpointing)")
+      ->type_name("FILE");
   add_integer(app, "--gpus-per-node", o.gpus_per_node, 1, 1 << 10, "checked against the profile")->type_name("M");
   app.add_option("--policy", o.policy,
                  "oobleck, varuna, bamboo, ckpt-restart, torchft or a comma-separated list; all = oobleck,varuna,bamboo "
@@ -137,7 +139,8 @@ bool parse(const std::vector<std::string>& args, std::ostream& out, sim_options&
       ->type_name("NAME")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   add_text(app, "--recovery-costs", o.costs_path,
-           "JSON of recovery constants (written by the fault-tolerance benchmark; default: documented defaults)");
+           "JSON of recovery constants (written by the fault-tolerance benchmark; default: documented defaults)")
+      ->type_name("FILE");
   add_number(app, "--ready-delay-s", o.ready_delay_s, 0, "seconds from a node's add to its readiness (default 45)");
   add_number(app, "--time-scale", o.time_scale, 1e-9,
              "multiply trace times by X, e.g. 0.01 to compare with a local cluster replaying the trace 100x faster");

@@ -62,9 +62,12 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
   add_text(app, "--coordinator", coordinator,
            "HOST:PORT of the coordinator, or a comma-separated list (a standby first tried when the coordinator "
            "is lost)")
+      ->type_name("HOST:PORT[,HOST:PORT]")
       ->required();
-  add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")->required();
-  add_text(app, "--name", name, "this node's name in status and logs (default: HOSTNAME-PID)");
+  add_text(app, "--token-file", token_file, "the job token (the coordinator's --token-file)")
+      ->type_name("FILE")
+      ->required();
+  add_text(app, "--name", name, "this node's name in status and logs (default: HOSTNAME-PID)")->type_name("NAME");
   add_integer(app, "--slots", slots, 1, 64,
               "slots of this node (default 1): must equal the job's cluster.slots_per_node; on CPU a slot is "
               "one LibTorch thread, and a node runs one stage actor per stage it is given");
@@ -75,10 +78,12 @@ int run_worker_command(const std::vector<std::string>& args, std::ostream& out, 
       ->type_name("cpu|cuda[:N]");
   add_text(app, "--config", config,
            "the job file this worker was started for; refused if the coordinator runs another job (its [tls] "
-           "table, if any, is this worker's TLS unless --tls-* flags replace it)");
+           "table, if any, is this worker's TLS unless --tls-* flags replace it)")
+      ->type_name("JOB.toml");
   add_text(app, "--data-host", data_host,
            "address other nodes reach this node's data plane at (default: 127.0.0.1 for a local "
-           "coordinator, else the host name)");
+           "coordinator, else the host name)")
+      ->type_name("HOST");
   add_integer(app, "--data-port", data_port, 0, 65535, "data-plane port (default 0: a free port)");
   add_number(app, "--connect-timeout", connect_timeout, 0,
              "seconds to keep trying to reach the coordinator (default 60)");

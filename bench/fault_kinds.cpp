@@ -103,13 +103,14 @@ std::optional<options> parse(int argc, char** argv, int& exit) {
       "the trajectory equals the failure-free run (the default job, 6 nodes).",
       "fault_kinds"};
   app.add_switch("--quick", o.quick, "1 repeat of kill, stage error once, stall and SIGTERM (a smoke run)");
-  app.add_text("--json", o.json_path, "write the results to FILE (default bench/results/fault_kinds.json)");
+  app.add_text("--json", o.json_path, "write the results to PATH (default bench/results/fault_kinds.json)");
   app.add_integer("--repeats", o.repeats, 1, 100, "runs of each kind (default 3)");
   app.add_integer("--steps", o.steps, 3, 10000, "steps per run (default 12)");
   app.add_integer("--fault-step", o.fault_step, 1, 10000, "the step K the fault hits (default 5)");
   app.add_integer("--node", o.node, 0, 5, "the node the fault hits (default 2)");
   app.add_text("--kinds", o.kinds,
-               "kinds to run, separated by commas: kill, hang, error_once, error_always, stall, sigterm (default all)");
+               "kinds to run, separated by commas: kill, hang, error_once, error_always, stall, sigterm (default all)")
+      .type_name("LIST");
   app.add_switch("--keep", o.keep, "keep every run's files (job, events, metrics, output) and print their folder");
   if (const auto e = app.parse(argc, argv)) {
     exit = *e;

@@ -93,7 +93,7 @@ int main(int argc, char** argv) try {
       "calibration runs (contention per node count, join readiness).",
       "sim_validation"};
   app.add_switch("--quick", quick, "one short case (a smoke run)");
-  app.add_text("--case", only, "only the cases whose name contains TEXT (e.g. 'mass')");
+  app.add_text("--case", only, "only the cases whose name contains TEXT (e.g. 'mass')").type_name("TEXT");
   app.add_text("--json", json_path, "write every figure to PATH");
   app.add_text("--bin", bin,
                "the folder of oobleck-local, oobleck-profile and the cluster programs (default: the build's)");

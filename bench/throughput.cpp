@@ -82,11 +82,11 @@ std::optional<options> parse(int argc, char** argv, int& exit) {
       "measured here by oobleck-profile, R timed microbatches) and the single-process run.",
       "throughput"};
   app.add_switch("--quick", o.quick, "2 nodes, 3 steps, R = 2 (a smoke run)");
-  app.add_text("--json", o.json_path, "write the results to FILE (default bench/results/throughput.json)");
-  app.add_text("--nodes", nodes, "node counts to run, in 1..64, separated by commas (default 2,4,6)");
+  app.add_text("--json", o.json_path, "write the results to PATH (default bench/results/throughput.json)");
+  app.add_text("--nodes", nodes, "node counts to run, in 1..64, separated by commas (default 2,4,6)").type_name("LIST");
   app.add_integer("--steps", o.steps, 1, 1 << 20, "steps per run (default 14)");
   app.add_integer("--warmup", o.warmup, 0, 1 << 20, "first steps of each run left out of the means (default 4)");
-  app.add_text("--config", o.config, "the job file (default: oobleck-local's default job)");
+  app.add_text("--config", o.config, "the job file (default: oobleck-local's default job)").type_name("JOB.toml");
   app.add_integer("--profile-repeats", o.profile_repeats, 1, 1000,
                   "microbatches the profile times (oobleck-profile --repeats; default 200)");
   app.add_integer(

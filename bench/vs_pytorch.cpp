@@ -86,7 +86,7 @@ std::optional<options> parse(int argc, char** argv, int& exit) {
       "Exits 0 with a SKIPPED line when /usr/bin/python3 cannot import torch.",
       "vs_pytorch"};
   app.add_switch("--quick", o.quick, "a smoke run: 1 run of each, 3 steps, 1 of them warm-up");
-  app.add_text("--json", o.json_path, "write the results to FILE (default bench/results/vs_pytorch.json)");
+  app.add_text("--json", o.json_path, "write the results to PATH (default bench/results/vs_pytorch.json)");
   app.add_integer("--nodes", o.nodes, 2, 16, "N: processes of PyTorch DDP and nodes of oobleck-local (default 2)");
   app.add_integer("--steps", o.steps, 2, 1 << 20, "steps per run (default 20)");
   app.add_integer("--warmup", o.warmup, 1, 1 << 20, "first steps of each run left out (default 5)");

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -95,6 +96,93 @@ TEST_CASE("--help prints the usage of every flag and exits 0") {
   CHECK(profile.exit_status == 0);
   CHECK(profile.err.empty());
   for (const char* flag : {"--config", "--out", "--json", "--repeats"}) CHECK(profile.out.find(flag) != std::string::npos);
+}
+
+TEST_CASE("--help names what each flag's value is, and a bare PATH only where the text explains it") {
+  struct program_help {
+    std::string program;
+    std::vector<std::string> args;
+    std::vector<std::pair<std::string, std::string>> labels;  // flag, the name of its value
+  };
+  const std::vector<program_help> programs{
+      {"oobleck-coordinator",
+       {"--help"},
+       {{"--listen", "HOST:PORT"},
+        {"--config", "JOB.toml"},
+        {"--token-file", "FILE"},
+        {"--metrics-out", "FILE"},
+        {"--events-out", "FILE"},
+        {"--address-file", "FILE"},
+        {"--http", "HOST:PORT"},
+        {"--checkpoint-dir", "DIR"},
+        {"--resume", "DIR"},
+        {"--resume-command", "COMMAND"},
+        {"--profile", "FILE"},
+        {"--profile-cache", "DIR"}}},
+      {"oobleck-worker",
+       {"--help"},
+       {{"--coordinator", "HOST:PORT[,HOST:PORT]"},
+        {"--token-file", "FILE"},
+        {"--name", "NAME"},
+        {"--config", "JOB.toml"},
+        {"--data-host", "HOST"}}},
+      {"oobleck-ctl", {"--help"}, {{"--coordinator", "HOST:PORT[,HOST:PORT]"}, {"--token-file", "FILE"}}},
+      {"oobleck-ctl", {"shutdown", "--help"}, {{"--reason", "TEXT"}}},
+      {"oobleck-local",
+       {"--help"},
+       {{"--config", "JOB.toml"},
+        {"--metrics-out", "FILE"},
+        {"--events-out", "FILE"},
+        {"--trace", "FILE"},
+        {"--profile", "FILE"},
+        {"--checkpoint-dir", "DIR"},
+        {"--resume", "DIR"}}},
+      {"oobleck-plan", {"--help"}, {{"--profile", "FILE"}}},
+      {"oobleck-profile", {"--help"}, {{"--config", "JOB.toml"}, {"--out", "PATH"}}},
+      {"oobleck-sim",
+       {"--help"},
+       {{"--profile", "FILE"}, {"--trace", "FILE"}, {"--bamboo-profile", "FILE"}, {"--recovery-costs", "FILE"}}},
+  };
+  for (const auto& p : programs) {
+    CAPTURE(p.program);
+    const auto r = run_process(std::string(OOBLECK_APPS_DIR) + "/" + p.program, p.args);
+    REQUIRE(r.exit_status == 0);
+    std::map<std::string, std::string> label;  // flag -> the word after it on its help line
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream words(line);
+      std::string flag, value;
+      if (!(words >> flag >> value) || flag.rfind("-", 0) != 0) continue;
+      flag = flag.substr(flag.rfind(',') + 1);  // "-h,--help" -> "--help"
+      label[flag] = value;
+      CAPTURE(line);
+      if (value == "PATH") CHECK(line.find("PATH", line.find(" PATH") + 5) != std::string::npos);
+    }
+    for (const auto& [flag, expected] : p.labels) {
+      CAPTURE(flag);
+      CHECK(label[flag] == expected);
+    }
+  }
+}
+
+TEST_CASE("oobleck-ctl SUBCOMMAND --help shows that subcommand's own flags") {
+  const std::string ctl = std::string(OOBLECK_APPS_DIR) + "/oobleck-ctl";
+  const auto kill = run_process(ctl, {"kill-node", "--help"});
+  CHECK(kill.exit_status == 0);
+  CHECK(kill.out.find("node id (see status)") != std::string::npos);
+  const auto hang = run_process(ctl, {"--coordinator", "127.0.0.1:1", "hang-node", "-h"});
+  CHECK(hang.exit_status == 0);
+  CHECK(hang.out.find("--seconds") != std::string::npos);
+  CHECK(hang.out.find("oobleck-ctl --coordinator HOST:PORT --token-file FILE hang-node") != std::string::npos);
+  const auto error = run_process(ctl, {"error-node", "--help"});
+  CHECK(error.out.find("--attempts") != std::string::npos);
+  const auto shutdown = run_process(ctl, {"shutdown", "--help"});
+  CHECK(shutdown.out.find("--checkpoint") != std::string::npos);
+  const auto status = run_process(ctl, {"status", "--help"});
+  CHECK(status.out.find("--json") != std::string::npos);
+  const auto top = run_process(ctl, {"--help"});  // the program's: its own flags and the subcommands
+  CHECK(top.out.find("--token-file") != std::string::npos);
+  CHECK(top.out.find("kill-node") != std::string::npos);
 }
 
 TEST_CASE("a token file that cannot be used is bad input: one error line, exit 2, not an internal error") {
