@@ -24,6 +24,7 @@
 
 #include "actors/admission.hpp"
 #include "apps/coordinator_link.hpp"
+#include "apps/program_main.hpp"
 #include "messages/input_error.hpp"
 
 namespace oobleck::apps {
@@ -254,8 +255,8 @@ messages::coordinator_actor connect_first_coordinator(caf::actor_system& sys, co
     }
     if (left_s() <= 0) {
       if (!last_silent.empty()) throw input_error(last_silent);
-      throw std::runtime_error("cannot reach " + std::string(one ? "the" : "a") + " coordinator at " +
-                               listed(addresses) + " within " + within + ": " + last_nothing);
+      throw unavailable("cannot reach " + std::string(one ? "the" : "a") + " coordinator at " + listed(addresses) +
+                        " within " + within + ": " + last_nothing);
     }
     if (!said) {
       log("waiting for " + std::string(one ? "the" : "a") + " coordinator at " + listed(addresses) + " (" +

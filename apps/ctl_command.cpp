@@ -12,6 +12,7 @@
 #include "apps/cluster_commands.hpp"
 #include "apps/cluster_common.hpp"
 #include "apps/flags.hpp"
+#include "apps/program_main.hpp"
 #include "apps/status_report.hpp"
 #include "apps/tls.hpp"
 #include "messages/input_error.hpp"
@@ -157,7 +158,7 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
       try {
         return request(c);
       } catch (const coordinator_gone& e) {
-        if (seconds_until(deadline) <= 0) throw std::runtime_error(e.what());
+        if (seconds_until(deadline) <= 0) throw unavailable(e.what());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }

@@ -58,6 +58,8 @@ int exit_status_of(std::ostream& err, const std::function<int()>& body) noexcept
     return report(err, 2, "", e.what());
   } catch (const std::invalid_argument& e) {
     return report(err, 2, "", e.what());
+  } catch (const unavailable& e) {
+    return report(err, 1, "", e.what());
   } catch (const std::exception& e) {
     return report(err, 1, "internal: ", e.what());
   } catch (...) {

@@ -5,15 +5,25 @@
 //   0  success (and --help)
 //   2  bad input: a flag, a job file, a profile, a job the planner cannot satisfy
 //      (CLI::ParseError, messages::input_error, planning::planning_error, std::invalid_argument)
-//   1  an internal failure: any other exception, LibTorch's (out of memory) included; the line
-//      starts "error: internal: "
+//   1  something the program needs was not there (apps::unavailable: a coordinator that no address
+//      answered), said as it is; or an internal failure: any other exception, LibTorch's (out of
+//      memory) included, whose line starts "error: internal: "
 
 #include <functional>
 #include <ostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace oobleck::apps {
+
+/// Something outside the program that it needs did not answer or is not there: no coordinator at
+/// any address given within the time allowed. Not bad input (the address may be right and the
+/// coordinator not up yet) and not a fault of the program: exit status 1, without "internal:".
+class unavailable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 /// A command: its arguments without the program name, stdout and stderr; returns the exit status.
 using command = std::function<int(const std::vector<std::string>& args, std::ostream& out, std::ostream& err)>;

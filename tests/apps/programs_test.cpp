@@ -72,6 +72,11 @@ TEST_CASE("the program root turns every exception into one line and a status") {
   CHECK(input.status == 2);
   CHECK(input.err == "error: job.toml:3: unknown key model.x\n");
   CHECK(status_of([] { throw oobleck::planning::planning_error("f"); }).status == 2);
+  // Something the program needs was not there: said as it is, exit 1, not an internal failure.
+  const auto away =
+      status_of([] { throw oobleck::apps::unavailable("cannot reach the coordinator at h:1 within 2 s"); });
+  CHECK(away.status == 1);
+  CHECK(away.err == "error: cannot reach the coordinator at h:1 within 2 s\n");
   CHECK(status_of([] { throw std::invalid_argument("invalid model config"); }).status == 2);
   CHECK(status_of([] { throw CLI::RequiredError("--profile"); }).status == 2);
   // LibTorch's c10::Error is a std::exception whose what() goes on with a backtrace.
