@@ -7,6 +7,7 @@
 #include <CLI/Error.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,11 +15,13 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 #include <unistd.h>
 
 #include "messages/input_error.hpp"
 #include "planning/profile.hpp"
+#include "runtime/child_process.hpp"
 #include "support/example_profile.hpp"
 #include "support/subprocess.hpp"
 
@@ -225,6 +228,43 @@ TEST_CASE("a token file that cannot be used is bad input: one error line, exit 2
     CHECK(r.err.find("internal") == std::string::npos);
     CHECK(lines(r.err) == 1);
   }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("oobleck-coordinator: a checkpoint directory it cannot create or write into is refused at start") {
+  // It used to be accepted, and every checkpoint of the job then failed ("training goes on").
+  const auto dir = std::filesystem::temp_directory_path() / ("oobleck-checkpoint-dir-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string token = (dir / "token").string(), file = (dir / "a-file").string();
+  std::ofstream(file) << "not a directory\n";
+  const std::string job = std::string(OOBLECK_SOURCE_DIR) + "/examples/jobs/default.toml";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"/proc/oobleck-no-such-dir",
+       "--checkpoint-dir /proc/oobleck-no-such-dir: cannot create the checkpoint directory"},
+      {file + "/sub", "--checkpoint-dir " + file + "/sub: cannot create the checkpoint directory"},
+      {file, "--checkpoint-dir " + file + ": cannot create the checkpoint directory: Not a directory"},
+  };
+  for (const auto& [checkpoint_dir, expected] : cases) {
+    const auto r = run_process(std::string(OOBLECK_APPS_DIR) + "/oobleck-coordinator",
+                               {"--listen", "127.0.0.1:0", "--config", job, "--token-file", token, "--steps", "0",
+                                "--checkpoint-dir", checkpoint_dir});
+    CAPTURE(r.err);
+    CHECK(r.exit_status == 2);
+    CHECK(r.err.find(expected) != std::string::npos);
+    CHECK(lines(r.err) == 1);
+  }
+  // One it can create is made at start.
+  const auto made = dir / "made" / "here";
+  oobleck::runtime::child_process coordinator(
+      std::string(OOBLECK_APPS_DIR) + "/oobleck-coordinator",
+      {"--listen", "127.0.0.1:0", "--config", job, "--token-file", token, "--steps", "0", "--checkpoint-dir",
+       made.string()},
+      {.out = oobleck::runtime::child_output::file((dir / "coordinator.log").string())});
+  const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!std::filesystem::is_directory(made) && std::chrono::steady_clock::now() < by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(std::filesystem::is_directory(made));
+  coordinator.kill_and_reap();
   std::filesystem::remove_all(dir);
 }
 
