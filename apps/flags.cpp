@@ -102,13 +102,15 @@ bool parse_flags(CLI::App& app, const std::vector<std::string>& args, std::ostre
   // The help of the subcommand named before --help ("oobleck-ctl kill-node --help"), else the
   // program's: read before parsing, so that missing required flags do not hide it.
   CLI::App* shown = &app;
+  std::string above;  // "oobleck-ctl [OPTIONS]": what comes before a subcommand in its usage line
   for (const auto& a : args) {
     if (a == "--help" || a == "-h") {
-      out << shown->help();
+      out << shown->help(above);
       return false;
     }
     for (CLI::App* sub : shown->get_subcommands([](CLI::App*) { return true; }))
       if (sub->check_name(a)) {
+        above = (above.empty() ? "" : above + " ") + shown->get_name() + " [OPTIONS]";
         shown = sub;
         break;
       }

@@ -178,6 +178,7 @@ TEST_CASE("oobleck-ctl SUBCOMMAND --help shows that subcommand's own flags") {
   const auto kill = run_process(ctl, {"kill-node", "--help"});
   CHECK(kill.exit_status == 0);
   CHECK(kill.out.find("node id (see status)") != std::string::npos);
+  CHECK(kill.out.find("Usage: oobleck-ctl [OPTIONS] kill-node [OPTIONS] id") != std::string::npos);
   const auto hang = run_process(ctl, {"--coordinator", "127.0.0.1:1", "hang-node", "-h"});
   CHECK(hang.exit_status == 0);
   CHECK(hang.out.find("--seconds") != std::string::npos);
