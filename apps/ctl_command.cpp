@@ -154,7 +154,8 @@ int run_ctl_command(const std::vector<std::string>& args, std::ostream& out, std
   // asked went away first (a refusal is final: messages::input_error).
   auto at_coordinator = [&](const auto& request) {
     for (;;) {
-      const auto c = connect_first_coordinator(sys, addresses, deadline, "--connect-timeout", [](const std::string&) {});
+      const auto c = connect_first_coordinator(
+          sys, addresses, deadline, seconds_text(timeout) + " s (--connect-timeout)", [](const std::string&) {});
       try {
         return request(c);
       } catch (const coordinator_gone& e) {

@@ -115,6 +115,12 @@ bool parse_flags(CLI::App& app, const std::vector<std::string>& args, std::ostre
         break;
       }
   }
+  if (app.get_require_subcommand_min() > 0 && shown == &app) {  // no subcommand named: say which there are
+    std::string names;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    throw input_error("a subcommand is required: " + names + " (see --help)");
+  }
   app.allow_extras();  // so that the first unknown word is named below, in our words
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
   try {

@@ -274,7 +274,7 @@ TEST_CASE("cluster: bad flags and unreachable coordinators are one clear error")
   r = run_process(bin + "/oobleck-ctl", {"--coordinator", "127.0.0.1:1", "--token-file", d.path("tok"),
                                          "--connect-timeout", "0.5", "status"});
   CHECK(r.exit_status == 1);
-  CHECK(r.err.rfind("error: cannot reach the coordinator at 127.0.0.1:1", 0) == 0);
+  CHECK(r.err.rfind("error: cannot reach the coordinator at 127.0.0.1:1 within 0.5 s (--connect-timeout): ", 0) == 0);
   // --device: the forms it takes, and CUDA only in a CUDA build, refused before anything starts.
   r = run_process(bin + "/oobleck-worker", {"--coordinator", "127.0.0.1:1", "--token-file", d.path("tok"), "--device", "gpu"});
   CHECK(r.exit_status == 2);

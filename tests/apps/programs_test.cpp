@@ -189,6 +189,10 @@ TEST_CASE("oobleck-ctl SUBCOMMAND --help shows that subcommand's own flags") {
   CHECK(shutdown.out.find("--checkpoint") != std::string::npos);
   const auto status = run_process(ctl, {"status", "--help"});
   CHECK(status.out.find("--json") != std::string::npos);
+  const auto none = run_process(ctl, {"--coordinator", "127.0.0.1:1", "--token-file", "t"});
+  CHECK(none.exit_status == 2);
+  CHECK(none.err ==
+        "error: a subcommand is required: status, kill-node, hang-node, error-node, shutdown (see --help)\n");
   const auto top = run_process(ctl, {"--help"});  // the program's: its own flags and the subcommands
   CHECK(top.out.find("--token-file") != std::string::npos);
   CHECK(top.out.find("kill-node") != std::string::npos);
