@@ -87,7 +87,7 @@ std::optional<messages::coordinator_actor> try_coordinator(caf::actor_system& sy
 /// greets in the clear, or (one address) stays silent through it twice in a row speaks another way
 /// (TLS on one side only): messages::input_error says so. Once, it may have gone away during it
 /// (killed, or frozen then replaced): tried again. Silence at one of several addresses is tried
-/// again until the deadline and then named the same way. Else std::runtime_error naming the
+/// again until the deadline and then named the same way. Else apps::unavailable naming the
 /// addresses and `within`. `log` hears once that none answered yet. Over TLS when the system has
 /// CAF's OpenSSL module (apps::use_tls).
 messages::coordinator_actor connect_first_coordinator(caf::actor_system& sys, const std::vector<host_port>& addresses,

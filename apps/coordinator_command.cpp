@@ -2,10 +2,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -35,6 +33,7 @@
 #include "messages/profile_file.hpp"
 #include "messages/profile_json.hpp"
 #include "planning/synthetic_profile.hpp"
+#include "runtime/checkpoint.hpp"
 #include "runtime/device_spec.hpp"
 #include "runtime/nccl_id.hpp"
 
@@ -342,17 +341,10 @@ int run_coordinator_command(const std::vector<std::string>& args, std::ostream& 
   deps.run_ahead = true;  // the next step's orders go out with each commit (coordinator_deps::run_ahead)
   if (job.cluster.data_plane == "nccl") deps.new_nccl_id = runtime::new_nccl_unique_id;
   const std::string root = !checkpoint_dir.empty() ? checkpoint_dir : job.checkpoint.dir;
-  if (!root.empty()) {
-    // Refused now rather than at the first checkpoint, hours into the job (which would go on
-    // without one, saying so at every attempt).
-    const std::string named = (!checkpoint_dir.empty() ? "--checkpoint-dir " : "[checkpoint] dir ") + root;
-    std::error_code ec;
-    std::filesystem::create_directories(root, ec);
-    if (ec) throw messages::input_error(named + ": cannot create the checkpoint directory: " + ec.message());
-    if (!std::filesystem::is_directory(root, ec)) throw messages::input_error(named + ": not a directory");
-    if (::access(root.c_str(), W_OK | X_OK) != 0)
-      throw messages::input_error(named + ": cannot write into it: " + std::strerror(errno));
-  }
+  // Refused now (checkpoint_error is bad input), not at the first checkpoint hours into the job,
+  // which would go on without one, saying so at every attempt.
+  if (!root.empty())
+    runtime::ensure_checkpoint_root(root, (!checkpoint_dir.empty() ? "--checkpoint-dir " : "[checkpoint] dir ") + root);
   choose_profile(deps, job, profile_file,
                  !profile_cache.empty() ? profile_cache : !job.profile.cache.empty() ? job.profile.cache : root, log);
   const auto every = static_cast<std::uint64_t>(checkpoint_every.value_or(static_cast<std::int64_t>(job.checkpoint.every)));

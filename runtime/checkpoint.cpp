@@ -220,10 +220,17 @@ std::string sha256_hex(std::span<const std::byte> bytes) {
   return s;
 }
 
-fs::path begin_checkpoint(const fs::path& root, std::uint64_t step) {
+void ensure_checkpoint_root(const fs::path& root, const std::string& named) {
   std::error_code ec;
   fs::create_directories(root, ec);
-  if (ec) throw checkpoint_error(root.string() + ": cannot create the checkpoint directory: " + ec.message());
+  if (ec) throw checkpoint_error(named + ": cannot create the checkpoint directory: " + ec.message());
+  if (::access(root.c_str(), W_OK | X_OK) != 0)
+    throw checkpoint_error(named + ": cannot write into it: " + std::strerror(errno));
+}
+
+fs::path begin_checkpoint(const fs::path& root, std::uint64_t step) {
+  ensure_checkpoint_root(root, root.string());
+  std::error_code ec;
   const auto nonce = std::chrono::steady_clock::now().time_since_epoch().count();
   const auto temp = root / (".tmp-" + checkpoint_dir_name(step) + "-" + std::to_string(::getpid()) + "-" +
                             std::to_string(nonce));

@@ -71,6 +71,11 @@ std::string checkpoint_dir_name(std::uint64_t step);
 /// Lowercase hex SHA-256 of the bytes.
 std::string sha256_hex(std::span<const std::byte> bytes);
 
+/// Creates the checkpoint directory `root` if needed; throws checkpoint_error, its text starting
+/// with `named` (how the user gave it, e.g. "--checkpoint-dir DIR"), when it cannot be created or
+/// written into. The coordinator calls it at start; begin_checkpoint before each checkpoint.
+void ensure_checkpoint_root(const std::filesystem::path& root, const std::string& named);
+
 /// Creates `root` if needed and a fresh temporary directory in it for the checkpoint of `step`;
 /// returns its path. Throws checkpoint_error when the root cannot be written.
 std::filesystem::path begin_checkpoint(const std::filesystem::path& root, std::uint64_t step);
