@@ -131,7 +131,8 @@ class local_run {
                 }
               },
               err),
-        procs_(s_.bin, [this](const std::string& line) { say(line); }, screen_.has_bar()),
+        procs_(s_.bin, [this](const std::string& line) { say(line); }, screen_.has_bar(), o.fork_workers,
+               [this](const std::string& line) { say(local_ + line); }),
         deadline_(std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s)) {}
 
   int run() {

@@ -49,6 +49,9 @@ struct local_options {
   /// limit; the coordinator waits by default with a checkpoint directory, and always with --trace).
   bool exit_below_minimum = false;
   std::optional<double> wait_for_nodes_s;
+  /// The workers are copies of one oobleck-worker that loaded LibTorch once (runtime::fork_server);
+  /// --no-fork-server: each starts as a program of its own.
+  bool fork_workers = true;
 };
 
 /// The step of a `--join-at waiting:K`: the workers start when the job first waits for nodes.

@@ -1,6 +1,8 @@
 #pragma once
 // The processes oobleck-local starts: the coordinator (and each replacement of it) and the workers,
-// with the threads that echo their lines. Its destructor ends every process before it waits for
+// with the threads that echo their lines. The workers are copies of one oobleck-worker that loaded
+// its libraries once (runtime::fork_server), unless that cannot be: then each is a program of its
+// own, as it is without `fork_workers`. Its destructor ends every process before it waits for
 // any of those threads, on every way out: a thread reading a coordinator's output ends only when
 // that coordinator has exited.
 
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "runtime/child_process.hpp"
+#include "runtime/fork_server.hpp"
 
 namespace oobleck::apps {
 
@@ -22,8 +25,8 @@ class local_processes {
 
   /// Programs are started from `bin`. Every coordinator's lines go to `say`; the workers' lines too
   /// when `echo_workers` (one pipe for them all, as under a progress bar), else to this process's
-  /// own streams.
-  local_processes(std::filesystem::path bin, say_fn say, bool echo_workers);
+  /// own streams. Its own notes (workers started without a fork server, and why) go to `note`.
+  local_processes(std::filesystem::path bin, say_fn say, bool echo_workers, bool fork_workers, say_fn note);
   /// Kills and reaps every process, then joins every echo thread.
   ~local_processes();
   local_processes(const local_processes&) = delete;
@@ -43,6 +46,9 @@ class local_processes {
  private:
   std::filesystem::path bin_;
   say_fn say_;
+  bool fork_workers_;
+  say_fn note_;
+  std::optional<runtime::fork_server> fork_server_;
   std::optional<runtime::output_pipe> workers_out_;
   std::thread workers_echo_;
   std::vector<std::unique_ptr<runtime::output_pipe>> coordinator_out_;

@@ -35,16 +35,17 @@ int report(std::ostream& err, int status, const std::string& prefix, const char*
 
 }  // namespace
 
-void exit_with_parent_if_asked() {
+bool exit_with_parent_if_asked() {
   const char* v = std::getenv(exit_with_parent_variable);
-  if (!v) return;
+  if (!v) return false;
   char* end = nullptr;
   const long parent = std::strtol(v, &end, 10);
   ::unsetenv(exit_with_parent_variable);  // for this process only, not for what it starts
-  if (end == v || *end != '\0' || parent <= 1) return;
+  if (end == v || *end != '\0' || parent <= 1) return false;
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The parent may have died before the line above: this process has been handed to another one.
   if (::getppid() != static_cast<pid_t>(parent)) ::raise(SIGKILL);
+  return true;
 }
 
 int exit_status_of(std::ostream& err, const std::function<int()>& body) noexcept {

@@ -41,7 +41,8 @@ inline constexpr const char* exit_with_parent_variable = "OOBLECK_EXIT_WITH_PARE
 /// When exit_with_parent_variable holds the pid of this process's parent: this process is killed
 /// (SIGKILL) when that parent's thread which started it ends, and at once if the parent has already
 /// gone. The variable is removed from this process's environment. run_program calls it first.
-void exit_with_parent_if_asked();
+/// Returns whether it was asked (and this process still runs).
+bool exit_with_parent_if_asked();
 
 /// The whole of main(): runs the command on argv with std::cout and std::cerr. A write to stdout
 /// that fails (a full disk, a closed pipe) is an internal failure, not a silent success.

@@ -60,6 +60,7 @@ child_process::child_process(const std::string& path, const std::vector<std::str
   } else if (streams.out.fd >= 0 || !streams.out.path.empty()) {
     posix_spawn_file_actions_adddup2(actions.get(), 1, 2);  // one open file: both streams append to it
   }
+  if (streams.fd3 >= 0) posix_spawn_file_actions_adddup2(actions.get(), streams.fd3, 3);
   std::vector<char*> envp;
   for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
   for (const auto& d : env_defaults) {
@@ -71,6 +72,13 @@ child_process::child_process(const std::string& path, const std::vector<std::str
   const int rc = posix_spawn(&pid_, path.c_str(), actions.get(), nullptr, argv.data(), envp.data());
   if (rc != 0) throw child_spawn_error("cannot start " + path + ": " + std::strerror(rc));
   reaped_ = false;
+}
+
+child_process child_process::adopt(pid_t pid) {
+  child_process c;
+  c.pid_ = pid;
+  c.reaped_ = false;
+  return c;
 }
 
 child_process::~child_process() { kill_and_reap(); }

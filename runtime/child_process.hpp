@@ -34,6 +34,7 @@ struct child_output {
 struct child_streams {
   child_output out;                 ///< stdout
   std::optional<child_output> err;  ///< stderr; none: where stdout goes
+  int fd3 = -1;                     ///< >= 0: a descriptor of this process given to the child as its descriptor 3
 };
 
 /// A program could not be started (missing, not executable, an output file not writable).
@@ -52,6 +53,9 @@ class child_process {
   /// the user set wins). Throws child_spawn_error ("cannot start PATH: REASON").
   child_process(const std::string& path, const std::vector<std::string>& args, const child_streams& streams = {},
                 const std::vector<std::string>& env_defaults = {});
+  /// Owns `pid`, a child of this process that it did not start itself: an orphan that this process
+  /// adopted as a subreaper (runtime::fork_server).
+  static child_process adopt(pid_t pid);
   ~child_process();
   child_process(child_process&& other) noexcept;
   child_process& operator=(child_process&& other) noexcept;
@@ -78,6 +82,7 @@ class child_process {
   int kill_and_reap() noexcept;
 
  private:
+  child_process() = default;
   void record(int wait_status);
 
   pid_t pid_ = -1;

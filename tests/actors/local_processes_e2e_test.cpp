@@ -59,23 +59,35 @@ TEST_CASE("oobleck-local: killed with SIGKILL, its coordinator and workers end w
                                     {"--steps", "1000000", "--timeout", "120", "--events-out", events});
   wait_for_event(events, {.kind = event_kind::step_committed, .step = 2}, std::chrono::seconds(60));
   const auto started = children_of(local.pid());
-  CHECK(started.size() == 1 + static_cast<std::size_t>(apps::parse_job(run_process(bin + "/oobleck-local", {"--print-default-job"}).out, "default job").cluster.nodes));  // the coordinator, the workers
+  const int nodes = apps::parse_job(run_process(bin + "/oobleck-local", {"--print-default-job"}).out, "default job").cluster.nodes;
+  CHECK(started.size() == 2 + static_cast<std::size_t>(nodes));  // the coordinator, the fork server, the workers
   // Its workers start with OpenBLAS on one thread (no pool of spinning threads at load), unless
-  // the environment oobleck-local was given says otherwise.
+  // the environment oobleck-local was given says otherwise. They are copies of one oobleck-worker,
+  // its fork server, and oobleck-local's own children, each showing its own arguments.
   const char* given = std::getenv("OPENBLAS_NUM_THREADS");
   const std::string expected = std::string("OPENBLAS_NUM_THREADS=") + (given != nullptr ? given : "1");
-  int workers = 0;
+  int workers = 0, servers = 0;
   for (const pid_t p : started) {
     std::error_code ec;
     if (std::filesystem::read_symlink("/proc/" + std::to_string(p) + "/exe", ec).filename() != "oobleck-worker")
       continue;
-    ++workers;
     std::ifstream in("/proc/" + std::to_string(p) + "/environ", std::ios::binary);
     std::vector<std::string> env;
     for (std::string entry; std::getline(in, entry, '\0');) env.push_back(entry);
     CHECK(std::count(env.begin(), env.end(), expected) == 1);
+    std::ifstream cmd("/proc/" + std::to_string(p) + "/cmdline", std::ios::binary);
+    std::vector<std::string> argv;
+    for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);
+    REQUIRE(argv.size() >= 2);
+    if (argv[1] == "--fork-server") {
+      ++servers;
+    } else {
+      ++workers;
+      CHECK(std::find(argv.begin(), argv.end(), "--name") != argv.end());
+    }
   }
-  CHECK(workers == static_cast<int>(started.size()) - 1);
+  CHECK(servers == 1);
+  CHECK(workers == nodes);
   local.signal(SIGKILL);
   CHECK(local.wait_exit(std::chrono::seconds(10)) == 128 + SIGKILL);
   auto alive = [&] {
@@ -88,6 +100,39 @@ TEST_CASE("oobleck-local: killed with SIGKILL, its coordinator and workers end w
   while (alive() > 0 && std::chrono::steady_clock::now() < by) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   CHECK(alive() == 0);
   for (pid_t p : started) ::kill(p, SIGKILL);  // (when the check above failed)
+}
+
+TEST_CASE("oobleck-local: --no-fork-server starts every worker as a program of its own") {
+  const testing::temp_dir tmp("oobleck-local-no-fork-");
+  const std::string events = (tmp.path() / "events.jsonl").string();
+  testing::background_process local(bin + "/oobleck-local", {"--nodes", "2", "--fault-tolerance", "0", "--steps", "1000000",
+                                                             "--timeout", "120", "--events-out", events, "--no-fork-server"});
+  wait_for_event(events, {.kind = event_kind::step_committed, .step = 2}, std::chrono::seconds(60));
+  int workers = 0, servers = 0;
+  for (const pid_t p : children_of(local.pid())) {
+    std::ifstream cmd("/proc/" + std::to_string(p) + "/cmdline", std::ios::binary);
+    std::vector<std::string> argv;
+    for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);
+    if (argv.size() < 2 || argv[0].find("oobleck-worker") == std::string::npos) continue;
+    ++(argv[1] == "--fork-server" ? servers : workers);
+  }
+  CHECK(servers == 0);
+  CHECK(workers == 2);
+  local.signal(SIGTERM);
+  CHECK(local.wait_exit(std::chrono::seconds(30)) == 0);
+}
+
+TEST_CASE("oobleck-local: a fork server that cannot serve says why, and the workers start as programs") {
+  // OpenBLAS on two threads starts one at load: a fork of that process would lack it.
+  const auto r = run_process("/usr/bin/env", {"OPENBLAS_NUM_THREADS=2", bin + "/oobleck-local", "--nodes", "2",
+                                              "--fault-tolerance", "0", "--steps", "3", "--timeout", "120"});
+  INFO(r.out << r.err);
+  CHECK(r.exit_status == 0);
+  const std::string all = r.out + r.err;
+  CHECK(all.find("[local] cannot start a fork server of ") != std::string::npos);
+  CHECK(all.find("threads before its main") != std::string::npos);
+  CHECK(all.find("every worker starts as a program of its own") != std::string::npos);
+  CHECK(all.find("training finished: 3 step(s) committed") != std::string::npos);
 }
 
 TEST_CASE("oobleck-local: SIGINT before the job runs stops it, saying so") {

@@ -99,9 +99,11 @@ TEST_CASE("recovery e2e: a --fail-at fault fires even when oobleck-local is froz
     int n = 0;
     for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
       std::ifstream cmd(entry.path() / "cmdline", std::ios::binary);
-      std::string argv0;
+      std::string argv0, argv1;
       std::getline(cmd, argv0, '\0');
-      if (argv0.find("oobleck-worker") == std::string::npos) continue;
+      std::getline(cmd, argv1, '\0');
+      // The workers, not the fork server they are copies of.
+      if (argv0.find("oobleck-worker") == std::string::npos || argv1 == "--fork-server") continue;
       std::ifstream stat(entry.path() / "stat");
       std::string line;
       std::getline(stat, line);
