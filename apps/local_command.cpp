@@ -131,7 +131,7 @@ class local_run {
                 }
               },
               err),
-        procs_(s_.bin, [this](const std::string& line) { say(line); }, screen_.has_bar(), o.fork_workers,
+        procs_(s_.bin, [this](const std::string& line) { say(line); }, screen_.has_bar(), !o.no_fork_server,
                [this](const std::string& line) { say(local_ + line); }),
         deadline_(std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s)) {}
 

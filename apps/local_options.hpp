@@ -51,7 +51,7 @@ struct local_options {
   std::optional<double> wait_for_nodes_s;
   /// The workers are copies of one oobleck-worker that loaded LibTorch once (runtime::fork_server);
   /// --no-fork-server: each starts as a program of its own.
-  bool fork_workers = true;
+  bool no_fork_server = false;
 };
 
 /// The step of a `--join-at waiting:K`: the workers start when the job first waits for nodes.

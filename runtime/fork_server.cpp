@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -225,6 +226,13 @@ std::optional<int> fork_server_socket() {
 }
 
 int serve_forks(int socket, int (*main_fn)(int, char**), bool exit_with_client, int argc, char** argv) {
+  int type = 0;
+  socklen_t len = sizeof type;
+  if (::getsockopt(socket, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET) {
+    std::fprintf(stderr, "error: %s=%d is set, but descriptor %d is no fork server's socket (unset it)\n",
+                 fork_server_variable, socket, socket);
+    return 2;
+  }
   const pid_t client = ::getppid();
   const title_area title(argc, argv);
   if (const std::string why = reason_not_to_serve(title); !why.empty()) {
@@ -261,7 +269,8 @@ int serve_forks(int socket, int (*main_fn)(int, char**), bool exit_with_client, 
               std::to_string(title.size) + " a copy's command line has";
     } else {
       const auto r = start_copy(socket, fds[0], fds[1], client, exit_with_client, title, args, main_fn);
-      reply = std::holds_alternative<pid_t>(r) ? "P" + std::to_string(std::get<pid_t>(r)) : "E" + std::get<std::string>(r);
+      reply =
+          std::holds_alternative<pid_t>(r) ? "P" + std::to_string(std::get<pid_t>(r)) : "E" + std::get<std::string>(r);
     }
     for (std::size_t i = 0; i < std::min<std::size_t>(nfds, 2); ++i) ::close(fds[i]);
     if (!send_message(socket, reply, nullptr, 0)) return 1;
@@ -276,7 +285,8 @@ fork_server::fork_server(const std::string& path, const child_streams& streams,
   };
   if (std::getenv(fork_server_variable) != nullptr)
     throw fail(std::string(fork_server_variable) + " is set in this process's environment");
-  if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) throw fail(std::string("PR_SET_CHILD_SUBREAPER: ") + std::strerror(errno));
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+    throw fail(std::string("PR_SET_CHILD_SUBREAPER: ") + std::strerror(errno));
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
     throw fail(std::string("socketpair: ") + std::strerror(errno));

@@ -59,7 +59,8 @@ TEST_CASE("oobleck-local: killed with SIGKILL, its coordinator and workers end w
                                     {"--steps", "1000000", "--timeout", "120", "--events-out", events});
   wait_for_event(events, {.kind = event_kind::step_committed, .step = 2}, std::chrono::seconds(60));
   const auto started = children_of(local.pid());
-  const int nodes = apps::parse_job(run_process(bin + "/oobleck-local", {"--print-default-job"}).out, "default job").cluster.nodes;
+  const int nodes =
+      apps::parse_job(run_process(bin + "/oobleck-local", {"--print-default-job"}).out, "default job").cluster.nodes;
   CHECK(started.size() == 2 + static_cast<std::size_t>(nodes));  // the coordinator, the fork server, the workers
   // Its workers start with OpenBLAS on one thread (no pool of spinning threads at load), unless
   // the environment oobleck-local was given says otherwise. They are copies of one oobleck-worker,
@@ -105,8 +106,9 @@ TEST_CASE("oobleck-local: killed with SIGKILL, its coordinator and workers end w
 TEST_CASE("oobleck-local: --no-fork-server starts every worker as a program of its own") {
   const testing::temp_dir tmp("oobleck-local-no-fork-");
   const std::string events = (tmp.path() / "events.jsonl").string();
-  testing::background_process local(bin + "/oobleck-local", {"--nodes", "2", "--fault-tolerance", "0", "--steps", "1000000",
-                                                             "--timeout", "120", "--events-out", events, "--no-fork-server"});
+  testing::background_process local(bin + "/oobleck-local",
+                                    {"--nodes", "2", "--fault-tolerance", "0", "--steps", "1000000", "--timeout", "120",
+                                     "--events-out", events, "--no-fork-server"});
   wait_for_event(events, {.kind = event_kind::step_committed, .step = 2}, std::chrono::seconds(60));
   int workers = 0, servers = 0;
   for (const pid_t p : children_of(local.pid())) {

@@ -4,7 +4,6 @@
 #include "runtime/fork_server.hpp"
 
 #include <doctest/doctest.h>
-
 #include <signal.h>
 #include <unistd.h>
 
@@ -33,7 +32,8 @@ std::vector<std::string> run_to_end(fork_server& server, const std::vector<std::
   auto c = server.start(args, {.out = child_output::descriptor(pipe.write_end())});
   pipe.close_write_end();
   std::vector<std::string> lines;
-  REQUIRE(pipe.read_lines_until(std::chrono::steady_clock::now() + 20s, [&](const std::string& l) { lines.push_back(l); }));
+  REQUIRE(
+      pipe.read_lines_until(std::chrono::steady_clock::now() + 20s, [&](const std::string& l) { lines.push_back(l); }));
   *status = c.wait();
   return lines;
 }
@@ -119,8 +119,8 @@ TEST_CASE("fork_server: a server with a thread started at load refuses, saying w
 }
 
 TEST_CASE("fork_server: a program that is no fork server is refused within the deadline") {
-  CHECK_THROWS_WITH_AS(fork_server("/bin/sleep", {}, {}, 300ms), doctest::Contains("cannot start a fork server of /bin/sleep"),
-                       child_spawn_error);
+  CHECK_THROWS_WITH_AS(fork_server("/bin/sleep", {}, {}, 300ms),
+                       doctest::Contains("cannot start a fork server of /bin/sleep"), child_spawn_error);
   CHECK_THROWS_AS(fork_server("/nonexistent/program", {}, {}), child_spawn_error);
 }
 
@@ -142,7 +142,8 @@ TEST_CASE("fork_server: copies outlive the server object, and end with their cli
 
   // A client (the probe) whose server was started with PROBE_EXIT_WITH_CLIENT: killed, its copy ends.
   output_pipe pipe;
-  child_process client(probe, {"client"}, {.out = child_output::descriptor(pipe.write_end())}, {"PROBE_EXIT_WITH_CLIENT=1"});
+  child_process client(probe, {"client"}, {.out = child_output::descriptor(pipe.write_end())},
+                       {"PROBE_EXIT_WITH_CLIENT=1"});
   pipe.close_write_end();
   pid_t copy_pid = -1;
   pipe.read_lines_until(std::chrono::steady_clock::now() + 20s, [&](const std::string& l) {
@@ -155,4 +156,16 @@ TEST_CASE("fork_server: copies outlive the server object, and end with their cli
   const auto by = std::chrono::steady_clock::now() + 10s;
   while (running(copy_pid) && std::chrono::steady_clock::now() < by) std::this_thread::sleep_for(10ms);
   CHECK_FALSE(running(copy_pid));
+}
+
+TEST_CASE("fork_server: a program given the server's variable without its socket says so and exits 2") {
+  output_pipe pipe;
+  child_process c(probe, {"say", "hi"}, {.out = child_output::descriptor(pipe.write_end())},
+                  {std::string(oobleck::runtime::fork_server_variable) + "=0"});
+  pipe.close_write_end();
+  std::vector<std::string> lines;
+  pipe.read_lines_until(std::chrono::steady_clock::now() + 20s, [&](const std::string& l) { lines.push_back(l); });
+  CHECK(c.wait() == 2);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0] == "error: OOBLECK_FORK_SERVER=0 is set, but descriptor 0 is no fork server's socket (unset it)");
 }
