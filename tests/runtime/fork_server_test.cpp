@@ -146,9 +146,11 @@ TEST_CASE("fork_server: copies outlive the server object, and end with their cli
                        {"PROBE_EXIT_WITH_CLIENT=1"});
   pipe.close_write_end();
   pid_t copy_pid = -1;
-  pipe.read_lines_until(std::chrono::steady_clock::now() + 20s, [&](const std::string& l) {
-    if (copy_pid < 0) copy_pid = std::stoi(l);
-  });
+  // The client's stdout stays open (it pauses): read until its line has come.
+  for (const auto by = std::chrono::steady_clock::now() + 20s; copy_pid < 0 && std::chrono::steady_clock::now() < by;)
+    pipe.read_lines_until(std::chrono::steady_clock::now() + 50ms, [&](const std::string& l) {
+      if (copy_pid < 0) copy_pid = std::stoi(l);
+    });
   REQUIRE(copy_pid > 0);
   CHECK(running(copy_pid));
   client.signal(SIGKILL);
