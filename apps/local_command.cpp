@@ -131,7 +131,10 @@ class local_run {
                 }
               },
               err),
-        procs_(s_.bin, [this](const std::string& line) { say(line); }, screen_.has_bar(), !o.no_fork_server,
+        // Workers on a GPU start as programs: a fork is safe for CUDA only before it is initialised,
+        // which no GPU run has checked for LibTorch's loading yet.
+        procs_(s_.bin, [this](const std::string& line) { say(line); }, screen_.has_bar(),
+               !o.no_fork_server && s_.job.cluster.device == "cpu",
                [this](const std::string& line) { say(local_ + line); }),
         deadline_(std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s)) {}
 

@@ -164,7 +164,7 @@ std::optional<local_options> parse_local_options(const std::vector<std::string>&
                "when too few nodes are left (fewer than (f+1)*n0, or a layer without a holder), write the checkpoint "
                "and exit with status 4 instead of waiting for nodes");
   app.add_flag("--no-fork-server", o.no_fork_server,
-               "start every worker as a program of its own; by default the workers are copies (fork) of one "
+               "start every worker as a program of its own; by default the workers on cpu are copies (fork) of one "
                "oobleck-worker that loaded LibTorch once, which saves each ~1 s of CPU");
   app.add_option("--wait-for-nodes", o.wait_for_nodes_s,
                  "SECONDS: below the minimum, wait at most this long for nodes (0: no limit, the default), then exit 4; "

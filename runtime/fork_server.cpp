@@ -359,8 +359,8 @@ child_process fork_server::start(const std::vector<std::string>& args, const chi
     throw fail("its fork server is gone");
   }
   const bool sent = send_message(socket_, request, fds, 2);
+  std::string why = std::strerror(errno);  // before close() may change errno
   close_opened();
-  std::string why = std::strerror(errno);
   const auto reply = sent ? receive_reply(socket_, std::chrono::seconds(30), why) : std::nullopt;
   if (!reply || reply->empty() || ((*reply)[0] != 'P' && (*reply)[0] != 'E')) {
     broken_ = true;
