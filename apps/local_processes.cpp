@@ -54,7 +54,13 @@ void local_processes::start_worker(const std::vector<std::string>& args) {
       workers_.push_back(fork_server_->start(args, streams));
       return;
     } catch (const runtime::child_spawn_error& e) {
-      note_(std::string(e.what()) + "; worker " + std::to_string(workers_.size()) + " starts as a program of its own");
+      if (fork_server_->gone()) {  // killed, say: the workers from now on start as programs
+        fork_server_.reset();
+        fork_workers_ = false;
+        note_(std::string(e.what()) + "; this worker and every later one start as programs of their own");
+      } else {
+        note_(std::string(e.what()) + "; worker " + std::to_string(workers_.size()) + " starts as a program of its own");
+      }
     }
   }
   workers_.emplace_back(path, args, streams, env);

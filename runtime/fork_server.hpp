@@ -69,6 +69,11 @@ class fork_server {
   [[nodiscard]] std::size_t title_capacity() const { return capacity_; }
   /// The server's pid.
   [[nodiscard]] pid_t pid() const { return server_->pid(); }
+  /// Whether the server has stopped answering (it is gone): every later start fails.
+  [[nodiscard]] bool gone() {
+    std::lock_guard lock(mutex_);
+    return broken_;
+  }
 
  private:
   std::string path_;

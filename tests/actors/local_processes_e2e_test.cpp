@@ -137,6 +137,30 @@ TEST_CASE("oobleck-local: a fork server that cannot serve says why, and the work
   CHECK(all.find("training finished: 3 step(s) committed") != std::string::npos);
 }
 
+TEST_CASE("oobleck-local: a fork server killed mid-job: the next workers start as programs, and the job goes on") {
+  const testing::temp_dir tmp("oobleck-local-server-killed-");
+  const std::string events = (tmp.path() / "events.jsonl").string();
+  testing::background_process local(bin + "/oobleck-local", {"--nodes", "2", "--fault-tolerance", "0", "--steps", "150",
+                                                             "--join-at", "100:1", "--timeout", "120", "--events-out", events});
+  wait_for_event(events, {.kind = event_kind::step_committed, .step = 1}, std::chrono::seconds(60));
+  pid_t server = -1;
+  for (const pid_t p : children_of(local.pid())) {
+    std::ifstream cmd("/proc/" + std::to_string(p) + "/cmdline", std::ios::binary);
+    std::vector<std::string> argv;
+    for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);
+    if (argv.size() >= 2 && argv[1] == "--fork-server") server = p;
+  }
+  REQUIRE(server > 0);
+  ::kill(server, SIGKILL);
+  CHECK(local.wait_exit(std::chrono::seconds(90)) == 0);
+  INFO(local.output());
+  CHECK(local.output().find("its fork server does not answer") != std::string::npos);
+  CHECK(local.output().find("this worker and every later one start as programs of their own") != std::string::npos);
+  CHECK(local.output().find("training finished: 150 step(s) committed") != std::string::npos);
+  // The worker started after the kill joined the job.
+  CHECK(count(read_event_file(events), {.kind = event_kind::node_joined, .node = 2}) == 1);
+}
+
 TEST_CASE("oobleck-local: SIGINT before the job runs stops it, saying so") {
   // It used to say "the coordinator did not start listening" and exit 1. Here the coordinator is a
   // copy that never listens, so oobleck-local is still waiting for it when the signal comes.
