@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <system_error>
 #include <thread>
 
@@ -100,13 +101,22 @@ child_process& child_process::operator=(child_process&& other) noexcept {
   return *this;
 }
 
+std::optional<process_status> read_process_status(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return std::nullopt;
+  const auto close = line.rfind(')');  // the command name may hold anything, ')' included
+  if (close == std::string::npos || close + 2 >= line.size()) return std::nullopt;
+  std::istringstream fields(line.substr(close + 2));
+  process_status s;
+  if (!(fields >> s.state >> s.parent)) return std::nullopt;
+  return s;
+}
+
 bool child_process::stopped() const {
   if (reaped_) return false;
-  std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
-  std::string line;
-  if (!std::getline(in, line)) return false;
-  const auto close = line.rfind(')');  // the command name may hold anything, ')' included
-  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'T' || line[close + 2] == 't');
+  const auto s = read_process_status(pid_);
+  return s && (s->state == 'T' || s->state == 't');
 }
 
 void child_process::signal(int sig) const {

@@ -43,6 +43,15 @@ class child_spawn_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// What /proc/PID/stat says of a process: its state letter (R, S, T, Z, ...) and its parent.
+struct process_status {
+  char state = 0;
+  pid_t parent = -1;
+};
+
+/// The status of `pid`; none when it is gone (or /proc cannot be read).
+std::optional<process_status> read_process_status(pid_t pid);
+
 /// One child process, owned: killed (if still running) and reaped on destruction.
 class child_process {
  public:

@@ -14,9 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
-#include <sstream>
 #include <system_error>
 #include <variant>
 #include <vector>
@@ -83,20 +81,6 @@ std::optional<std::string> receive_reply(int socket, std::chrono::milliseconds t
   }
   buf.resize(static_cast<std::size_t>(n));
   return buf;
-}
-
-/// The parent pid of `pid` from /proc/PID/stat; -1 when it is gone.
-pid_t parent_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(in, line)) return -1;
-  const auto close = line.rfind(')');  // the command name may hold anything, ')' included
-  if (close == std::string::npos) return -1;
-  std::istringstream fields(line.substr(close + 2));
-  char state = 0;
-  pid_t ppid = -1;
-  fields >> state >> ppid;
-  return ppid;
 }
 
 /// The server's own command line, which a copy overwrites with its arguments.
@@ -199,7 +183,7 @@ std::variant<pid_t, std::string> start_copy(int socket, int out, int err, pid_t 
     // The middle process has ended, so the copy has a new parent by now.
     if (n != static_cast<ssize_t>(sizeof said) || said[0] < 0) {
       result = std::string("fork: ") + std::strerror(n == sizeof said ? static_cast<int>(said[1]) : EIO);
-    } else if (const pid_t parent = parent_of(said[0]); parent != client) {
+    } else if (const pid_t parent = read_process_status(said[0]).value_or(process_status{}).parent; parent != client) {
       ::kill(said[0], SIGKILL);
       result = "the copy was adopted by process " + std::to_string(parent) + ", not by the client " +
                std::to_string(client) + " (is the client a subreaper?)";

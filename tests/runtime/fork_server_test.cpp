@@ -48,11 +48,8 @@ std::vector<std::string> cmdline(pid_t pid) {
 
 /// Whether `pid` runs (not a zombie, not gone).
 bool running(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(in, line)) return false;
-  const auto close = line.rfind(')');
-  return close != std::string::npos && line.at(close + 2) != 'Z';
+  const auto s = oobleck::runtime::read_process_status(pid);
+  return s && s->state != 'Z';
 }
 
 }  // namespace

@@ -57,25 +57,9 @@ int background_process::wait_exit(std::chrono::milliseconds timeout) {
 
 void background_process::signal(int sig) { child_.signal(sig); }
 
-namespace {
-
-/// State and parent of a process from /proc/PID/stat; false when it is gone.
-bool read_stat(const std::filesystem::path& proc_dir, char& state, pid_t& ppid) {
-  std::ifstream stat(proc_dir / "stat");
-  std::string statline;
-  std::getline(stat, statline);
-  const auto close = statline.rfind(')');
-  if (close == std::string::npos) return false;
-  std::istringstream fields(statline.substr(close + 2));
-  return static_cast<bool>(fields >> state >> ppid);
-}
-
-}  // namespace
-
 char process_state(pid_t pid) {
-  char state = 0;
-  pid_t ppid = 0;
-  return read_stat(std::filesystem::path("/proc") / std::to_string(pid), state, ppid) ? state : 0;
+  const auto s = runtime::read_process_status(pid);
+  return s ? s->state : 0;
 }
 
 std::set<std::uint16_t> listening_ports(pid_t pid) {
@@ -108,9 +92,8 @@ std::vector<pid_t> children_of(pid_t parent) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const std::string pid = entry.path().filename().string();
     if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    char state = 0;
-    pid_t ppid = 0;
-    if (read_stat(entry.path(), state, ppid) && ppid == parent) children.push_back(static_cast<pid_t>(std::stoi(pid)));
+    const auto child = static_cast<pid_t>(std::stoi(pid));
+    if (const auto s = runtime::read_process_status(child); s && s->parent == parent) children.push_back(child);
   }
   return children;
 }
