@@ -2,7 +2,8 @@
 # One GPU session's whole run on the device machine (README, "A GPU session's run"), inside a
 # deadline: the GPU build of the GPU targets, the cuda tests and GPU benchmarks (scripts/gpu/test.sh),
 # the executor bench again in bf16, the per-layer profile of GPT-2 small on the GPU and the planner's
-# prediction against the measured step (bench/throughput on bench/gpt2_small_cuda.toml). Each part
+# prediction against the measured step (bench/throughput on bench/gpt2_small_cuda.toml), then, with
+# what time is left, the default job's CPU throughput on the machine's own cores. Each part
 # gets what is left of the deadline and a part that does not finish does not stop the next; logs go
 # to $OUT (or build-gpu/gpu-results), the benchmarks' JSON files merged into results.json.
 # Exits 0 when every part ran and passed, 1 otherwise (each part's status is in the output).
@@ -67,6 +68,13 @@ fi
 if [[ -x $build/bench/throughput ]]; then
   part throughput 200 "$build/bench/throughput" --config bench/gpt2_small_cuda.toml --nodes 1,2 --steps 8 \
     --warmup 2 --profile-repeats 20 --json "$out/throughput_gpt2_small_cuda.json"
+fi
+# Issue 26's CPU targets (efficiency against one process, the printed prediction, the overhead) on a
+# machine whose cores are its own: the default job on 2 nodes, as bench/RESULTS.md measures it on the
+# 2-core VM. Last, so that it takes only what the GPU parts left.
+if [[ -x $build/bench/throughput ]]; then
+  part cpu-throughput 90 "$build/bench/throughput" --nodes 2 --steps 60 --runs 5 --profile-at-start \
+    --json "$out/throughput_cpu_default.json"
 fi
 # The device tool returns 8 files at most: the results' JSON files become one, results.json.
 python3 - "$out" <<'EOF2' || failed+=("results.json")
