@@ -24,36 +24,49 @@ namespace oobleck::runtime {
 
 namespace {
 
-/// posix_spawn's file actions, destroyed on every way out.
+/// posix_spawn's file actions, destroyed on every way out, with the output files opened for them.
 class file_actions {
  public:
-  file_actions() { posix_spawn_file_actions_init(&a_); }
-  ~file_actions() { posix_spawn_file_actions_destroy(&a_); }
+  explicit file_actions(const std::string& program) : program_(program) { posix_spawn_file_actions_init(&a_); }
+  ~file_actions() {
+    posix_spawn_file_actions_destroy(&a_);
+    for (int fd : opened_) ::close(fd);
+  }
   file_actions(const file_actions&) = delete;
   file_actions& operator=(const file_actions&) = delete;
   posix_spawn_file_actions_t* get() { return &a_; }
 
-  /// `target` (1 or 2) goes where `o` says.
+  /// `target` (1 or 2) goes where `o` says. A file is opened here, so that one that cannot be
+  /// names itself rather than the program.
   void direct(int target, const child_output& o) {
     if (o.fd >= 0) {
       posix_spawn_file_actions_adddup2(&a_, o.fd, target);
     } else if (!o.path.empty()) {
-      posix_spawn_file_actions_addopen(&a_, target, o.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600);
+      opened_.push_back(open_child_output(program_, o.path));
+      posix_spawn_file_actions_adddup2(&a_, opened_.back(), target);
     }
   }
 
  private:
   posix_spawn_file_actions_t a_;
+  const std::string& program_;
+  std::vector<int> opened_;
 };
 
 }  // namespace
+
+int open_child_output(const std::string& program, const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) throw child_spawn_error("cannot start " + program + ": " + path + ": " + std::strerror(errno));
+  return fd;
+}
 
 child_process::child_process(const std::string& path, const std::vector<std::string>& args,
                              const child_streams& streams, const std::vector<std::string>& env_defaults) {
   std::vector<char*> argv{const_cast<char*>(path.c_str())};
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  file_actions actions;
+  file_actions actions(path);
   posix_spawn_file_actions_addopen(actions.get(), 0, "/dev/null", O_RDONLY, 0);
   actions.direct(1, streams.out);
   if (streams.err) {

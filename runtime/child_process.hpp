@@ -43,6 +43,11 @@ class child_spawn_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Opens the file a child's stream goes to (child_output::file): created or truncated (mode 0600),
+/// appended to, closed on exec (the child gets a copy). Throws child_spawn_error
+/// ("cannot start PROGRAM: PATH: REASON").
+int open_child_output(const std::string& program, const std::string& path);
+
 /// What /proc/PID/stat says of a process: its state letter (R, S, T, Z, ...) and its parent.
 struct process_status {
   char state = 0;

@@ -324,14 +324,13 @@ child_process fork_server::start(const std::vector<std::string>& args, const chi
   auto descriptor = [&](const child_output& o, int inherited) {
     if (o.fd >= 0) return o.fd;
     if (o.path.empty()) return inherited;
-    const int fd = ::open(o.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      const int e = errno;
+    try {
+      opened.push_back(open_child_output(path_, o.path));
+    } catch (...) {
       close_opened();
-      throw fail(o.path + ": " + std::strerror(e));
+      throw;
     }
-    opened.push_back(fd);
-    return fd;
+    return opened.back();
   };
   const int out = descriptor(streams.out, 1);
   const bool out_redirected = streams.out.fd >= 0 || !streams.out.path.empty();

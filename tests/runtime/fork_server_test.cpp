@@ -7,7 +7,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -106,6 +108,20 @@ TEST_CASE("fork_server: output into a file, both streams appended") {
   text << in.rdbuf();
   CHECK(text.str() == "into a file\nto stderr\n");
   std::filesystem::remove(file);
+}
+
+TEST_CASE("fork_server: an output file that cannot be created names itself, and the server serves on") {
+  fork_server server(probe, {}, {});
+  const std::string out = "/nonexistent/oobleck-dir/out.log";
+  try {
+    auto c = server.start({"say", "x"}, {.out = child_output::file(out)});
+    FAIL("the start with an unwritable output file succeeded");
+  } catch (const child_spawn_error& e) {
+    CHECK(std::string(e.what()) == "cannot start " + probe + ": " + out + ": " + std::strerror(ENOENT));
+  }
+  int status = -1;
+  CHECK(run_to_end(server, {"say", "still", "here"}, &status) == std::vector<std::string>{"still here", "to stderr"});
+  CHECK(status == 0);
 }
 
 TEST_CASE("fork_server: a server with a thread started at load refuses, saying why") {
