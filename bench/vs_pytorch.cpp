@@ -131,6 +131,7 @@ struct run_result {
   std::vector<std::pair<std::size_t, int>> pipelines;  ///< nodes and microbatches of each
   std::map<std::string, double> breakdown;
   double wall_ms = NAN;  ///< oobleck-local: mean wall_ms (run_step .. last commit acknowledged)
+  double cpu_per_wall = NAN;  ///< PyTorch: process 0's CPU time (all threads) over wall time, measured steps
 };
 
 nlohmann::ordered_json to_json(const run_result& r) {
@@ -138,6 +139,7 @@ nlohmann::ordered_json to_json(const run_result& r) {
   j["samples_per_s"] = r.samples_per_s;
   j["step_ms"] = r.step_ms;
   j["load_average_1min"] = {r.load_before, r.load_after};
+  if (!std::isnan(r.cpu_per_wall)) j["cpu_per_wall"] = r.cpu_per_wall;
   if (!r.shape.empty()) {
     j["pipelines"] = r.shape;
     j["mean_wall_ms"] = r.wall_ms;
@@ -184,6 +186,7 @@ run_result run_torch(const options& o, const apps::job_file& job, const std::str
   const auto j = nlohmann::json::parse(p.lines.back());
   r.step_ms = j.at("step_ms").get<double>();
   r.samples_per_s = j.at("samples_per_s").get<double>();
+  r.cpu_per_wall = j.at("cpu_per_wall").get<double>();
   return r;
 }
 
@@ -367,8 +370,9 @@ int main(int argc, char** argv) {
     double max_load_before = 0;
     auto note = [&](const char* what, const run_result& r) {
       max_load_before = std::max(max_load_before, r.load_before);
-      std::printf("  %-26s %9.1f samples/s  %8.2f ms/step  load %.2f -> %.2f%s%s\n", what, r.samples_per_s, r.step_ms,
-                  r.load_before, r.load_after, r.shape.empty() ? "" : "  pipelines ", r.shape.c_str());
+      std::printf("  %-26s %9.1f samples/s  %8.2f ms/step  load %.2f -> %.2f%s%s%s\n", what, r.samples_per_s, r.step_ms,
+                  r.load_before, r.load_after, r.shape.empty() ? "" : "  pipelines ", r.shape.c_str(),
+                  std::isnan(r.cpu_per_wall) ? "" : bench::fmt("  cpu/wall %.2f", r.cpu_per_wall).c_str());
       std::fflush(stdout);
     };
     for (int k = 0; k < o.runs; ++k) {

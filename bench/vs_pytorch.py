@@ -24,7 +24,9 @@ decay to min_lr).
 
 Prints one JSON line: mode, nodes, steps, warmup, step_ms (mean wall time per step after the
 first `warmup` steps, process 0's clock; in ddp every step ends in an all-reduce, so the
-processes are in step), samples_per_s (B x measured steps / their wall time), and the losses.
+processes are in step), samples_per_s (B x measured steps / their wall time), cpu_per_wall (process
+0's CPU time over those steps, all its threads, over their wall time: about 1 or less when it
+computes on one thread, as it should) and the losses.
 """
 import argparse
 import json
@@ -34,10 +36,17 @@ import socket
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import torch.nn.functional as F
+# One compute thread means one: torch.set_num_threads(1) does not reach the OpenBLAS pool that
+# Debian's torch calls for matrix products, which otherwise runs them on every core (measured: the
+# single loop at d_model 256 used ~1.6 of the 2 cores, and DDP's two processes four threads on two
+# cores). OpenBLAS reads this when it loads, so it is set before torch is imported; oobleck's
+# processes do the same through runtime::use_one_compute_thread.
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+import torch  # noqa: E402  (after the thread setting above)
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from gpt2_reference import GPT2  # noqa: E402  (the reference model, unchanged)
@@ -80,7 +89,8 @@ def windows(a, count, seed):
 
 
 def train(a, rank, world):
-    """Trains a.steps steps; returns (per-step wall seconds, losses) as this process saw them."""
+    """Trains a.steps steps; returns (per-step wall seconds, per-step CPU seconds of this process's
+    threads, losses) as this process saw them."""
     torch.set_num_threads(1)
     model, opt = build(a)
     net = model
@@ -90,11 +100,11 @@ def train(a, rank, world):
     micro = per_process // a.microbatch
     # A pool of windows larger than one step's; step k takes its slice cyclically.
     pool = windows(a, max(4 * per_process, 64), 1000 + rank)
-    times, losses = [], []
+    times, cpus, losses = [], [], []
     for step in range(a.steps):
         if world > 1 and step == 0:
             dist.barrier()  # every process built and ready: the first step starts together
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for g in opt.param_groups:
             g["lr"] = learning_rate(a, step + 1)
         opt.zero_grad(set_to_none=False)
@@ -115,7 +125,8 @@ def train(a, rank, world):
         opt.step()
         losses.append(float(total))  # one host read per step
         times.append(time.perf_counter() - t0)
-    return times, losses
+        cpus.append(time.process_time() - c0)
+    return times, cpus, losses
 
 
 class _null:
@@ -131,9 +142,9 @@ def ddp_worker(rank, a, port, queue):
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=a.nodes)
     try:
-        times, losses = train(a, rank, a.nodes)
+        result = train(a, rank, a.nodes)
         if rank == 0:
-            queue.put((times, losses))
+            queue.put(result)
     finally:
         dist.destroy_process_group()
 
@@ -175,7 +186,7 @@ def main():
         p.error(f"--global-batch {a.global_batch} is not a multiple of microbatch x processes = {a.microbatch * world}")
 
     if a.mode == "single":
-        times, losses = train(a, 0, 1)
+        times, cpus, losses = train(a, 0, 1)
     else:
         ctx = mp.get_context("fork")
         queue = ctx.SimpleQueue()
@@ -185,12 +196,14 @@ def main():
             pass
         if queue.empty():
             sys.exit("error: process 0 reported nothing")
-        times, losses = queue.get()
+        times, cpus, losses = queue.get()
     measured = times[a.warmup:]
     step_ms = 1000.0 * sum(measured) / len(measured)
+    cpu_per_wall = sum(cpus[a.warmup:]) / sum(measured)
     print(json.dumps({"mode": a.mode, "nodes": world, "steps": a.steps, "warmup": a.warmup, "step_ms": step_ms,
                       "samples_per_s": 1000.0 * a.global_batch / step_ms, "global_batch": a.global_batch,
-                      "microbatch": a.microbatch, "threads_per_process": 1, "losses": losses}))
+                      "microbatch": a.microbatch, "threads_per_process": 1, "cpu_per_wall": cpu_per_wall,
+                      "losses": losses}))
 
 
 if __name__ == "__main__":
