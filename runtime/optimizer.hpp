@@ -39,8 +39,10 @@ struct flat_adamw_buffers {
 };
 
 /// The update adamw_step makes, over a layer's flat buffers at once: weight decay on each range of
-/// `decayed`, then one operation per moment and one for the parameters over the whole buffer
-/// (instead of all of them per tensor, each with a temporary). Increments `step`.
+/// `decayed` (sorted and disjoint, as matrix_ranges gives them; else std::invalid_argument before
+/// anything changes), then the moments and the parameters. On the CPU (float32, four distinct
+/// buffers) one pass over the buffers computes it element by element; elsewhere one tensor
+/// operation per moment and one for the parameters over the whole buffer. Increments `step`.
 void flat_adamw_step(const flat_adamw_buffers& buffers, const element_ranges& decayed, std::int64_t& step,
                      const adamw_options& o);
 

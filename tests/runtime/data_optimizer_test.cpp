@@ -186,6 +186,41 @@ TEST_CASE("flat AdamW over a layer's buffers follows torch::optim::AdamW for 50 
                   std::invalid_argument);
 }
 
+TEST_CASE("flat AdamW: elements updated four at a time and one by one agree to the bit") {
+  // On the CPU the update runs four elements at a time and the rest of each range one by one; which
+  // elements go which way depends on where the decayed ranges cut the buffer. Without weight decay
+  // the ranges change no value, so two cuts of the same buffer must give the same bits everywhere.
+  const std::int64_t n = 103;
+  torch::manual_seed(11);
+  const auto p0 = torch::randn({n}), m0 = torch::randn({n}) * 0.01, v0 = torch::rand({n}) * 0.01;
+  const adamw_options o{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.0,
+                        .lr = {.peak = 1e-2, .warmup_steps = 0, .total_steps = 10, .min_lr = 1e-3}};
+  auto run = [&](const element_ranges& cut) {
+    flat_adamw_buffers b{p0.clone(), torch::zeros({n}), m0.clone(), v0.clone()};
+    std::int64_t step = 0;
+    for (int k = 1; k <= 3; ++k) {
+      b.gradients.copy_(torch::randn({n}, torch::TensorOptions().dtype(torch::kFloat32)) * k);
+      flat_adamw_step(b, cut, step, o);
+    }
+    return b;
+  };
+  torch::manual_seed(12);
+  const auto whole = run({});  // one range: elements 100-102 one by one
+  torch::manual_seed(12);
+  const auto cut = run({{1, 2}, {50, 53}});  // 0, 1, 50-52, 101, 102 one by one; 100 four at a time
+  CHECK(torch::equal(whole.parameters, cut.parameters));
+  CHECK(torch::equal(whole.exp_avg, cut.exp_avg));
+  CHECK(torch::equal(whole.exp_avg_sq, cut.exp_avg_sq));
+  CHECK(!torch::equal(whole.parameters, p0));  // the steps moved it
+  // Bad ranges are refused before anything changes (the step count included).
+  const auto before = whole.parameters.clone();
+  std::int64_t step = 3;
+  CHECK_THROWS_AS(flat_adamw_step(whole, {{50, 53}, {1, 2}}, step, o), std::invalid_argument);  // not sorted
+  CHECK_THROWS_AS(flat_adamw_step(whole, {{100, 104}}, step, o), std::invalid_argument);        // past the end
+  CHECK(step == 3);
+  CHECK(torch::equal(whole.parameters, before));
+}
+
 TEST_CASE("the device seam gives the CPU, and says why CUDA is unavailable") {
   CHECK(make_device(device_kind::cpu).is_cpu());
   CHECK(describe(make_device(device_kind::cpu)) == "cpu");
