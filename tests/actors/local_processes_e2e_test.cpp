@@ -76,9 +76,7 @@ TEST_CASE("oobleck-local: killed with SIGKILL, its coordinator and workers end w
     std::vector<std::string> env;
     for (std::string entry; std::getline(in, entry, '\0');) env.push_back(entry);
     CHECK(std::count(env.begin(), env.end(), expected) == 1);
-    std::ifstream cmd("/proc/" + std::to_string(p) + "/cmdline", std::ios::binary);
-    std::vector<std::string> argv;
-    for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);
+    const auto argv = command_line(p);
     REQUIRE(argv.size() >= 2);
     if (argv[1] == "--fork-server") {
       ++servers;
@@ -112,9 +110,7 @@ TEST_CASE("oobleck-local: --no-fork-server starts every worker as a program of i
   wait_for_event(events, {.kind = event_kind::step_committed, .step = 2}, std::chrono::seconds(60));
   int workers = 0, servers = 0;
   for (const pid_t p : children_of(local.pid())) {
-    std::ifstream cmd("/proc/" + std::to_string(p) + "/cmdline", std::ios::binary);
-    std::vector<std::string> argv;
-    for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);
+    const auto argv = command_line(p);
     if (argv.size() < 2 || argv[0].find("oobleck-worker") == std::string::npos) continue;
     ++(argv[1] == "--fork-server" ? servers : workers);
   }
@@ -145,9 +141,7 @@ TEST_CASE("oobleck-local: a fork server killed mid-job: the next workers start a
   wait_for_event(events, {.kind = event_kind::step_committed, .step = 1}, std::chrono::seconds(60));
   pid_t server = -1;
   for (const pid_t p : children_of(local.pid())) {
-    std::ifstream cmd("/proc/" + std::to_string(p) + "/cmdline", std::ios::binary);
-    std::vector<std::string> argv;
-    for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);
+    const auto argv = command_line(p);
     if (argv.size() >= 2 && argv[1] == "--fork-server") server = p;
   }
   REQUIRE(server > 0);

@@ -17,7 +17,10 @@
 #include <thread>
 #include <vector>
 
+#include "support/background_process.hpp"
+
 using oobleck::runtime::child_output;
+using oobleck::testing::command_line;
 using oobleck::runtime::child_process;
 using oobleck::runtime::child_spawn_error;
 using oobleck::runtime::fork_server;
@@ -38,14 +41,6 @@ std::vector<std::string> run_to_end(fork_server& server, const std::vector<std::
       pipe.read_lines_until(std::chrono::steady_clock::now() + 20s, [&](const std::string& l) { lines.push_back(l); }));
   *status = c.wait();
   return lines;
-}
-
-std::vector<std::string> cmdline(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
-  std::vector<std::string> args;
-  for (std::string a; std::getline(in, a, '\0');)
-    if (!a.empty()) args.push_back(a);
-  return args;
 }
 
 /// Whether `pid` runs (not a zombie, not gone).
@@ -79,8 +74,8 @@ TEST_CASE("fork_server: ps and /proc/PID/cmdline show a copy's own arguments") {
   fork_server server(probe, {}, {});
   auto a = server.start({"pause", "--name", "node7"}, {});
   auto b = server.start({"pause", "--name", "node8"}, {});
-  CHECK(cmdline(a.pid()) == std::vector<std::string>{probe, "pause", "--name", "node7"});
-  CHECK(cmdline(b.pid()) == std::vector<std::string>{probe, "pause", "--name", "node8"});
+  CHECK(command_line(a.pid()) == std::vector<std::string>{probe, "pause", "--name", "node7"});
+  CHECK(command_line(b.pid()) == std::vector<std::string>{probe, "pause", "--name", "node8"});
   CHECK(std::filesystem::read_symlink("/proc/" + std::to_string(a.pid()) + "/exe") == std::filesystem::path(probe));
   // Arguments longer than the room the server's command line has are refused, not cut.
   CHECK(server.title_capacity() >= 4096);

@@ -98,11 +98,17 @@ std::vector<pid_t> children_of(pid_t parent) {
   return children;
 }
 
+std::vector<std::string> command_line(pid_t pid) {
+  std::ifstream cmd("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::vector<std::string> argv;
+  for (std::string a; std::getline(cmd, a, '\0');)
+    if (!a.empty()) argv.push_back(a);
+  return argv;
+}
+
 pid_t child_named(pid_t parent, const std::string& name) {
   for (const pid_t child : children_of(parent)) {
-    std::ifstream cmd("/proc/" + std::to_string(child) + "/cmdline", std::ios::binary);
-    std::vector<std::string> argv;
-    for (std::string a; std::getline(cmd, a, '\0');) argv.push_back(a);
+    const auto argv = command_line(child);
     for (std::size_t i = 0; i + 1 < argv.size(); ++i)
       if (argv[i] == "--name" && argv[i + 1] == name) return child;
   }

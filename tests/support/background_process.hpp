@@ -44,6 +44,11 @@ class background_process {
 /// The child of `parent` started with `--name NAME` (a worker of oobleck-local), or -1.
 pid_t child_named(pid_t parent, const std::string& name);
 
+/// The arguments of process `pid`, program first, as /proc/PID/cmdline shows them; empty ones left
+/// out (a fork server's copy pads the area it wrote its arguments into with NULs). Empty when
+/// there is no such process.
+std::vector<std::string> command_line(pid_t pid);
+
 /// Every process whose parent is `parent`, as /proc shows them now.
 std::vector<pid_t> children_of(pid_t parent);
 
