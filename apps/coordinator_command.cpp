@@ -164,14 +164,7 @@ job_records install_records(actors::coordinator_deps& deps, const coordinator_op
   }
   deps.checkpoint.on_stop = [metrics, stopped_by_policy](const actors::checkpoint_stop_record& r) {
     *stopped_by_policy = true;
-    if (!metrics) return;
-    nlohmann::ordered_json j;
-    j["event"] = "checkpoint_and_stop";
-    j["reason"] = r.reason;
-    j["dir"] = r.dir ? nlohmann::ordered_json(*r.dir) : nlohmann::ordered_json(nullptr);
-    j["latest"] = r.latest ? nlohmann::ordered_json(*r.latest) : nlohmann::ordered_json(nullptr);
-    j["step"] = r.step;
-    *metrics << j.dump() << std::endl;
+    if (metrics) *metrics << checkpoint_stop_json(r) << std::endl;
   };
   // The dashboard's history (GET /history), beside whatever --metrics-out does with the same records.
   auto history = std::make_shared<run_history>();
@@ -190,15 +183,7 @@ job_records install_records(actors::coordinator_deps& deps, const coordinator_op
   deps.eval_windows = static_cast<std::int32_t>(job.eval.windows);
   deps.on_eval = [history, metrics](const actors::eval_record& r) {
     history->add_eval({r.step, r.loss, r.windows, messages::unix_ms_now()});
-    if (!metrics) return;
-    nlohmann::ordered_json j;
-    j["event"] = "eval";
-    j["step"] = r.step;
-    j["loss"] = r.loss;
-    j["windows"] = r.windows;
-    j["epoch"] = r.epoch;
-    j["wall_ms"] = r.wall_ms;
-    *metrics << j.dump() << std::endl;
+    if (metrics) *metrics << eval_json(r) << std::endl;
   };
   return {history, stopped_by_policy};
 }

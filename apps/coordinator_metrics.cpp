@@ -62,6 +62,26 @@ std::string step_json(const actors::step_record& r) {
   return j.dump();
 }
 
+std::string checkpoint_stop_json(const actors::checkpoint_stop_record& r) {
+  nlohmann::ordered_json j;
+  j["event"] = "checkpoint_and_stop";
+  j["reason"] = r.reason;
+  j["dir"] = r.dir ? nlohmann::ordered_json(*r.dir) : nlohmann::ordered_json(nullptr);
+  j["latest"] = r.latest ? nlohmann::ordered_json(*r.latest) : nlohmann::ordered_json(nullptr);
+  j["step"] = r.step;
+  return j.dump();
+}
+
+std::string eval_json(const actors::eval_record& r) {
+  nlohmann::ordered_json j;
+  j["event"] = "eval";
+  j["step"] = r.step;
+  j["loss"] = r.loss;
+  j["windows"] = r.windows;
+  j["epoch"] = r.epoch;
+  j["wall_ms"] = r.wall_ms;
+  return j.dump();
+}
 
 void write_metrics_records(actors::coordinator_deps& deps, std::shared_ptr<std::ostream> metrics) {
   deps.on_step = [metrics](const actors::step_record& r) { *metrics << step_json(r) << std::endl; };
