@@ -13,8 +13,8 @@
 //                 precision ("fp32" | "bf16": kept in model.precision, runtime::precision_kind)
 //   [optimizer]   lr, beta1, beta2, eps, weight_decay, schedule, warmup_steps, min_lr
 //                                                                          (runtime::adamw_options)
-//   [cluster]     nodes, slots_per_node, device, data_plane, fault_tolerance, device_memory_bytes,
-//                 heartbeat_interval_ms, connection_timeout_ms
+//   [cluster]     nodes, slots_per_node, device, data_plane, shared_memory, fault_tolerance,
+//                 device_memory_bytes, heartbeat_interval_ms, connection_timeout_ms
 //   [checkpoint]  dir, every
 //   [http]        port
 //   [profile]     warmup, repeats, file, cache
@@ -97,6 +97,10 @@ struct cluster_section {
   /// draws, one GPU per worker, no two workers on one GPU; the coordinator and the workers need
   /// a build with OOBLECK_WITH_CUDA).
   std::string data_plane = "host";
+  /// With data_plane "host": an all-reduce whose members all run on one machine (same boot,
+  /// same network namespace, same user) sums through shared memory instead of the TCP ring, with
+  /// the same bits (runtime::transport_config::shared_memory). false: always the ring.
+  bool shared_memory = true;
   int fault_tolerance = 1;  ///< f: at least f + 1 pipelines, so any f simultaneous losses are survived
   /// Memory of one slot (GPU or CPU slot); a profile measured on a GPU records the smaller of this
   /// and the GPU's memory.

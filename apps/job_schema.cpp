@@ -139,6 +139,11 @@ std::map<std::string, setter> schema(job_file& job) {
          if (name != "host" && name != "nccl") d.fail(v, key + " must be \"host\" or \"nccl\", got \"" + name + "\"");
          job.cluster.data_plane = name;
        }},
+      {"cluster.shared_memory",
+       [&](const decoder& d, const toml::node& v, const std::string& key) {
+         if (!v.is_boolean()) d.fail(v, key + " must be true or false");
+         job.cluster.shared_memory = v.as_boolean()->get();
+       }},
       {"cluster.fault_tolerance", int_in(job.cluster.fault_tolerance, 0, 4095)},
       {"cluster.device_memory_bytes", int64_in(job.cluster.device_memory_bytes, 1)},
       {"cluster.heartbeat_interval_ms", int_in(job.cluster.heartbeat_interval_ms, 1, 3'600'000)},

@@ -42,7 +42,9 @@
 // by the calling thread itself (no hand-off); the keep-alive send() never copies, and the
 // copying one copies only what the socket does not take promptly. The collectives send
 // straight from the caller's buffer, pipeline each ring step in 1 MiB segments, and post their
-// all-gather receives ahead so that segments land in place.
+// all-gather receives ahead so that segments land in place. An all-reduce among members of one
+// machine goes through shared memory instead, with its barriers on the links
+// (transport_shm.hpp, transport_config::shared_memory).
 
 #include <chrono>
 #include <cstdint>
@@ -80,6 +82,14 @@ struct transport_config {
   /// broken peer: the transport aborts (every pending operation fails, naming the peer) instead
   /// of allocating it. The stage sets it from the job's model (runtime::largest_frame_bytes).
   std::uint64_t max_frame_bytes = std::uint64_t{1} << 30;
+  /// All-reduces whose members all run on this machine (same boot, same network namespace,
+  /// same user) sum through shared memory instead of the TCP ring: the same bits, no kernel
+  /// copies. Every member of a group must agree to it, so one member with false keeps the
+  /// group on the ring.
+  bool shared_memory = true;
+  /// The most one shared-memory step moves per member; larger data goes in pieces. Each
+  /// (group, tag) holds two slots of this size (or of the data's, if smaller) in /dev/shm.
+  std::size_t shared_memory_piece_bytes = std::size_t{16} << 20;
 };
 
 /// Why an operation failed.
@@ -212,11 +222,21 @@ class host_transport {
   /// accumulated once, left to right, starting at group position c and going round the ring
   /// ((x_c + x_c+1) + x_c+2) + ..., and the resulting bytes are forwarded unchanged, so every
   /// member ends with bitwise identical results. Fails if any member of the group is lost.
+  /// Members on one machine (transport_config::shared_memory) take the same sums through shared
+  /// memory: each copies its data into a segment, the member at position c sums chunk c in the
+  /// ring's order, everyone copies the sums out; frames on the links are the barriers, so a
+  /// lost member or abort() fails it as it fails the ring.
   /// Large chunks travel in 1 MiB segments (the reduction of one overlaps the transfer of the
   /// next), sent straight from `data` and received straight into it: the call returns or throws
   /// only once the transport no longer touches `data`, i.e. its sends are written (or their
   /// link failed or was aborted) and no receive is left posted.
   void all_reduce_sum(std::span<const int> group, std::span<float> data, std::uint32_t tag = 0);
+  /// How many all_reduce_sum calls over two or more members took each path so far.
+  struct all_reduce_paths {
+    std::uint64_t ring = 0;           ///< the TCP ring
+    std::uint64_t shared_memory = 0;  ///< shared memory (every member on this machine)
+  };
+  [[nodiscard]] all_reduce_paths all_reduce_counts() const;
   /// Copies `data` of `root` into `data` of every other member of `group`. The root returns
   /// once the bytes are queued (copied); the others when they have arrived. Fails on a member if
   /// the root is lost.

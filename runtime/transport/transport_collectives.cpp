@@ -101,6 +101,13 @@ void host_transport::all_reduce_sum(std::span<const int> group, std::span<float>
   }
   const std::size_t n = group.size();
   if (n == 1) return;
+  // Members on one machine sum through shared memory (transport_shm.hpp): the same bits.
+  if (auto ch = s.shm_channel_for(op, group, pos, tag, data.size()); ch->usable) {
+    s.shm_all_reduce(op, group, pos, data, tag, *ch);
+    ++s.shm_all_reduces;
+    return;
+  }
+  ++s.ring_all_reduces;
   const int next = group[(pos + 1) % n];
   const int prev = group[(pos + n - 1) % n];
   const std::uint64_t key = frame_key(channel::all_reduce, tag);
@@ -204,6 +211,10 @@ void host_transport::all_reduce_sum(std::span<const int> group, std::span<float>
     waited = i + 1;
     if (items[i].forward) send_segment(items[i].c, items[i].j);
   }
+}
+
+host_transport::all_reduce_paths host_transport::all_reduce_counts() const {
+  return {.ring = state_->ring_all_reduces.load(), .shared_memory = state_->shm_all_reduces.load()};
 }
 
 void host_transport::broadcast(std::span<const int> group, int root, std::span<std::byte> data,

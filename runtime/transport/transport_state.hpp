@@ -14,11 +14,13 @@
 // Files: host_transport.cpp (lifecycle, errors, p2p calls), transport_connect.cpp (mesh),
 // transport_link_read.cpp, transport_link_write.cpp, transport_link_failure.cpp (a link's read
 // and write state machines and its failure), transport_mailboxes.cpp (matching and waiting),
-// transport_collectives.cpp.
+// transport_collectives.cpp, transport_shm.cpp (the all-reduce within one machine).
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -35,6 +37,7 @@
 #include "runtime/transport/transport_handshake.hpp"
 #include "runtime/transport/transport_link.hpp"
 #include "runtime/transport/transport_mailboxes.hpp"
+#include "runtime/transport/transport_shm.hpp"
 #include "runtime/transport/transport_wire.hpp"
 
 namespace oobleck::runtime {
@@ -87,6 +90,9 @@ struct host_transport::state {
   guarded<transport_shared> shared;
   io_side io_only;
   std::vector<link> links;  // indexed by rank; links[rank] unused
+  std::mutex shm_mu;        // guards shm_channels (a channel itself is used by its collective's one caller)
+  std::map<std::pair<std::vector<int>, std::uint32_t>, std::shared_ptr<shm_channel>> shm_channels;  // by (group, tag)
+  std::atomic<std::uint64_t> ring_all_reduces{0}, shm_all_reduces{0};  // host_transport::all_reduce_counts
 
   std::thread io_thread;  // last: started once everything above exists
 
@@ -170,6 +176,20 @@ struct host_transport::state {
   /// Withdraws a queued request, or waits until the I/O thread has finished one it claimed.
   /// Never throws.
   void cancel_recv(int peer, std::uint64_t key, recv_request& req);
+
+  // --- the all-reduce through shared memory (transport_shm.cpp)
+  /// The shared-memory channel of (group, tag) for `count` floats, agreed with the other members
+  /// on first use (and again when a larger piece is needed); not usable when the group keeps
+  /// the ring. Every member of the group must call it at the same point of its collectives.
+  std::shared_ptr<shm_channel> shm_channel_for(const std::string& op, std::span<const int> group, std::size_t pos,
+                                               std::uint32_t tag, std::size_t count);
+  /// A frame of the shared-memory protocol to every other member, and the next one from `member`.
+  void shm_send_to_others(const std::string& op, std::span<const int> group, std::uint32_t tag,
+                          std::span<const std::byte> body);
+  payload shm_receive(const std::string& op, std::span<const int> group, int member, std::uint32_t tag);
+  /// all_reduce_sum through `ch` (usable): the ring's sums, bit for bit.
+  void shm_all_reduce(const std::string& op, std::span<const int> group, std::size_t pos, std::span<float> data,
+                      std::uint32_t tag, shm_channel& ch);
 
   // --- errors (host_transport.cpp)
   /// Throws the error for `op` if the transport is aborted or a link in `peers` is broken, and

@@ -8,8 +8,8 @@
 namespace oobleck::runtime {
 
 /// Frame keys put the channel in the high half so collectives never see point-to-point tags.
-enum class channel : std::uint32_t { p2p = 0, all_reduce = 1, broadcast = 2 };
-inline constexpr std::uint32_t channel_count = 3;  ///< a frame of another channel is a broken peer
+enum class channel : std::uint32_t { p2p = 0, all_reduce = 1, broadcast = 2, shared_memory = 3 };
+inline constexpr std::uint32_t channel_count = 4;  ///< a frame of another channel is a broken peer
 inline std::uint64_t frame_key(channel c, std::uint32_t tag) {
   return (static_cast<std::uint64_t>(c) << 32) | tag;
 }

@@ -1,5 +1,6 @@
 // The job file's data sources, initial weights, device and precision (the rest: job_file_test.cpp).
 #include "apps/job_file.hpp"
+#include "apps/stage_job.hpp"
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -207,6 +208,15 @@ TEST_CASE("cluster.data_plane: the host transport by default, nccl on cuda only,
     }
     CHECK(why.find("cluster.data_plane \"nccl\": ") == 0);
   }
+}
+
+TEST_CASE("cluster.shared_memory: on by default, a boolean, carried to the stages' data plane") {
+  CHECK(apps::parse_job("").cluster.shared_memory);
+  CHECK(apps::stage_job_for(apps::parse_job("")).shared_memory);
+  const auto off = apps::parse_job("[cluster]\nshared_memory = false\n");
+  CHECK_FALSE(off.cluster.shared_memory);
+  CHECK_FALSE(apps::stage_job_for(off).shared_memory);
+  CHECK(error_of("[cluster]\nshared_memory = \"yes\"\n") == "job.toml:2: cluster.shared_memory must be true or false");
 }
 
 TEST_CASE("training.precision: fp32 by default, bf16 into the model's precision, outside the model hash") {

@@ -30,15 +30,17 @@ std::vector<int> iota_group(int n) {
 }
 
 /// Child: all-reduce order-sensitive data over `group`, check it against the reference computed
-/// locally, and report "sum <checksum> ok|wrong" so the test can compare processes.
+/// locally, and report "sum <checksum> ok|wrong" so the test can compare processes. The
+/// processes share this machine, so the sum goes through shared memory: "ok" also says it did.
 void reduce_and_report(parent_line& line, host_transport& t, const std::vector<int>& group,
                        std::size_t count, std::uint32_t seed) {
   auto data = order_sensitive_data(count, seed + static_cast<std::uint32_t>(t.rank()));
+  const auto before = t.all_reduce_counts().shared_memory;
   t.all_reduce_sum(group, data);
   std::vector<std::vector<float>> inputs;
   for (int r : group)
     inputs.push_back(order_sensitive_data(count, seed + static_cast<std::uint32_t>(r)));
-  const bool ok = data == ring_reference(inputs);
+  const bool ok = data == ring_reference(inputs) && t.all_reduce_counts().shared_memory == before + 1;
   line.send("sum " + std::to_string(checksum(data)) + (ok ? " ok" : " wrong"));
 }
 
@@ -94,7 +96,9 @@ struct pending_op {
 };
 
 /// Child: a recv from `silent` and an all-reduce over `group` that cannot complete, both
-/// blocked when "ready" is sent.
+/// blocked when "ready" is sent. The all-reduce is the size and tag of reduce_and_report's, so
+/// its shared-memory path is set up already: it blocks in the data phase, where a member waits
+/// for the others' frames on the links.
 void block_two_ops(parent_line& line, host_transport& t, int silent, const std::vector<int>& group,
                    std::vector<std::unique_ptr<pending_op>>& ops) {
   ops.push_back(std::make_unique<pending_op>("recv", [&t, silent] {
@@ -102,8 +106,8 @@ void block_two_ops(parent_line& line, host_transport& t, int silent, const std::
     t.recv(silent, 9, buf);
   }));
   ops.push_back(std::make_unique<pending_op>("all_reduce", [&t, group] {
-    std::vector<float> v(1'000'000, 1.0f);
-    t.all_reduce_sum(group, v, 1);
+    std::vector<float> v(100'000, 1.0f);
+    t.all_reduce_sum(group, v, 0);
   }));
   std::this_thread::sleep_for(150ms);  // let both operations block
   line.send("ready");

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -45,8 +46,10 @@ inline const std::string test_key = "transport-tests-token-0123456789abcdef";
 
 /// Transports for `n` ranks on loopback, each listening on a free port, authenticated with
 /// test_key and a nonce of the epoch.
+/// `adjust` (if given) changes each rank's config before its transport is made.
 inline std::vector<std::unique_ptr<host_transport>> make_transports(
-    int n, std::uint64_t epoch, std::vector<std::uint16_t> ports = {}) {
+    int n, std::uint64_t epoch, std::vector<std::uint16_t> ports = {},
+    const std::function<void(transport_config&)>& adjust = {}) {
   std::vector<std::unique_ptr<host_transport>> ts;
   for (int r = 0; r < n; ++r) {
     transport_config c{.rank = r,
@@ -56,6 +59,7 @@ inline std::vector<std::unique_ptr<host_transport>> make_transports(
                        .auth_nonce = "nonce-of-epoch-" + std::to_string(epoch)};
     if (!ports.empty())
       c.peers[static_cast<std::size_t>(r)].port = ports[static_cast<std::size_t>(r)];
+    if (adjust) adjust(c);
     ts.push_back(std::make_unique<host_transport>(c));
   }
   return ts;
@@ -131,8 +135,9 @@ void run_ranks(std::vector<std::unique_ptr<host_transport>>& ts, Body body,
 }
 
 template <class Body>
-void run_ranks(int n, Body body, std::uint64_t epoch = 1) {
-  auto ts = make_transports(n, epoch);
+void run_ranks(int n, Body body, std::uint64_t epoch = 1,
+               const std::function<void(transport_config&)>& adjust = {}) {
+  auto ts = make_transports(n, epoch, {}, adjust);
   run_ranks(ts, body);
 }
 
