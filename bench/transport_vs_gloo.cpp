@@ -1,6 +1,9 @@
 // The host transport against c10d's ProcessGroupGloo (its peer) on loopback, side by side in one
 // run: p2p bandwidth for 1-64 MiB between 2 processes, and all-reduce latency and bandwidth for
-// 4 KiB-64 MiB over 2, 3 and 4 processes. Every process runs both, in the same order.
+// 4 KiB-64 MiB over 2, 3 and 4 processes. Every process runs all of them, in the same order. The
+// host transport's all-reduce is measured twice: as it runs here (the processes share this machine,
+// so through shared memory) and with transport_config::shared_memory off (the TCP ring, as between
+// machines).
 //
 // usage: transport_vs_gloo [--quick] [--json PATH]
 
@@ -43,16 +46,22 @@ int iterations(std::size_t bytes, bool quick) {
 int run_child(const child_args& a) {
   torch::set_num_threads(1);
   auto store = c10::make_intrusive<c10d::FileStore>(a.store, a.world);
-  // The host transport's ports go through the same store as gloo's rendezvous.
+  // The host transports' ports go through the same store as gloo's rendezvous.
+  auto connect = [&](runtime::host_transport& t, const std::string& prefix) {
+    store->set(prefix + std::to_string(a.rank), std::vector<uint8_t>{static_cast<uint8_t>(t.listen_port() >> 8),
+                                                                      static_cast<uint8_t>(t.listen_port() & 0xff)});
+    std::vector<runtime::peer_endpoint> peers(a.world);
+    for (int r = 0; r < a.world; ++r) {
+      const auto v = store->get(prefix + std::to_string(r));
+      peers[r].port = static_cast<std::uint16_t>((v[0] << 8) | v[1]);
+    }
+    t.connect(peers);
+  };
   runtime::host_transport host({.rank = a.rank, .peers = std::vector<runtime::peer_endpoint>(a.world), .epoch = 1});
-  store->set("port/" + std::to_string(a.rank), std::vector<uint8_t>{static_cast<uint8_t>(host.listen_port() >> 8),
-                                                                     static_cast<uint8_t>(host.listen_port() & 0xff)});
-  std::vector<runtime::peer_endpoint> peers(a.world);
-  for (int r = 0; r < a.world; ++r) {
-    const auto v = store->get("port/" + std::to_string(r));
-    peers[r].port = static_cast<std::uint16_t>((v[0] << 8) | v[1]);
-  }
-  host.connect(peers);
+  connect(host, "port/");
+  runtime::host_transport ring(
+      {.rank = a.rank, .peers = std::vector<runtime::peer_endpoint>(a.world), .epoch = 2, .shared_memory = false});
+  connect(ring, "ringport/");
   auto options = c10d::ProcessGroupGloo::Options::create();
   options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   c10d::ProcessGroupGloo gloo(c10::make_intrusive<c10d::PrefixStore>("gloo", store), a.rank, a.world, options);
@@ -117,19 +126,23 @@ int run_child(const child_args& a) {
     const int iters = iterations(bytes, a.quick);
     auto t = torch::ones({static_cast<std::int64_t>(bytes / 4)});
     const double factor = 2.0 * (a.world - 1) / a.world;
-    auto host_reduce = [&] { host.all_reduce_sum(group, {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())}); };
-    host_reduce();  // warm-up, as for gloo below
-    barrier();
-    auto start = clock_type::now();
-    for (int i = 0; i < iters; ++i) host_reduce();
-    double ms = std::chrono::duration<double, std::milli>(clock_type::now() - start).count() / iters;
-    record("allreduce", "host", bytes, ms, factor * bytes / (ms * 1e6));
+    for (auto* transport : {&host, &ring}) {
+      auto host_reduce = [&] {
+        transport->all_reduce_sum(group, {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())});
+      };
+      host_reduce();  // warm-up, as for gloo below
+      barrier();
+      const auto start = clock_type::now();
+      for (int i = 0; i < iters; ++i) host_reduce();
+      const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - start).count() / iters;
+      record("allreduce", transport == &host ? "host" : "host_ring", bytes, ms, factor * bytes / (ms * 1e6));
+    }
     std::vector<at::Tensor> ts{t};
     gloo.allreduce(ts)->wait();
     barrier();
-    start = clock_type::now();
+    const auto start = clock_type::now();
     for (int i = 0; i < iters; ++i) gloo.allreduce(ts)->wait();
-    ms = std::chrono::duration<double, std::milli>(clock_type::now() - start).count() / iters;
+    const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - start).count() / iters;
     record("allreduce", "gloo", bytes, ms, factor * bytes / (ms * 1e6));
   }
   barrier();
@@ -216,15 +229,20 @@ int main(int argc, char** argv) {
                 g->at("ms").get<double>() / h->at("ms").get<double>());
   }
   for (int world : {2, 3, 4}) {
-    std::printf("\nall-reduce, %d processes (latency, bus bandwidth)\n%10s | %10s %10s | %10s %10s | %8s\n", world, "size",
-                "host ms", "host GB/s", "gloo ms", "gloo GB/s", "host/gloo");
+    std::printf(
+        "\nall-reduce, %d processes (latency, bus bandwidth; host: shared memory, ring: TCP)\n%10s | %10s %10s | %10s "
+        "%10s | %10s %10s | %8s %8s\n",
+        world, "size", "host ms", "host GB/s", "ring ms", "ring GB/s", "gloo ms", "gloo GB/s", "ring/host", "gloo/host");
     for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20,
                               std::size_t{64} << 20}) {
       const auto* h = find(world, "allreduce", "host", static_cast<std::int64_t>(bytes));
+      const auto* r = find(world, "allreduce", "host_ring", static_cast<std::int64_t>(bytes));
       const auto* g = find(world, "allreduce", "gloo", static_cast<std::int64_t>(bytes));
-      std::printf("%10s | %10.3f %10.2f | %10.3f %10.2f | %7.2fx\n", human(bytes).c_str(), h->at("ms").get<double>(),
-                  h->at("gbps").get<double>(), g->at("ms").get<double>(), g->at("gbps").get<double>(),
-                  g->at("ms").get<double>() / h->at("ms").get<double>());
+      const double host_ms = h->at("ms").get<double>();
+      std::printf("%10s | %10.3f %10.2f | %10.3f %10.2f | %10.3f %10.2f | %7.2fx %7.2fx\n", human(bytes).c_str(),
+                  host_ms, h->at("gbps").get<double>(), r->at("ms").get<double>(), r->at("gbps").get<double>(),
+                  g->at("ms").get<double>(), g->at("gbps").get<double>(), r->at("ms").get<double>() / host_ms,
+                  g->at("ms").get<double>() / host_ms);
     }
   }
   std::ofstream(json_path) << json{{"benchmark", "transport_vs_gloo"}, {"rows", std::move(rows)}}.dump(2) << "\n";
