@@ -43,30 +43,32 @@ std::size_t segment_bytes(std::size_t slot_floats) { return header_bytes + 2 * s
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-/// Removes the names of segments that a process of this user created and did not live to unlink
-/// (killed within its setup round): named "oobleck-PID-...", PID gone, untouched for a minute.
-/// A process in another PID namespace that shares /dev/shm could look gone from here; the
-/// minute keeps its segments, whose names live for one round of frames.
-void remove_stale_segments() {
+}  // namespace
+
+std::size_t shm_remove_stale_segments() {
+  std::size_t removed = 0;
   std::error_code ec;
   const auto now = std::filesystem::file_time_type::clock::now();
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("oobleck-", 0) != 0) continue;
-    const auto dash = name.find('-', 8);
-    if (dash == std::string::npos) continue;
-    const pid_t pid = static_cast<pid_t>(std::strtol(name.substr(8, dash - 8).c_str(), nullptr, 10));
-    struct stat st {};
-    if (pid <= 0 || ::stat(e.path().c_str(), &st) != 0 || st.st_uid != ::getuid()) continue;
-    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
-    std::error_code age_ec;
-    const auto modified = std::filesystem::last_write_time(e.path(), age_ec);
-    if (age_ec || now - modified < std::chrono::minutes(1)) continue;
-    ::shm_unlink(("/" + name).c_str());
+  // A sweep that cannot read /dev/shm (or a name that vanishes under it) just ends: it is tidying.
+  try {
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("oobleck-", 0) != 0) continue;
+      const auto dash = name.find('-', 8);
+      if (dash == std::string::npos) continue;
+      const pid_t pid = static_cast<pid_t>(std::strtol(name.substr(8, dash - 8).c_str(), nullptr, 10));
+      struct stat st {};
+      if (pid <= 0 || ::stat(e.path().c_str(), &st) != 0 || st.st_uid != ::getuid()) continue;
+      if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+      std::error_code age_ec;
+      const auto modified = std::filesystem::last_write_time(e.path(), age_ec);
+      if (age_ec || now - modified < std::chrono::minutes(1)) continue;
+      if (::shm_unlink(("/" + name).c_str()) == 0) ++removed;
+    }
+  } catch (const std::filesystem::filesystem_error&) {
   }
+  return removed;
 }
-
-}  // namespace
 
 std::string shm_host_identity() {
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
@@ -80,7 +82,7 @@ std::string shm_host_identity() {
 
 shm_segment shm_segment::create(std::size_t slot_floats) {
   static std::once_flag swept;
-  std::call_once(swept, remove_stale_segments);
+  std::call_once(swept, [] { shm_remove_stale_segments(); });
   shm_segment s;
   const auto cookie = fresh_challenge();
   s.cookie_ = hex(cookie);

@@ -34,6 +34,13 @@ namespace oobleck::runtime {
 /// Empty if any of them cannot be read (then shared memory is not offered).
 std::string shm_host_identity();
 
+/// Removes the names of segments that a process of this user created and did not live to unlink
+/// (killed within its setup round): /dev/shm/oobleck-PID-..., PID gone, untouched for a minute
+/// (a process in another PID namespace that shares /dev/shm could look gone from here; its names
+/// live for one round of frames). Returns how many it removed. The first segment a process
+/// creates runs it.
+std::size_t shm_remove_stale_segments();
+
 /// A mapped shared-memory segment: a header page holding a random cookie, then two slots of
 /// `slot_floats` floats each (the pieces of consecutive all-reduce steps alternate between them,
 /// so a member may fill one while the others still read the other).

@@ -4,8 +4,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include "runtime/transport/host_transport.hpp"
+#include "runtime/transport/transport_shm.hpp"
 #include "runtime/transport_test_support.hpp"
 
 using namespace oobleck::runtime;
@@ -186,6 +189,29 @@ TEST_CASE("all_reduce_sum over a sub-group, in the ring order the caller gives")
     check_all_reduce(4, {3, 1}, 50'000, p);
     check_all_reduce(5, {4, 0, 2}, 50'001, p);
   }
+}
+
+TEST_CASE("a segment name left by a process killed within its setup round is removed, and no other") {
+  // Names as a worker gives them: /dev/shm/oobleck-PID-COOKIE. A PID above pid_max belongs to no
+  // process; this process is alive.
+  long pid_max = 4194304;
+  std::ifstream("/proc/sys/kernel/pid_max") >> pid_max;
+  const std::string gone = "oobleck-" + std::to_string(pid_max + 1) + "-";
+  const std::string alive = "oobleck-" + std::to_string(::getpid()) + "-";
+  const std::filesystem::path shm = "/dev/shm";
+  auto make = [&](const std::string& name, std::chrono::minutes age) {
+    std::ofstream(shm / name) << "x";
+    std::filesystem::last_write_time(shm / name, std::filesystem::file_time_type::clock::now() - age);
+  };
+  make(gone + "stale", std::chrono::minutes(2));
+  make(gone + "fresh", std::chrono::minutes(0));  // its process may be in its setup round elsewhere
+  make(alive + "old", std::chrono::minutes(2));
+  CHECK(shm_remove_stale_segments() == 1);
+  CHECK_FALSE(std::filesystem::exists(shm / (gone + "stale")));
+  CHECK(std::filesystem::exists(shm / (gone + "fresh")));
+  CHECK(std::filesystem::exists(shm / (alive + "old")));
+  std::filesystem::remove(shm / (gone + "fresh"));
+  std::filesystem::remove(shm / (alive + "old"));
 }
 
 TEST_CASE("all_reduce_sum on disjoint groups at the same time, and back to back on one tag") {
