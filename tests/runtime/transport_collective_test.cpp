@@ -2,6 +2,8 @@
 // TCP (the ring) and through shared memory.
 
 #include <doctest/doctest.h>
+#include <sched.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
@@ -189,6 +191,35 @@ TEST_CASE("all_reduce_sum over a sub-group, in the ring order the caller gives")
     check_all_reduce(4, {3, 1}, 50'000, p);
     check_all_reduce(5, {4, 0, 2}, 50'001, p);
   }
+}
+
+TEST_CASE("shared memory is offered only to members in the same network namespace (the multi-host tests keep TCP)") {
+  const std::string here = shm_host_identity();
+  REQUIRE_FALSE(here.empty());
+  CHECK(here == shm_host_identity());
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // A network namespace of its own, as a worker of the netns tests has: another "host".
+    const std::string there = ::unshare(CLONE_NEWNET) == 0 ? shm_host_identity() : "unshare failed";
+    [[maybe_unused]] const auto written = ::write(fds[1], there.data(), there.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string there;
+  char buf[256];
+  for (ssize_t got; (got = ::read(fds[0], buf, sizeof buf)) > 0;) there.append(buf, static_cast<std::size_t>(got));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (there == "unshare failed") {
+    MESSAGE("skipped: no network namespace could be made here (" << (::geteuid() == 0 ? "root" : "not root") << ")");
+    return;
+  }
+  CHECK_FALSE(there.empty());
+  CHECK(there != here);
 }
 
 TEST_CASE("a segment name left by a process killed within its setup round is removed, and no other") {
