@@ -201,6 +201,11 @@ std::span<const std::byte> bytes_of(const std::string& s) { return std::as_bytes
                             " floats, expected " + std::to_string(ours) + " (different data sizes or call sequences)");
 }
 
+/// memcpy of `count` floats; nothing for none (the data of an empty all-reduce has no address).
+void copy_floats(float* dst, const float* src, std::size_t count) {
+  if (count != 0) std::memcpy(dst, src, count * sizeof(float));
+}
+
 /// dst[k] = dst[k] + src[k]: the running sum of the members so far, plus the next member's values.
 void add_into(float* __restrict dst, const float* __restrict src, std::size_t count) {
   for (std::size_t k = 0; k < count; ++k) dst[k] = dst[k] + src[k];
@@ -316,7 +321,7 @@ void host_transport::state::shm_all_reduce(const std::string& op, std::span<cons
     for (std::size_t c = 0; c < n; ++c) {
       if (c == pos) continue;
       const auto [begin, end] = part(c);
-      std::memcpy(own + (begin - a), data.data() + begin, (end - begin) * sizeof(float));
+      copy_floats(own + (begin - a), data.data() + begin, end - begin);
     }
     // 2. Everyone's slot is filled (and everyone has finished reading the slot of two pieces ago).
     shm_send_to_others(op, group, tag, count_frame);
@@ -332,7 +337,7 @@ void host_transport::state::shm_all_reduce(const std::string& op, std::span<cons
       const std::size_t q = (pos + j) % n;
       add_into(data.data() + mine_begin, ch.members[q].slot(parity) + (mine_begin - a), mine_end - mine_begin);
     }
-    std::memcpy(own + (mine_begin - a), data.data() + mine_begin, (mine_end - mine_begin) * sizeof(float));
+    copy_floats(own + (mine_begin - a), data.data() + mine_begin, mine_end - mine_begin);
     // 4. Every chunk is summed.
     shm_send_to_others(op, group, tag, {});
     for (std::size_t q = 0; q < n; ++q)
@@ -343,7 +348,7 @@ void host_transport::state::shm_all_reduce(const std::string& op, std::span<cons
     for (std::size_t q = 0; q < n; ++q) {
       if (q == pos) continue;
       const auto [begin, end] = part(q);
-      std::memcpy(data.data() + begin, ch.members[q].slot(parity) + (begin - a), (end - begin) * sizeof(float));
+      copy_floats(data.data() + begin, ch.members[q].slot(parity) + (begin - a), end - begin);
     }
   }
 }
