@@ -1,5 +1,9 @@
 #include "apps/profile_command.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -66,12 +70,18 @@ bool parse(const std::vector<std::string>& args, std::ostream& out, profile_opti
   return parse_flags(app, args, out);
 }
 
-/// Refuses an output path whose folder is missing now, not after the measurements; `from` says
-/// where the path came from (--out, or the job's profile.file).
+/// Refuses an output path that could not be written now, not after the measurements: its folder
+/// missing or not writable, or the path a directory. `from` says where the path came from (--out,
+/// or the job's profile.file).
 void check_writable_folder(const std::string& path, const std::string& from) {
   const auto folder = std::filesystem::path(path).parent_path();
-  if (!folder.empty() && !std::filesystem::is_directory(folder))
+  std::error_code ec;
+  if (!folder.empty() && !std::filesystem::is_directory(folder, ec))
     throw messages::input_error(from + ": " + folder.string() + " is not a directory");
+  const std::string where = folder.empty() ? "." : folder.string();
+  if (::access(where.c_str(), W_OK | X_OK) != 0)
+    throw messages::input_error(from + ": cannot write into " + where + ": " + std::strerror(errno));
+  if (std::filesystem::is_directory(path, ec)) throw messages::input_error(from + ": " + path + " is a directory");
 }
 
 }  // namespace

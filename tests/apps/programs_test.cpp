@@ -306,6 +306,7 @@ TEST_CASE("oobleck-profile: bad flags and job files are refused before LibTorch 
       {{"--config", "/nonexistent/job.toml", "--json"}, "cannot read job file /nonexistent/job.toml"},
       {{"--config", "/tmp", "--json"}, "cannot read job file /tmp"},
       {{"--out", "/nonexistent/folder/profile.capnp"}, "--out: /nonexistent/folder is not a directory"},
+      {{"--out", "/tmp"}, "--out: /tmp is a directory"},
   };
   for (const auto& [args, expected] : cases) {
     CAPTURE(expected);
