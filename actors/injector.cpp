@@ -103,6 +103,20 @@ void catch_up(injector_pointer self) {
       status_atom_v);
 }
 
+/// How long to wait before the next attempt after a subscription failed with `e`: where no answer
+/// came at all and the injector can drop its connection (deps.drop_coordinator_link), it closes
+/// it so that the next attempt connects afresh, and waits relink_wait when one was closed.
+std::chrono::milliseconds relink_if_unanswered(injector_pointer self, const caf::error& e) {
+  auto& d = self->state.deps;
+  const std::chrono::milliseconds usual{100};
+  if (e != caf::sec::request_timeout || !d.drop_coordinator_link) return usual;
+  const auto dropped = d.drop_coordinator_link();
+  if (dropped == 0) return usual;  // the request went over a connection that had already ended
+  d.log("no answer from the coordinator over the injector's connection to it: closed it (" + std::to_string(dropped) +
+        " connection(s)), connecting afresh");
+  return d.relink_wait;
+}
+
 /// Subscribes to the coordinator in deps (the first, or one found after a loss), then hands over
 /// the faults it should hold. A coordinator found after a loss that does not answer in time (the
 /// lost one's connection, still cached by the middleman) sends the injector looking again.
@@ -119,10 +133,11 @@ void subscribe(injector_pointer self, bool found_again) {
         catch_up(self);
       },
       [self, found_again](const caf::error& e) {
-        if (!found_again) return self->state.deps.log("the coordinator refused the subscription: " + describe(e));
-        if (self->state.failed_attempts++ % 20 == 0)
-          self->state.deps.log("the coordinator found did not take the subscription (" + describe(e) + "): looking again");
-        self->delayed_send(self, std::chrono::milliseconds(100), reconnect_atom_v);
+        auto& st = self->state;
+        if (!found_again) return st.deps.log("the coordinator refused the subscription: " + describe(e));
+        if (st.failed_attempts++ % 20 == 0)
+          st.deps.log("the coordinator found did not take the subscription (" + describe(e) + "): looking again");
+        self->delayed_send(self, relink_if_unanswered(self, e), reconnect_atom_v);
       },
       subscribe_atom_v, caf::actor_cast<caf::actor>(self));
 }

@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <memory>
@@ -55,6 +56,14 @@ struct injector_deps {
   std::function<std::optional<messages::coordinator_actor>()> find_coordinator;
   /// How long to look for a coordinator after losing one (oobleck-local: --coordinator-grace).
   double grace_s = 60;
+  /// With find_coordinator: closes this process's connections to the coordinator's address and
+  /// returns how many, as a worker's monitor does (actors/monitor.hpp): a subscription over a
+  /// connection that completed CAF's handshake and got no answer at all went over a connection
+  /// whose route CAF 0.17 lost on the coordinator's side (apps/coordinator_link.hpp), and every
+  /// later attempt would reuse it. The injector then looks again after `relink_wait`, or at the
+  /// usual pace when no connection was left to close. Unset: it looks again over the same one.
+  std::function<std::size_t()> drop_coordinator_link;
+  std::chrono::milliseconds relink_wait{500};
 };
 
 struct injector_state {

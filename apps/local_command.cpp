@@ -33,6 +33,7 @@
 #include "actors/injector.hpp"
 #include "apps/cluster_commands.hpp"
 #include "apps/cluster_common.hpp"
+#include "apps/coordinator_link.hpp"
 #include "apps/flags.hpp"
 #include "apps/job_file.hpp"
 #include "apps/local_events.hpp"
@@ -222,6 +223,8 @@ class local_run {
     d.find_coordinator = [sys = caf_sys_.get(), at] {
       return try_coordinator(*sys, at, std::chrono::milliseconds(1000));
     };
+    d.drop_coordinator_link = [at] { return shut_down_connections_to(at); };
+    d.relink_wait = coordinator_link_settle;
     d.grace_s = o_.coordinator_grace_s;
     unfired_ = d.unfired;
     const auto handed_over = d.handed_over;

@@ -45,11 +45,12 @@ TEST_CASE("coordinator clients e2e: a worker fault due after a coordinator kill 
   // Six nodes, f = 1 (two pipelines of three): the coordinator dies in the middle of step 3; its
   // replacement trains on, and node 2 kills itself in the middle of step 4, right after the
   // adoption (the injector may learn of the loss from the replacement's status, having missed
-  // the event). The whole run is checked as every recovery run is. (40 steps: the injector's
-  // connection to the lost coordinator can answer nothing for up to the connection timeout before
-  // it reaches the replacement; oobleck-local hands it the events file at the end regardless.)
+  // the event). The whole run is checked as every recovery run is. (150 steps, ~2 s: the
+  // injector's first subscription to the replacement can go unanswered, 0.5 s, and it then
+  // connects afresh after 0.5 s more (actors/injector.hpp); 40 steps once ended first, in 0.45 s
+  // on a fast machine. oobleck-local hands it the events file at the end regardless.)
   const auto c = make_job(6, 1, 1'500'000);
-  const int steps = 40;
+  const int steps = 150;
   const auto [r, summary] = run_faults(c, steps, {"--kill-coordinator-at", "3", "--fail-at", "4:2"}, {2});
   INFO(r.output);
   CHECK(r.output.find("starting a replacement") != std::string::npos);
@@ -64,9 +65,10 @@ TEST_CASE("coordinator clients e2e: a worker fault due after a coordinator freez
   // The coordinator freezes for 4 s in the middle of step 3, past the 1.5 s connection timeout:
   // every worker and the injector lose it; when it wakes it loses every node at once and adopts
   // them back under new ids. Node 2's kill at step 6 fires in its worker, which the injector
-  // follows by name, so the run ends with status 0.
+  // follows by name, so the run ends with status 0. (150 steps: as above, the injector may need
+  // ~1 s after the coordinator wakes to subscribe again.)
   const auto c = make_job(6, 1, 1'500'000);
-  const int steps = 40;
+  const int steps = 150;
   const auto r = run_local(c, steps, {"--hang-coordinator-at", "3:4", "--fail-at", "6:2"});
   INFO(r.output);
   REQUIRE(r.status == 0);
