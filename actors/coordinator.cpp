@@ -108,12 +108,21 @@ caf::result<admission> on_register(coordinator_pointer self, register_node& r) {
       superseded(self, r.memory.term, "worker '" + r.name + "'");
       return make_error(protocol_error::superseded, "this coordinator was replaced by a newer one");
     }
-    if (const auto it = st.nodes.find(node_id{r.memory.node}); r.memory.term == st.term && it != st.nodes.end() &&
-                                                                it->second.state != node_state::lost)
-      // It lost this coordinator before this coordinator noticed it lost the node: its loss is on
-      // the way (then this coordinator adopts it back, or goes on without it); it tries again.
-      return make_error(protocol_error::not_registering,
-                        "the coordinator has not yet seen this node's connection end; try again");
+    if (const auto it = st.nodes.find(node_id{r.memory.node}); r.memory.term == st.term && it != st.nodes.end()) {
+      if (it->second.state != node_state::lost)
+        // It lost this coordinator before this coordinator noticed it lost the node: its loss is on
+        // the way (then this coordinator adopts it back, or goes on without it); it tries again.
+        return make_error(protocol_error::not_registering,
+                          "the coordinator has not yet seen this node's connection end; try again");
+      if (std::find(st.unhandled_losses.begin(), st.unhandled_losses.end(), it->first) != st.unhandled_losses.end())
+        // Its loss is seen but not handled: the coordinator still asks the other nodes whether it
+        // is heard at all (check_reachable). Woken from a freeze, it may learn only now that every
+        // node lost it, and then adopts them all back; refused here, this node would have ended
+        // and taken its layers with it (seen in `coordinator clients e2e`: the job stopped with a
+        // layer left without a holder). Its next attempt meets the decision.
+        return make_error(protocol_error::not_registering,
+                          "the coordinator is still handling this node's loss (is it itself cut off?); try again");
+    }
     ++st.refused;
     st.deps.log("refused worker '" + r.name + "': it came back to this coordinator, which went on without it");
     return make_error(protocol_error::unknown_node,

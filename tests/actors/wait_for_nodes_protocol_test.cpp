@@ -7,9 +7,12 @@
 
 #include <doctest/doctest.h>
 
+#include <caf/resumable.hpp>
 #include <caf/send.hpp>
 #include <caf/system_messages.hpp>
 
+#include <chrono>
+#include <set>
 #include <string>
 
 #include "actors/protocol_fixture.hpp"
@@ -170,4 +173,68 @@ TEST_CASE("wait for nodes protocol: woken to some nodes' losses while the others
   for (const auto& line : f.log)
     if (line.find("came back: w") != std::string::npos) ++back;
   CHECK(back == 3);
+}
+
+TEST_CASE("wait for nodes protocol: a node back while its loss is still being checked is told to try again, then meets the decision") {
+  // Seen in `coordinator clients e2e` after a 4 s freeze: the coordinator woke to five nodes'
+  // connections ending; two of those nodes reached it again within its loss window, while it still
+  // asked the sixth whether it was heard at all, and were refused as nodes it had gone on without.
+  // They exited, and when the sixth said it had lost the coordinator too, the adoption found a
+  // layer without a holder. Such a node is now told to try again until the losses are handled:
+  // then it is refused (the others still heard the coordinator) or adopted back (they lost it too).
+  for (const bool cut_off : {false, true}) {
+    CAPTURE(cut_off);
+    fixture f({.steps = 6});
+    // Step 2 never finishes on node 0's stage, in any epoch: the job stays in it, every node with it.
+    const auto hold = [](fake_stage_record& r) {
+      if (r.node == 0)
+        for (std::uint64_t e = 1; e <= 4; ++e) r.hold_steps.insert({e, 2u});
+    };
+    for (int i = 0; i < 6; ++i) f.add_worker({.name = "w" + std::to_string(i), .setup = hold, .finds_coordinator = true});
+    f.sched.run();
+    REQUIRE(f.records.size() == 2);
+    // Node 1's connection ends at both ends: the coordinator sees its loss, the node looks for a
+    // coordinator. With cut_off, every other node lost the coordinator too (it was frozen).
+    const auto lose_coordinator = [&](std::int64_t n) {
+      caf::anon_send(caf::actor_cast<caf::actor>(f.monitors.at(n)),
+                     caf::down_msg{f.coord.address(), caf::exit_reason::remote_link_unreachable});
+    };
+    lose_coordinator(1);
+    caf::send_as(caf::actor_cast<caf::actor>(f.monitors.at(1)), caf::actor_cast<caf::actor>(f.coord),
+                 caf::down_msg{f.monitors.at(1).address(), caf::exit_reason::remote_link_unreachable});
+    if (cut_off)
+      for (std::int64_t n : {0, 2, 3, 4, 5}) lose_coordinator(n);
+    // The other nodes do not run until node 1 has its answer: the coordinator's pings to them, and
+    // so its losses, stay unanswered meanwhile (its loss window does not end: time stands still).
+    std::set<caf::resumable*> others;
+    for (std::int64_t n : {0, 2, 3, 4, 5})
+      others.insert(dynamic_cast<caf::resumable*>(caf::actor_cast<caf::abstract_actor*>(f.monitors.at(n))));
+    f.sched.run_jobs_filtered([&](caf::resumable* job) { return !others.count(job); });
+    const auto& w1 = *f.workers.at(1);
+    const auto said = [&] {
+      std::string all;
+      for (const auto& line : w1.log) all += line + "\n";
+      return all;
+    };
+    INFO(said());
+    CHECK(f.happened({.kind = event_kind::node_lost, .node = 1}));
+    CHECK(f.alive(w1.handle));
+    CHECK(said().find("still handling this node's loss") != std::string::npos);
+
+    f.sched.run();  // the others answer; the losses are handled
+    f.sched.advance_time(std::chrono::milliseconds(300));  // node 1 tries again
+    f.sched.run();
+    INFO(describe(f.events));
+    if (cut_off) {
+      CHECK(f.told("every node was lost at once"));
+      CHECK(f.alive(w1.handle));
+      int back = 0;
+      for (const auto& line : f.log) back += line.find("came back: w") != std::string::npos;
+      CHECK(back == 6);
+    } else {
+      CHECK(!f.told("every node was lost at once"));
+      CHECK(!f.alive(w1.handle));
+      CHECK(said().find("went on without this node") != std::string::npos);
+    }
+  }
 }
