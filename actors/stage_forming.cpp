@@ -84,6 +84,7 @@ void form_host_plane(stage_runtime& rt, const epoch_assignment& a, form_timing& 
   cfg.auth_nonce = a.data_nonce;
   cfg.max_frame_bytes = runtime::largest_frame_bytes(rt.job.model, rt.job.microbatch);
   cfg.shared_memory = rt.job.shared_memory;  // all-reduces within one machine: no kernel copies
+  cfg.spin_wait = std::chrono::microseconds(rt.job.spin_wait_us);  // a receive waits awake first
   // The buffers of the layers this node receives are allocated and their pages faulted in
   // before its links come up: a copy starts as soon as its link is up, and the pages would
   // otherwise be faulted in during the transfer, on the transport's I/O thread.

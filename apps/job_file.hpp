@@ -13,8 +13,8 @@
 //                 precision ("fp32" | "bf16": kept in model.precision, runtime::precision_kind)
 //   [optimizer]   lr, beta1, beta2, eps, weight_decay, schedule, warmup_steps, min_lr
 //                                                                          (runtime::adamw_options)
-//   [cluster]     nodes, slots_per_node, device, data_plane, shared_memory, fault_tolerance,
-//                 device_memory_bytes, heartbeat_interval_ms, connection_timeout_ms
+//   [cluster]     nodes, slots_per_node, device, data_plane, shared_memory, spin_wait_us,
+//                 fault_tolerance, device_memory_bytes, heartbeat_interval_ms, connection_timeout_ms
 //   [checkpoint]  dir, every
 //   [http]        port
 //   [profile]     warmup, repeats, file, cache
@@ -101,6 +101,10 @@ struct cluster_section {
   /// same network namespace, same user) sums through shared memory instead of the TCP ring, with
   /// the same bits (runtime::transport_config::shared_memory). false: always the ring.
   bool shared_memory = true;
+  /// With data_plane "host": how long a receive whose message has not arrived waits awake
+  /// (yielding its core to any thread that can run) before it sleeps
+  /// (runtime::transport_config::spin_wait). 0: it sleeps at once.
+  int spin_wait_us = 300;
   int fault_tolerance = 1;  ///< f: at least f + 1 pipelines, so any f simultaneous losses are survived
   /// Memory of one slot (GPU or CPU slot); a profile measured on a GPU records the smaller of this
   /// and the GPU's memory.

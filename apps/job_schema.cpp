@@ -144,6 +144,7 @@ std::map<std::string, setter> schema(job_file& job) {
          if (!v.is_boolean()) d.fail(v, key + " must be true or false");
          job.cluster.shared_memory = v.as_boolean()->get();
        }},
+      {"cluster.spin_wait_us", int_in(job.cluster.spin_wait_us, 0, 1'000'000)},
       {"cluster.fault_tolerance", int_in(job.cluster.fault_tolerance, 0, 4095)},
       {"cluster.device_memory_bytes", int64_in(job.cluster.device_memory_bytes, 1)},
       {"cluster.heartbeat_interval_ms", int_in(job.cluster.heartbeat_interval_ms, 1, 3'600'000)},

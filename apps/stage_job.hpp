@@ -20,6 +20,7 @@ inline actors::stage_job stage_job_for(const job_file& job) {
   s.overlap_gradient_reduce = job.training.overlap_gradient_reduce;
   s.device = job.cluster.device;
   s.shared_memory = job.cluster.shared_memory;
+  s.spin_wait_us = job.cluster.spin_wait_us;
   // Twice the coordinator's forming deadline: the coordinator, which can name the node that holds
   // the epoch up, gives up first.
   s.connect_timeout_ms = static_cast<std::int32_t>(2 * job.faults.form_deadline_ms);

@@ -90,6 +90,12 @@ struct transport_config {
   /// The most one shared-memory step moves per member; larger data goes in pieces. Each
   /// (group, tag) holds two slots of this size (or of the data's, if smaller) in /dev/shm.
   std::size_t shared_memory_piece_bytes = std::size_t{16} << 20;
+  /// A receive whose message has not arrived yet first waits this long awake, yielding its core
+  /// to any other thread that can run (sched_yield), and only then sleeps. A thread that slept is
+  /// woken tens of microseconds after its message arrives (a VM's wake-up), and the op it runs
+  /// next starts with cold caches; a pipeline stage waits for its neighbour about twice per
+  /// microbatch (bench/RESULTS.md, "A receive that waits awake"). 0: sleep at once.
+  std::chrono::microseconds spin_wait{300};
 };
 
 /// Why an operation failed.

@@ -4,7 +4,10 @@
 // hands over a complete body (deliver). A receive that nobody claimed fails as soon as its peer,
 // a watched peer, or the transport fails; a claimed one is finished by the I/O thread.
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "runtime/transport/transport_state.hpp"
@@ -129,11 +132,18 @@ void host_transport::state::wait_posted(const std::string& op, int peer, std::ui
       return w != config.rank && at(w).shared(lk).broken;
     });
   };
+  const auto settled = [&] { return req.stage == recv_stage::done || (req.stage == recv_stage::open && failed()); };
+  // Awake first (transport_config::spin_wait): the I/O thread that completes the receive, and
+  // any other thread, gets the core whenever it can run.
+  if (config.spin_wait.count() > 0 && !settled()) {
+    const auto until = std::chrono::steady_clock::now() + config.spin_wait;
+    do {
+      lk.unlocked([] { ::sched_yield(); });
+    } while (!settled() && std::chrono::steady_clock::now() < until);
+  }
   // A claimed receive is completed by the I/O thread alone (it may be reading into req.out);
   // that takes at most the rest of one message, or until abort() closes its socket.
-  lk.wait(cv, [&] {
-    return req.stage == recv_stage::done || (req.stage == recv_stage::open && failed());
-  });
+  lk.wait(cv, settled);
   mailboxes& boxes = shared(lk).boxes;
   if (req.stage != recv_stage::done) boxes.withdraw(k, req);
   boxes.forget_if_empty(k);

@@ -3,6 +3,8 @@
 
 #include <doctest/doctest.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -10,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/transport/host_transport.hpp"
 #include "runtime/transport_test_support.hpp"
@@ -244,4 +247,66 @@ TEST_CASE("p2p: a receive posted after its message arrived takes it from the mai
   });
   CHECK(same(early, pattern(4096, 21)));
   CHECK(what.find("recv from peer 1 (tag 4)") == 0);
+}
+
+namespace {
+
+double thread_cpu_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+/// The CPU time rank 0's thread spends in one recv whose message rank 1 sends `after` later,
+/// with transport_config::spin_wait = `spin`.
+double cpu_in_recv(std::chrono::microseconds spin, std::chrono::milliseconds after) {
+  double cpu = -1;
+  run_ranks(
+      2,
+      [&](int rank, host_transport& t) {
+        std::vector<std::byte> b(64);
+        if (rank == 1) {
+          std::this_thread::sleep_for(after);
+          t.send(0, 5, b);
+        } else {
+          const double before = thread_cpu_ms();
+          t.recv(1, 5, b);
+          cpu = thread_cpu_ms() - before;
+        }
+      },
+      1, [&](transport_config& c) { c.spin_wait = spin; });
+  return cpu;
+}
+
+}  // namespace
+
+TEST_CASE("p2p: a receive waits awake (yielding its core) for spin_wait, then sleeps") {
+  using namespace std::chrono_literals;
+  // Thread CPU time, not wall time: a loaded machine gives the awake loop only part of a core,
+  // so the bounds are wide; asleep, the thread uses next to none.
+  const double asleep = cpu_in_recv(0us, 100ms);
+  const double awake = cpu_in_recv(50ms, 100ms);
+  const double then_asleep = cpu_in_recv(10ms, 400ms);
+  INFO("CPU ms in the receive: spin 0: " << asleep << ", spin 50 ms: " << awake << ", spin 10 ms of 400: " << then_asleep);
+  CHECK(asleep < 5);
+  CHECK(awake > 10);
+  CHECK(then_asleep < 60);
+}
+
+TEST_CASE("p2p: an abort ends a receive that waits awake at once") {
+  using namespace std::chrono_literals;
+  auto ts = make_transports(2, 1, {}, [](transport_config& c) { c.spin_wait = 60s; });
+  const auto eps = endpoints_of(ts);
+  auto other = std::async(std::launch::async, [&] { ts[1]->connect(eps); });
+  ts[0]->connect(eps);
+  other.get();
+  std::vector<std::byte> b(64);
+  auto waiting = std::async(std::launch::async, [&] { ts[0]->recv(1, 5, b); });
+  abort_all_on_exit guard{ts};
+  std::this_thread::sleep_for(100ms);
+  const auto aborted_at = std::chrono::steady_clock::now();
+  ts[0]->abort("the test aborts");
+  REQUIRE(waiting.wait_for(fails_within) == std::future_status::ready);
+  CHECK(std::chrono::steady_clock::now() - aborted_at < fails_within);
+  CHECK_THROWS_AS(waiting.get(), transport_error);
 }
