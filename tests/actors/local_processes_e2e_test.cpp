@@ -136,7 +136,10 @@ TEST_CASE("oobleck-local: a fork server that cannot serve says why, and the work
 TEST_CASE("oobleck-local: a fork server killed mid-job: the next workers start as programs, and the job goes on") {
   const testing::temp_dir tmp("oobleck-local-server-killed-");
   const std::string events = (tmp.path() / "events.jsonl").string();
-  testing::background_process local(bin + "/oobleck-local", {"--nodes", "2", "--fault-tolerance", "0", "--steps", "150",
+  // 200 steps after the join (~1.6 s at 8 ms a step): a worker started as a program
+  // (--no-fork-server) registered ~340 ms after step 100 on a fast machine, where the 50 steps
+  // after it of the test's first version took ~590 ms; here it first finds its server dead.
+  testing::background_process local(bin + "/oobleck-local", {"--nodes", "2", "--fault-tolerance", "0", "--steps", "300",
                                                              "--join-at", "100:1", "--timeout", "120", "--events-out", events});
   wait_for_event(events, {.kind = event_kind::step_committed, .step = 1}, std::chrono::seconds(60));
   pid_t server = -1;
@@ -150,7 +153,7 @@ TEST_CASE("oobleck-local: a fork server killed mid-job: the next workers start a
   INFO(local.output());
   CHECK(local.output().find("its fork server does not answer") != std::string::npos);
   CHECK(local.output().find("this worker and every later one start as programs of their own") != std::string::npos);
-  CHECK(local.output().find("training finished: 150 step(s) committed") != std::string::npos);
+  CHECK(local.output().find("training finished: 300 step(s) committed") != std::string::npos);
   // The worker started after the kill joined the job.
   CHECK(count(read_event_file(events), {.kind = event_kind::node_joined, .node = 2}) == 1);
 }
