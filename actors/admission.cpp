@@ -15,6 +15,8 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <caf/sec.hpp>
+
 #include "messages/input_error.hpp"
 #include "messages/protocol.hpp"
 
@@ -188,6 +190,17 @@ caf::error check_control(const messages::control_proof& p, const admission_polic
     return make_error(protocol_error::bad_proof,
                       "the request's token differs from the coordinator's (check --token-file)");
   return {};
+}
+
+std::optional<std::size_t> drop_unanswered_link(const caf::error& err, const std::function<std::size_t()>& drop,
+                                                const std::function<void(const std::string&)>& log,
+                                                const std::string& whose_connection) {
+  if (err != caf::sec::request_timeout || !drop) return std::nullopt;
+  const std::size_t dropped = drop();
+  if (dropped > 0)
+    log("no answer from the coordinator over " + whose_connection + " connection to it: closed it (" +
+        std::to_string(dropped) + " connection(s)), connecting afresh");
+  return dropped;
 }
 
 }  // namespace oobleck::actors

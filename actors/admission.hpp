@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -40,6 +41,18 @@ std::string control_proof_of(std::string_view token, std::string_view nonce);
 std::string read_token_file(const std::string& path);
 /// Creates `path` (mode 0600, refusing to overwrite) holding a fresh 256-bit token; returns it.
 std::string create_token_file(const std::string& path);
+
+/// A request to the coordinator got no answer at all (`err` is a request timeout) over a
+/// connection that completed CAF's handshake: the coordinator froze, or CAF 0.17 lost the
+/// connection's route on its side (apps/coordinator_link.hpp) and every later request over it
+/// would go unanswered too. Where `drop` is given, closes this process's connections to the
+/// coordinator (drop()) and, when it closed any, says so through `log`, naming `whose_connection`
+/// ("this node's", "the injector's"). Returns how many it closed (0: the request went over a
+/// connection that had already ended), or nullopt when `err` is not a timeout or there is no
+/// `drop`. A worker's monitor and the failure injector both call it.
+std::optional<std::size_t> drop_unanswered_link(const caf::error& err, const std::function<std::size_t()>& drop,
+                                                const std::function<void(const std::string&)>& log,
+                                                const std::string& whose_connection);
 
 /// Nonces handed out and not used yet. Each is valid once, for `ttl`. Nobody has proven anything
 /// when asking for one, so the book is bounded against floods without letting one asker take

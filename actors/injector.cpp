@@ -108,13 +108,10 @@ void catch_up(injector_pointer self) {
 /// it so that the next attempt connects afresh, and waits relink_wait when one was closed.
 std::chrono::milliseconds relink_if_unanswered(injector_pointer self, const caf::error& e) {
   auto& d = self->state.deps;
-  const std::chrono::milliseconds usual{100};
-  if (e != caf::sec::request_timeout || !d.drop_coordinator_link) return usual;
-  const auto dropped = d.drop_coordinator_link();
-  if (dropped == 0) return usual;  // the request went over a connection that had already ended
-  d.log("no answer from the coordinator over the injector's connection to it: closed it (" + std::to_string(dropped) +
-        " connection(s)), connecting afresh");
-  return d.relink_wait;
+  // None closed: the request went over a connection that had already ended (or no answer was
+  // missing at all): the usual pace.
+  const auto dropped = drop_unanswered_link(e, d.drop_coordinator_link, d.log, "the injector's");
+  return dropped && *dropped > 0 ? d.relink_wait : std::chrono::milliseconds{100};
 }
 
 /// Subscribes to the coordinator in deps (the first, or one found after a loss), then hands over

@@ -56,12 +56,9 @@ bool coordinator_gone(const caf::error& err) {
 /// not a timeout or the node cannot drop the link.
 std::optional<std::chrono::milliseconds> unanswered(monitor_pointer self, const caf::error& err) {
   auto& d = self->state.deps;
-  if (err != caf::sec::request_timeout || !d.drop_coordinator_link) return std::nullopt;
-  if (const auto dropped = d.drop_coordinator_link(); dropped > 0) {
-    d.log("no answer from the coordinator over this node's connection to it: closed it (" + std::to_string(dropped) +
-          " connection(s)), connecting afresh");
-    return d.relink_wait;
-  }
+  const auto dropped = drop_unanswered_link(err, d.drop_coordinator_link, d.log, "this node's");
+  if (!dropped) return std::nullopt;
+  if (*dropped > 0) return d.relink_wait;
   d.log("no answer from the coordinator: the connection it went over had already ended; looking again");
   return std::chrono::milliseconds{0};
 }

@@ -132,8 +132,7 @@ TEST_CASE("monitor: a worker that loses its coordinator before it was admitted l
         caf::anon_send_exit(vanishing, caf::exit_reason::kill);
         f.sched.run();
       }
-      std::string said;
-      for (const auto& line : w.log) said += line + "\n";
+      const std::string said = w.said();
       INFO(said);
       INFO(describe(f.events));
       if (can_look) {
@@ -185,8 +184,7 @@ TEST_CASE("monitor: a coordinator that never answers over its connection: the wo
     f.sched.run();
     f.sched.advance_time(std::chrono::milliseconds(300));  // more than the usual pace, less than relink_wait
     f.sched.run();
-    std::string said;
-    for (const auto& line : w.log) said += line + "\n";
+    const std::string said = w.said();
     INFO(said);
     switch (how) {
       case link::closes_one:

@@ -142,6 +142,12 @@ struct fixture {
     std::vector<std::string> trace;  ///< "admitted N", "fault KIND at STEP", in order
     std::vector<messages::inject_fault> faults;  ///< recorded, never carried out
     std::vector<std::string> log;    ///< its monitor's lines (what the worker tells its user)
+    /// Its log so far, a line each.
+    [[nodiscard]] std::string said() const {
+      std::string all;
+      for (const auto& line : log) all += line + "\n";
+      return all;
+    }
   };
 
   struct config : caf::actor_system_config {

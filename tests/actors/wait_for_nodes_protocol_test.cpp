@@ -211,15 +211,10 @@ TEST_CASE("wait for nodes protocol: a node back while its loss is still being ch
       others.insert(dynamic_cast<caf::resumable*>(caf::actor_cast<caf::abstract_actor*>(f.monitors.at(n))));
     f.sched.run_jobs_filtered([&](caf::resumable* job) { return !others.count(job); });
     const auto& w1 = *f.workers.at(1);
-    const auto said = [&] {
-      std::string all;
-      for (const auto& line : w1.log) all += line + "\n";
-      return all;
-    };
-    INFO(said());
+    INFO(w1.said());
     CHECK(f.happened({.kind = event_kind::node_lost, .node = 1}));
     CHECK(f.alive(w1.handle));
-    CHECK(said().find("still handling this node's loss") != std::string::npos);
+    CHECK(w1.said().find("still handling this node's loss") != std::string::npos);
 
     f.sched.run();  // the others answer; the losses are handled
     f.sched.advance_time(std::chrono::milliseconds(300));  // node 1 tries again
@@ -234,7 +229,7 @@ TEST_CASE("wait for nodes protocol: a node back while its loss is still being ch
     } else {
       CHECK(!f.told("every node was lost at once"));
       CHECK(!f.alive(w1.handle));
-      CHECK(said().find("went on without this node") != std::string::npos);
+      CHECK(w1.said().find("went on without this node") != std::string::npos);
     }
   }
 }
