@@ -362,7 +362,7 @@ bool handle(coordinator_pointer self, phase::forming& ph, node_ready& r) {
 
 bool handle(coordinator_pointer self, phase::forming&, node_fault& f) { return node_failed(self, f); }
 bool handle(coordinator_pointer self, phase::training&, node_fault& f) { return node_failed(self, f); }
-bool handle(coordinator_pointer self, phase::committing&, node_fault& f) {
+bool handle(coordinator_pointer self, phase::committing& ph, node_fault& f) {
   auto& st = self->state;
   if (f.own && f.in_commit && f.epoch == st.epoch && st.current.contains(f.node)) {
     // Its commit failed part-way: its layers are neither the old state nor the new one. The commit
@@ -370,6 +370,12 @@ bool handle(coordinator_pointer self, phase::committing&, node_fault& f) {
     // the commit, is a step's: a strike, below.)
     publish(self, {event_kind::step_failed, st.epoch, st.step, f.node.value, 0, f.what});
     evict(self, f.node, "applying the commit failed: " + f.what);
+    return true;
+  }
+  if (ph.ahead && f.epoch == st.epoch && !f.in_commit) {
+    // A failure of the step sent ahead: it waits for the commit's acknowledgements, which the
+    // other nodes send before they run that step.
+    ph.early_faults.push_back(std::move(f));
     return true;
   }
   return node_failed(self, f);

@@ -192,6 +192,11 @@ struct committing {
   bool ahead = false;
   std::chrono::steady_clock::time_point ahead_sent;
   std::vector<messages::pipeline_done> early;
+  /// Failures of that step (a stage's error, a peer it saw fail) that arrive before the last
+  /// acknowledgement: handled once the commit is complete, so that its record holds the digests of
+  /// every node, not of those that happened to reply first. Dropped when the commit ends otherwise
+  /// (a loss, an eviction): the epoch is formed again anyway.
+  std::vector<messages::node_fault> early_faults;
 };
 
 /// A checkpoint is being written (periodic, between steps; or the fallback before stopping).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <variant>
 
 #include <caf/send.hpp>
 
@@ -116,12 +117,13 @@ bool runs_stages(const coordinator_state& st, node_id id) {
 }
 
 /// committing(ahead) -> training: the step whose orders went out with the commit just completed is
-/// in force now; its wall time starts here, its breakdown at its orders. Reports that came early
-/// are handled in order.
+/// in force now; its wall time starts here, its breakdown at its orders. Failures and reports that
+/// came early are handled then, failures first (a stage that failed fails its pipeline's report).
 void enter_ahead_round(coordinator_pointer self, phase::committing& ph) {
   auto& st = self->state;
   const auto sent = ph.ahead_sent;
   auto early = std::move(ph.early);
+  auto early_faults = std::move(ph.early_faults);
   phase::training next;
   next.pipelines_pending = st.current.pipelines.size();
   next.step.record.step = st.step;
@@ -134,9 +136,22 @@ void enter_ahead_round(coordinator_pointer self, phase::committing& ph) {
   // The step is under way (its orders went out with the commit) and now the one in force: the
   // coordinator's own fault injection sees it here, once its previous step is recorded.
   st.deps.on_step_sent(st.step);
+  // Each failure is the step's: a strike and a retry, or, once an earlier one formed the epoch
+  // again, a strike of the epoch gone.
+  for (auto& f : early_faults) {
+    const bool taken = std::visit(
+        [&](auto& ph) -> bool {
+          if constexpr (requires { handle(self, ph, f); })
+            return handle(self, ph, f);  // may enter another phase
+          else
+            return false;
+        },
+        st.phase);
+    if (!taken) ++st.dropped;
+  }
   for (auto& d : early) {
     auto* t = std::get_if<phase::training>(&st.phase);
-    if (!t) break;  // a report failed the step, or the last one committed it
+    if (!t) break;  // a failure or a report failed the step, or the last report committed it
     if (!handle(self, *t, d)) ++st.dropped;
   }
 }
