@@ -146,6 +146,7 @@ std::uint16_t host_transport::listen_port() const { return state_->bound_port; }
 int host_transport::rank() const { return state_->config.rank; }
 int host_transport::world_size() const { return state_->world; }
 std::uint64_t host_transport::epoch() const { return state_->config.epoch; }
+std::uint64_t host_transport::waiting_reads() const { return state_->waiting_reads.load(); }
 
 bool host_transport::aborted() const {
   auto lk = state_->lock();

@@ -96,6 +96,11 @@ struct transport_config {
   /// next starts with cold caches; a pipeline stage waits for its neighbour about twice per
   /// microbatch (bench/RESULTS.md, "A receive that waits awake"). 0: sleep at once.
   std::chrono::microseconds spin_wait{300};
+  /// While it waits awake, the receive reads its link's socket itself whenever the I/O thread
+  /// has read everything there was: its message is taken as soon as it is in the socket, with no
+  /// wake-up of the I/O thread on its way (transport_link_read.cpp, "A waiting thread reads").
+  /// False: only the I/O thread reads.
+  bool read_while_waiting = true;
 };
 
 /// Why an operation failed.
@@ -243,6 +248,9 @@ class host_transport {
     std::uint64_t shared_memory = 0;  ///< shared memory (every member on this machine)
   };
   [[nodiscard]] all_reduce_paths all_reduce_counts() const;
+  /// How many read system calls that returned bytes a waiting receive made itself so far
+  /// (transport_config::read_while_waiting), instead of the I/O thread.
+  [[nodiscard]] std::uint64_t waiting_reads() const;
   /// Copies `data` of `root` into `data` of every other member of `group`. The root returns
   /// once the bytes are queued (copied); the others when they have arrived. Fails on a member if
   /// the root is lost.

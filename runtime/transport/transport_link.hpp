@@ -59,12 +59,22 @@ struct link_shared {
   // it (it only shuts it down), so the descriptor cannot be reused under the writer.
   bool io_busy = false;         ///< the I/O thread's send queue is not empty
   bool caller_writing = false;  ///< a sending thread is writing a frame to user_fd
-  bool close_deferred = false;  ///< the link failed meanwhile: close once the caller is done
-  int user_fd = -1;             ///< the descriptor, for direct writes (-1 once failed)
+  bool close_deferred = false;  ///< the link failed meanwhile: close once the callers are done
+  int user_fd = -1;             ///< the descriptor, for direct writes and reads (-1 once failed)
+
+  // Who reads from the socket: the I/O thread, or, while the I/O thread's read side is parked
+  // (it read everything there was and waits for the next edge), a thread waiting awake for a
+  // message of this link (caller_reading), which saves the I/O thread's wake-up and a hand-off
+  // on the message's way (transport_link_read.cpp, "A waiting thread reads").
+  bool read_parked = false;          ///< the I/O thread read until EAGAIN and waits for an edge
+  bool caller_reading = false;       ///< a waiting thread has the read side (read_state)
+  bool read_wanted = false;          ///< the I/O thread's wait fired meanwhile: it reads again after
+  bool read_drop_deferred = false;   ///< the link failed meanwhile: its read state is dropped after
 };
 
 /// The incoming stream's state machine: between frames, or inside a body that goes to
-/// `target`. Bytes read past the current body wait in `stage`.
+/// `target`. Bytes read past the current body wait in `stage`. The I/O thread's, except while
+/// a waiting thread holds link_shared::caller_reading.
 struct read_state {
   std::unique_ptr<std::byte[]> stage;
   std::size_t stage_begin = 0, stage_end = 0;
@@ -74,6 +84,7 @@ struct read_state {
   std::size_t done = 0;          ///< body bytes received so far
   payload body;
   recv_request* direct = nullptr;  ///< the claimed receive being read into, if any
+  bool wait_armed = false;         ///< the I/O thread's wait for an edge is pending (I/O thread only)
 };
 
 /// The outgoing stream's state machine: idle, writing (`queue` not empty), or waiting for the

@@ -21,7 +21,8 @@ std::string describe(int peer, boost::system::error_code ec) {
 }
 
 /// Marks `l` failed and takes what it will never send; true if a sending thread is writing to
-/// its descriptor, which must then stay open until that thread is done.
+/// its descriptor or a waiting thread reading from it, which must then stay open until that
+/// thread is done (a reader also drops the read state then).
 bool break_link(link_shared& l, transport_failure failure, const std::string& reason,
                 std::deque<outgoing>& dropped) {
   if (!l.broken) {
@@ -31,8 +32,10 @@ bool break_link(link_shared& l, transport_failure failure, const std::string& re
   }
   dropped.swap(l.outbox);
   l.user_fd = -1;
-  if (l.caller_writing) l.close_deferred = true;
-  return l.caller_writing;
+  l.read_parked = false;
+  if (l.caller_reading) l.read_drop_deferred = true;
+  if (l.caller_writing || l.caller_reading) l.close_deferred = true;
+  return l.caller_writing || l.caller_reading;
 }
 
 }  // namespace
@@ -75,6 +78,14 @@ void host_transport::state::drop_link_io(link& l) {
   // The send queue's bytes are no longer referenced by any system call: release them (oldest
   // first, so keep-alives are released in send order).
   l.io.out.queue.clear();
+  {
+    auto lk = lock();
+    if (l.shared(lk).caller_reading) return;  // read_drop_deferred: that thread has it dropped
+  }
+  drop_read_state(l);
+}
+
+void host_transport::state::drop_read_state(link& l) {
   read_state& in = l.io.in;
   in.in_frame = false;
   in.target = {};

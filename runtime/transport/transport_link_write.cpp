@@ -234,7 +234,7 @@ void host_transport::state::send_frame(const std::string& op, int peer, outgoing
     link_shared& ls = l.shared(lk);
     if (fd >= 0) {
       ls.caller_writing = false;
-      close_now = std::exchange(ls.close_deferred, false);
+      close_now = !ls.caller_reading && std::exchange(ls.close_deferred, false);
       // The rest goes before whatever others queued while this thread wrote; on a failed link
       // it is dropped (the failure surfaces on later operations).
       if (o.written < o.total() && !ls.broken) ls.outbox.push_front(std::move(o));

@@ -133,12 +133,15 @@ void host_transport::state::wait_posted(const std::string& op, int peer, std::ui
     });
   };
   const auto settled = [&] { return req.stage == recv_stage::done || (req.stage == recv_stage::open && failed()); };
-  // Awake first (transport_config::spin_wait): the I/O thread that completes the receive, and
-  // any other thread, gets the core whenever it can run.
+  // Awake first (transport_config::spin_wait): reading the link itself whenever the I/O thread
+  // is not (read_while_waiting), and otherwise yielding the core to the I/O thread that
+  // completes the receive, or to any other thread that can run.
   if (config.spin_wait.count() > 0 && !settled()) {
     const auto until = std::chrono::steady_clock::now() + config.spin_wait;
     do {
-      lk.unlocked([] { ::sched_yield(); });
+      lk.unlocked([&] {
+        if (!config.read_while_waiting || !caller_read(peer, req)) ::sched_yield();
+      });
     } while (!settled() && std::chrono::steady_clock::now() < until);
   }
   // A claimed receive is completed by the I/O thread alone (it may be reading into req.out);

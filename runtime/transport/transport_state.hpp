@@ -9,7 +9,9 @@
 //   thread-safe). The constructor sets the acceptor up before the I/O thread starts;
 // - recv_request: its own hand-over rule (transport_mailboxes.hpp).
 // A sending thread that claimed link_shared::caller_writing writes to the link's descriptor
-// with plain system calls; that is the only I/O outside the I/O thread (transport_link_write.cpp).
+// with plain system calls (transport_link_write.cpp), and a waiting thread that claimed
+// link_shared::caller_reading reads from it, with the link's read_state (transport_link_read.cpp);
+// that is the only I/O outside the I/O thread.
 //
 // Files: host_transport.cpp (lifecycle, errors, p2p calls), transport_connect.cpp (mesh),
 // transport_link_read.cpp, transport_link_write.cpp, transport_link_failure.cpp (a link's read
@@ -93,6 +95,7 @@ struct host_transport::state {
   std::mutex shm_mu;        // guards shm_channels (a channel itself is used by its collective's one caller)
   std::map<std::pair<std::vector<int>, std::uint32_t>, std::shared_ptr<shm_channel>> shm_channels;  // by (group, tag)
   std::atomic<std::uint64_t> ring_all_reduces{0}, shm_all_reduces{0};  // host_transport::all_reduce_counts
+  std::atomic<std::uint64_t> waiting_reads{0};                          // host_transport::waiting_reads
 
   std::thread io_thread;  // last: started once everything above exists
 
@@ -121,7 +124,15 @@ struct host_transport::state {
   // --- reading (transport_link_read.cpp), I/O thread
   void start_read(int peer);
   void read_pass(int peer);
-  bool consume_stage(int peer);
+  /// Parses what the stage holds. A frame that breaks the protocol aborts the transport (on the
+  /// I/O thread) or, with `violation` (a waiting thread's read), is described there. False then.
+  bool consume_stage(int peer, std::string* violation = nullptr);
+  /// A thread waiting awake for `req` (a message from `peer`) reads the link itself, if its read
+  /// side is parked (any thread; "A waiting thread reads" in transport_link_read.cpp). True if
+  /// it read anything.
+  bool caller_read(int peer, const recv_request& req);
+  /// The I/O thread's end of a waiting thread's read that failed: the link fails with it.
+  void take_failed_read(int peer, int error, const std::string& violation);  // I/O thread
   /// A peer broke the wire protocol (a frame too large, or of no known kind): the epoch's data
   /// plane cannot be trusted any more, so the transport aborts with `why`. Returns false.
   bool protocol_violation(int peer, const std::string& why);
@@ -150,8 +161,11 @@ struct host_transport::state {
   // --- failures (transport_link_failure.cpp), I/O thread
   /// Marks the link broken, closes its socket and drops what it still had to send.
   void fail_link(int peer, boost::system::error_code ec, const std::string& detail = {});
-  /// Fails the receive the link is reading into, if any, and drops its queues.
+  /// Fails the receive the link is reading into, if any, and drops its queues (the read state
+  /// later, by drop_read_state, when a waiting thread holds it).
   void drop_link_io(link& l);
+  /// The read side's part of it: idempotent.
+  void drop_read_state(link& l);
   /// Closes the socket of a link whose failure was noticed while a caller wrote to it.
   void close_deferred_socket(int peer);
   /// abort()'s work: every link fails, every socket closes.

@@ -268,14 +268,16 @@ struct rank0_and_raw_rank1 {
   std::vector<std::unique_ptr<host_transport>> ts;
   std::unique_ptr<raw_peer> rank1;
 
-  explicit rank0_and_raw_rank1(std::uint64_t max_frame) {
+  /// `spin_wait`: how long rank 0's receives wait awake (reading the link themselves).
+  explicit rank0_and_raw_rank1(std::uint64_t max_frame, std::chrono::microseconds spin_wait = std::chrono::microseconds(300)) {
     ts.push_back(std::make_unique<host_transport>(transport_config{.rank = 0,
                                                                    .peers = std::vector<peer_endpoint>(2),
                                                                    .epoch = 1,
                                                                    .connect_timeout = 5'000ms,
                                                                    .auth_key = job_token,
                                                                    .auth_nonce = epoch_nonce,
-                                                                   .max_frame_bytes = max_frame}));
+                                                                   .max_frame_bytes = max_frame,
+                                                                   .spin_wait = spin_wait}));
     auto connecting = std::async(std::launch::async, [&] { ts[0]->connect(); });
     rank1 = std::make_unique<raw_peer>(ts[0]->listen_port());
     REQUIRE(dial(*rank1, {.epoch = 1, .dialer = 1, .acceptor = 0, .world = 2}, job_token, epoch_nonce) ==
@@ -313,19 +315,24 @@ std::string receive_fails_after(rank0_and_raw_rank1& m, std::span<const std::byt
 
 TEST_CASE("a frame larger than the epoch carries closes the data plane instead of being allocated") {
   // 2^38 bytes: what the transport used to accept and try to allocate for a frame nobody waits for.
-  rank0_and_raw_rank1 m(std::uint64_t{1} << 20);
-  const std::uint64_t huge = std::uint64_t{1} << 38;
-  double took_ms = 0;
-  const std::string what = receive_fails_after(m, frame_header(channel::p2p, 9, huge), took_ms);
-  CAPTURE(what);
-  CHECK(what.find("peer 1 broke the data-plane protocol") != std::string::npos);
-  CHECK(what.find(std::to_string(huge)) != std::string::npos);
-  CHECK(m.rank1->closed_within(fails_within));  // the link is closed
-  CHECK(m.ts[0]->aborted());                    // and the epoch's data plane with it
-  MESSAGE("the oversized frame failed the pending receive in " << took_ms << " ms");
-  // Every later operation fails with the same reason.
-  std::vector<std::byte> out(8);
-  CHECK_THROWS_WITH_AS(m.ts[0]->recv(1, 1, out), doctest::Contains("broke the data-plane protocol"), transport_error);
+  // Read by the I/O thread (the receive sleeps after 300 us) and by the receive itself, waiting
+  // awake all along.
+  for (const auto spin : {std::chrono::microseconds(300), std::chrono::microseconds(60'000'000)}) {
+    CAPTURE(spin.count());
+    rank0_and_raw_rank1 m(std::uint64_t{1} << 20, spin);
+    const std::uint64_t huge = std::uint64_t{1} << 38;
+    double took_ms = 0;
+    const std::string what = receive_fails_after(m, frame_header(channel::p2p, 9, huge), took_ms);
+    CAPTURE(what);
+    CHECK(what.find("peer 1 broke the data-plane protocol") != std::string::npos);
+    CHECK(what.find(std::to_string(huge)) != std::string::npos);
+    CHECK(m.rank1->closed_within(fails_within));  // the link is closed
+    CHECK(m.ts[0]->aborted());                    // and the epoch's data plane with it
+    MESSAGE("the oversized frame failed the pending receive in " << took_ms << " ms");
+    // Every later operation fails with the same reason.
+    std::vector<std::byte> out(8);
+    CHECK_THROWS_WITH_AS(m.ts[0]->recv(1, 1, out), doctest::Contains("broke the data-plane protocol"), transport_error);
+  }
 }
 
 TEST_CASE("a frame just above the configured bound is refused, one at it is delivered") {
@@ -346,10 +353,13 @@ TEST_CASE("a frame just above the configured bound is refused, one at it is deli
 }
 
 TEST_CASE("a frame of no known kind closes the data plane") {
-  rank0_and_raw_rank1 m(std::uint64_t{1} << 20);
-  double took_ms = 0;
-  const std::string what = receive_fails_after(m, frame_header(static_cast<channel>(7), 0, 16), took_ms);
-  CAPTURE(what);
-  CHECK(what.find("frame of unknown kind 7") != std::string::npos);
-  CHECK(m.ts[0]->aborted());
+  for (const auto spin : {std::chrono::microseconds(300), std::chrono::microseconds(60'000'000)}) {
+    CAPTURE(spin.count());
+    rank0_and_raw_rank1 m(std::uint64_t{1} << 20, spin);
+    double took_ms = 0;
+    const std::string what = receive_fails_after(m, frame_header(static_cast<channel>(7), 0, 16), took_ms);
+    CAPTURE(what);
+    CHECK(what.find("frame of unknown kind 7") != std::string::npos);
+    CHECK(m.ts[0]->aborted());
+  }
 }

@@ -310,3 +310,89 @@ TEST_CASE("p2p: an abort ends a receive that waits awake at once") {
   CHECK(std::chrono::steady_clock::now() - aborted_at < fails_within);
   CHECK_THROWS_AS(waiting.get(), transport_error);
 }
+
+namespace {
+
+/// Rank 1 sends rank 0 a stream of messages of every size on two tags, pausing now and then so
+/// that rank 0 often waits before its message is there; rank 0 receives them in order and
+/// checks every byte. Returns rank 0's transport's waiting_reads().
+std::uint64_t stream_to_a_waiting_receiver(bool read_while_waiting) {
+  using namespace std::chrono_literals;
+  const std::vector<std::size_t> sizes = {0, 1, 100, 8192, (64u << 10) + 3, mib + 7, 8192, 5 * mib};
+  constexpr int rounds = 6;
+  std::uint64_t reads = 0;
+  run_ranks(
+      2,
+      [&](int rank, host_transport& t) {
+        for (int r = 0; r < rounds; ++r)
+          for (std::size_t i = 0; i < sizes.size(); ++i) {
+            const auto tag = static_cast<std::uint32_t>(1 + i % 2);
+            const auto seed = static_cast<std::uint32_t>(r * 100 + static_cast<int>(i));
+            if (rank == 1) {
+              if (i % 3 == 0) std::this_thread::sleep_for(2ms);  // rank 0 waits for this one
+              t.send(0, tag, pattern(sizes[i], seed));
+            } else {
+              std::vector<std::byte> got(sizes[i]);
+              t.recv(1, tag, got);
+              CHECK(same(got, pattern(sizes[i], seed)));
+            }
+          }
+        if (rank == 0) reads = t.waiting_reads();
+      },
+      1,
+      [&](transport_config& c) {
+        c.spin_wait = 5s;  // every receive waits awake
+        c.read_while_waiting = read_while_waiting;
+      });
+  return reads;
+}
+
+}  // namespace
+
+TEST_CASE("p2p: a receive that waits awake reads its link itself, and every message of every size arrives intact and in order") {
+  const std::uint64_t reads = stream_to_a_waiting_receiver(true);
+  MESSAGE("reads made by the waiting receiver: " << reads);
+  CHECK(reads > 0);
+  CHECK(stream_to_a_waiting_receiver(false) == 0);  // off: only the I/O thread reads
+}
+
+TEST_CASE("p2p: a peer that goes away while a receive waits awake (reading the link itself) fails it at once, named") {
+  using namespace std::chrono_literals;
+  auto ts = make_transports(2, 1, {}, [](transport_config& c) { c.spin_wait = 60s; });
+  const auto eps = endpoints_of(ts);
+  auto other = std::async(std::launch::async, [&] { ts[1]->connect(eps); });
+  ts[0]->connect(eps);
+  other.get();
+  auto peer = std::move(ts[1]);
+  ts.pop_back();
+  // Messages first, until the waiting thread has read one itself (on a loaded machine the I/O
+  // thread may get to some first).
+  std::vector<std::byte> b(64);
+  for (int i = 0; i < 100 && ts[0]->waiting_reads() == 0; ++i) {
+    auto first = std::async(std::launch::async, [&] { ts[0]->recv(1, 5, b); });
+    std::this_thread::sleep_for(5ms);
+    peer->send(0, 5, pattern(64, 3));
+    REQUIRE(first.wait_for(fails_within) == std::future_status::ready);
+    first.get();
+  }
+  REQUIRE(ts[0]->waiting_reads() > 0);
+  std::string what;
+  auto waiting = std::async(std::launch::async, [&] {
+    try {
+      ts[0]->recv(1, 5, b);
+    } catch (const transport_error& e) {
+      what = e.what();
+    }
+  });
+  abort_all_on_exit guard{ts};
+  std::this_thread::sleep_for(50ms);
+  const auto gone_at = std::chrono::steady_clock::now();
+  peer.reset();  // closes its sockets, as a crash would
+  REQUIRE(waiting.wait_for(fails_within) == std::future_status::ready);
+  CHECK(std::chrono::steady_clock::now() - gone_at < fails_within);
+  waiting.get();
+  CAPTURE(what);
+  CHECK(what.find("recv from peer 1 (tag 5): peer 1 closed the connection") == 0);
+  // The link stays failed: a later receive fails the same way, and the transport still aborts.
+  CHECK_THROWS_WITH_AS(ts[0]->recv(1, 5, b), doctest::Contains("peer 1 closed the connection"), transport_error);
+}
