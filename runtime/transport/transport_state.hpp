@@ -124,6 +124,10 @@ struct host_transport::state {
   // --- reading (transport_link_read.cpp), I/O thread
   void start_read(int peer);
   void read_pass(int peer);
+  /// One readv from `fd` into the current body and the stage behind it, by whoever holds the
+  /// read side; what it read is accounted (a body completed is finished). Returns readv's result,
+  /// errno untouched when it is not positive.
+  ssize_t read_once(int peer, int fd);
   /// Parses what the stage holds. A frame that breaks the protocol aborts the transport (on the
   /// I/O thread) or, with `violation` (a waiting thread's read), is described there. False then.
   bool consume_stage(int peer, std::string* violation = nullptr);

@@ -293,13 +293,23 @@ TEST_CASE("p2p: a receive waits awake (yielding its core) for spin_wait, then sl
   CHECK(then_asleep < 60);
 }
 
-TEST_CASE("p2p: an abort ends a receive that waits awake at once") {
-  using namespace std::chrono_literals;
-  auto ts = make_transports(2, 1, {}, [](transport_config& c) { c.spin_wait = 60s; });
+namespace {
+
+/// Two connected ranks whose receives wait awake for a minute.
+std::vector<std::unique_ptr<host_transport>> pair_waiting_awake() {
+  auto ts = make_transports(2, 1, {}, [](transport_config& c) { c.spin_wait = std::chrono::seconds(60); });
   const auto eps = endpoints_of(ts);
   auto other = std::async(std::launch::async, [&] { ts[1]->connect(eps); });
   ts[0]->connect(eps);
   other.get();
+  return ts;
+}
+
+}  // namespace
+
+TEST_CASE("p2p: an abort ends a receive that waits awake at once") {
+  using namespace std::chrono_literals;
+  auto ts = pair_waiting_awake();
   std::vector<std::byte> b(64);
   auto waiting = std::async(std::launch::async, [&] { ts[0]->recv(1, 5, b); });
   abort_all_on_exit guard{ts};
@@ -358,11 +368,7 @@ TEST_CASE("p2p: a receive that waits awake reads its link itself, and every mess
 
 TEST_CASE("p2p: a peer that goes away while a receive waits awake (reading the link itself) fails it at once, named") {
   using namespace std::chrono_literals;
-  auto ts = make_transports(2, 1, {}, [](transport_config& c) { c.spin_wait = 60s; });
-  const auto eps = endpoints_of(ts);
-  auto other = std::async(std::launch::async, [&] { ts[1]->connect(eps); });
-  ts[0]->connect(eps);
-  other.get();
+  auto ts = pair_waiting_awake();
   auto peer = std::move(ts[1]);
   ts.pop_back();
   // Messages first, until the waiting thread has read one itself (on a loaded machine the I/O
