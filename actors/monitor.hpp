@@ -105,6 +105,10 @@ struct monitor_state {
   /// Set while the coordinator is lost: until when to look for one.
   std::optional<std::chrono::steady_clock::time_point> orphaned_until;
   std::chrono::steady_clock::time_point orphaned_at;  ///< when it lost the coordinator
+  /// The registration attempt under way (start_registration counts them): an earlier one's
+  /// request can still end later (CAF 0.17 does not fail a request whose connection went away;
+  /// it times out), and is then nobody's business (see start_registration).
+  std::uint64_t registration_attempt = 0;
   std::shared_ptr<failure_target> failures = std::make_shared<failure_target>();
   static inline const char* name = "oobleck.monitor";
 };

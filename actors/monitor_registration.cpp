@@ -117,17 +117,36 @@ void start_registration(monitor_pointer self, node_memory memory) {
   const caf::duration nonce_wait = rejoining    ? caf::duration{std::chrono::milliseconds(500)}
                                    : can_relink ? caf::duration{std::chrono::seconds(10)}
                                                 : caf::duration{caf::infinite};
+  // Only the newest attempt speaks for the node. An older one ends when its request does, which
+  // can be long after a newer one was answered: a first registration's nonce request over a
+  // connection whose route CAF lost times out 10 s later, by when the node may train under
+  // another coordinator; acting on that timeout closed the connection to the coordinator in force
+  // and took the node away from it (the coordinator-loss e2e test with a standby, once). An older
+  // attempt's admission still counts while nothing newer has been answered.
+  const std::uint64_t attempt = ++self->state.registration_attempt;
+  const auto superseded = [self, attempt] { return attempt != self->state.registration_attempt; };
+  const auto settled = [self, rejoining] {
+    const auto& st = self->state;
+    return rejoining ? !st.orphaned_until.has_value() : st.node.value >= 0;
+  };
   self->request(d.coordinator, nonce_wait, nonce_request{protocol_version})
       .then(
-          [self, wait, memory = std::move(memory)](std::string& nonce) mutable {
+          [self, wait, superseded, settled, memory = std::move(memory)](std::string& nonce) mutable {
+            if (superseded() || settled()) return;
             auto& d = self->state.deps;
             register_node r{protocol_version, d.job_hash, d.name,  d.slots, d.device, d.data,
                             nonce,            admission_proof(d.token, nonce, d.name), memory.node, std::move(memory)};
             r.device_index = d.device_index;
             const bool rejoining = r.memory.present;
             self->request(d.coordinator, wait, std::move(r))
-                .then([self](admission& a) { admitted(self, a); },
-                      [self, rejoining](caf::error& err) {
+                .then(
+                      [self, settled](admission& a) {
+                        if (settled()) return;  // a newer attempt was answered first
+                        ++self->state.registration_attempt;  // any other attempt under way is over
+                        admitted(self, a);
+                      },
+                      [self, rejoining, superseded](caf::error& err) {
+                        if (superseded()) return;
                         if (!rejoining) return registration_failed(self, std::move(err));
                         if (const auto wait = unanswered(self, err)) return look_for_coordinator(self, *wait);
                         self->state.deps.log("refused by the coordinator: " + describe(err));
@@ -140,7 +159,8 @@ void start_registration(monitor_pointer self, node_memory memory) {
                         look_for_coordinator(self);  // maybe another one, until the grace ends
                       });
           },
-          [self, rejoining](caf::error& err) {
+          [self, rejoining, superseded](caf::error& err) {
+            if (superseded()) return;
             if (!rejoining) return registration_failed(self, std::move(err));
             if (const auto wait = unanswered(self, err)) return look_for_coordinator(self, *wait);
             self->state.deps.log("refused by the coordinator: " + describe(err));

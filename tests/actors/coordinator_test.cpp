@@ -213,6 +213,45 @@ TEST_CASE("monitor: a coordinator that never answers over its connection: the wo
   }
 }
 
+TEST_CASE("monitor: a registration attempt that ends after a newer one was answered changes nothing") {
+  // The first nonce request goes over a connection whose route CAF lost: never answered. The
+  // node hears the coordinator's connection go down, finds a coordinator and is admitted; 10 s
+  // after its first request, that request times out. Acting on it closed the connection to the
+  // coordinator the node trains under and sent it looking again (the coordinator-loss e2e test
+  // with a standby lost a node so, and with it the job).
+  fixture f({.nodes = 1});
+  auto silent = f.sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+    return {[self](nonce_request&) { return self->make_response_promise<std::string>(); }};
+  });
+  int drops = 0;
+  fixture::worker_options o{.name = "late", .stages = false,
+                            .first_coordinator = caf::actor_cast<coordinator_actor>(silent),
+                            .finds_coordinator = true};
+  o.drop_link = [&drops] { return static_cast<std::size_t>(++drops); };
+  auto& w = f.add_worker(o);
+  f.sched.run();
+  REQUIRE(w.node == -1);  // its nonce request is pending
+  caf::anon_send(caf::actor_cast<caf::actor>(w.handle), caf::down_msg{silent.address(), caf::exit_reason::remote_link_unreachable});
+  f.sched.run();
+  f.sched.advance_time(std::chrono::milliseconds(100));
+  f.sched.run();
+  REQUIRE(w.node == 0);  // admitted over the connection it found
+  f.sched.advance_time(std::chrono::seconds(11));  // the first nonce request times out
+  f.sched.run();
+  f.sched.advance_time(std::chrono::seconds(2));
+  f.sched.run();
+  const std::string said = w.said();
+  INFO(said);
+  CHECK(drops == 0);
+  CHECK(said.find("no answer from the coordinator") == std::string::npos);
+  CHECK(said.find("coming back with this node's state") == std::string::npos);
+  CHECK(w.node == 0);
+  CHECK(count(f.events, {.kind = event_kind::node_joined}) == 1);
+  CHECK(f.alive(w.handle));
+  caf::anon_send_exit(silent, caf::exit_reason::kill);
+  f.sched.run();
+}
+
 TEST_CASE("coordinator: a nonce request of another protocol version is refused") {
   fixture f({.nodes = 1});
   std::string nonce;
