@@ -55,7 +55,7 @@ struct stage_job {
   std::int32_t connect_timeout_ms = 60'000;  ///< the data plane's mesh (twice [faults] form_deadline_ms)
   bool overlap_gradient_reduce = true;  ///< runtime::executor_options::overlap_gradient_reduce
   bool shared_memory = true;            ///< runtime::transport_config::shared_memory (the job's cluster.shared_memory)
-  std::int32_t spin_wait_us = 300;      ///< runtime::transport_config::spin_wait (the job's cluster.spin_wait_us)
+  std::int32_t spin_wait_us = 1000;     ///< runtime::transport_config::spin_wait (the job's cluster.spin_wait_us)
   /// Where the stages compute (the job's cluster.device): "cpu", or "cuda" on GPU device_index
   /// (the worker's --device cuda:INDEX). On CUDA the layer store, the optimizer state and every
   /// activation live on the GPU, and the data plane (host transport) stages device tensors

@@ -104,7 +104,7 @@ struct cluster_section {
   /// With data_plane "host": how long a receive whose message has not arrived waits awake
   /// (yielding its core to any thread that can run) before it sleeps
   /// (runtime::transport_config::spin_wait). 0: it sleeps at once.
-  int spin_wait_us = 300;
+  int spin_wait_us = 1000;
   int fault_tolerance = 1;  ///< f: at least f + 1 pipelines, so any f simultaneous losses are survived
   /// Memory of one slot (GPU or CPU slot); a profile measured on a GPU records the smaller of this
   /// and the GPU's memory.

@@ -26,9 +26,10 @@ link_measurement measure_loopback_link(int repeats, std::int64_t small_bytes, st
     throw std::invalid_argument("measure_loopback_link: need repeats >= 1 and 1 <= small_bytes <= bulk_bytes");
   if (hold.count() < 0 || op_budget.count() < 0)
     throw std::invalid_argument("measure_loopback_link: hold and op_budget must be >= 0");
-  auto config = [](int rank) {
+  auto config = [hold](int rank) {
     transport_config c;
     c.rank = rank;
+    c.spin_wait = hold;  // the receive falls asleep about when its message comes (see the header)
     c.peers = {{"127.0.0.1", 0}, {"127.0.0.1", 0}};
     c.connect_timeout = std::chrono::seconds(10);
     return c;

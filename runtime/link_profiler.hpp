@@ -41,11 +41,12 @@ struct link_measurement {
 /// after itself), at least the idle latency. It thereby includes the op's cold start after a
 /// blocking wait (caches, the core's wake-up: bench/op_after_wait), which timing the op back to
 /// back does not see. `op` runs at most `repeats` times on each side of that difference and stops
-/// after about `op_budget` (3 times at least). The transports keep the default
-/// transport_config::spin_wait (300 us), as long as the default `hold`: the receiving thread waits
-/// awake through about all of the hold and is asleep, or just falling asleep, when the message
-/// comes, so this is the latency of a stage that waited longer than spin_wait. A stage whose input
-/// comes sooner sees less (bench/RESULTS.md, "A receive that waits awake").
+/// after about `op_budget` (3 times at least). The transports' transport_config::spin_wait is
+/// `hold`: the receiving thread waits awake through about all of the hold and is asleep, or just
+/// falling asleep, when the message comes, so this is the latency of a stage that waited longer
+/// than it waits awake. A stage whose input comes sooner sees less (bench/RESULTS.md, "A receive
+/// that waits awake", "A waiting receive reads its link itself"); the prediction keeps this
+/// figure, measured with the 300 us hold it had before stages waited awake for 1 ms.
 link_measurement measure_loopback_link(int repeats, std::int64_t small_bytes = 64, std::int64_t bulk_bytes = 4 << 20,
                                        const std::function<void()>& op = {},
                                        std::chrono::microseconds hold = std::chrono::microseconds(300),

@@ -94,8 +94,10 @@ struct transport_config {
   /// to any other thread that can run (sched_yield), and only then sleeps. A thread that slept is
   /// woken tens of microseconds after its message arrives (a VM's wake-up), and the op it runs
   /// next starts with cold caches; a pipeline stage waits for its neighbour about twice per
-  /// microbatch (bench/RESULTS.md, "A receive that waits awake"). 0: sleep at once.
-  std::chrono::microseconds spin_wait{300};
+  /// microbatch (bench/RESULTS.md, "A receive that waits awake"; 1 ms rather than 300 us since
+  /// the receive reads its link itself while it waits, "A waiting receive reads its link
+  /// itself"). 0: sleep at once.
+  std::chrono::microseconds spin_wait{1000};
   /// While it waits awake, the receive reads its link's socket itself whenever the I/O thread
   /// has read everything there was: its message is taken as soon as it is in the socket, with no
   /// wake-up of the I/O thread on its way (transport_link_read.cpp, "A waiting thread reads").

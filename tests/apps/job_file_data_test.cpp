@@ -219,9 +219,9 @@ TEST_CASE("cluster.shared_memory: on by default, a boolean, carried to the stage
   CHECK(error_of("[cluster]\nshared_memory = \"yes\"\n") == "job.toml:2: cluster.shared_memory must be true or false");
 }
 
-TEST_CASE("cluster.spin_wait_us: 300 by default, 0 to 1,000,000, carried to the stages' data plane") {
-  CHECK(apps::parse_job("").cluster.spin_wait_us == 300);
-  CHECK(apps::stage_job_for(apps::parse_job("")).spin_wait_us == 300);
+TEST_CASE("cluster.spin_wait_us: 1000 by default, 0 to 1,000,000, carried to the stages' data plane") {
+  CHECK(apps::parse_job("").cluster.spin_wait_us == 1000);
+  CHECK(apps::stage_job_for(apps::parse_job("")).spin_wait_us == 1000);
   const auto off = apps::parse_job("[cluster]\nspin_wait_us = 0\n");
   CHECK(off.cluster.spin_wait_us == 0);
   CHECK(apps::stage_job_for(off).spin_wait_us == 0);
