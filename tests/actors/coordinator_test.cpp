@@ -25,6 +25,21 @@ fixture::worker& start_worker(fixture& f, const std::string& name, const std::st
   return w;
 }
 
+/// A coordinator over a connection whose route CAF lost (apps/coordinator_link.hpp): it receives
+/// nonce requests and never answers them.
+caf::actor silent_coordinator(fixture& f) {
+  return f.sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+    return {[self](nonce_request&) { return self->make_response_promise<std::string>(); }};
+  });
+}
+
+/// A worker that registers first with `silent` and looks for a coordinator when that fails (it
+/// finds the fixture's).
+fixture::worker_options late_worker(const caf::actor& silent) {
+  return {.name = "late", .stages = false, .first_coordinator = caf::actor_cast<coordinator_actor>(silent),
+          .finds_coordinator = true};
+}
+
 }  // namespace
 
 TEST_CASE("coordinator: two workers are admitted with distinct ids and the job becomes ready") {
@@ -162,13 +177,9 @@ TEST_CASE("monitor: a coordinator that never answers over its connection: the wo
   for (const auto how : {link::closes_one, link::finds_none, link::cannot_drop}) {
     CAPTURE(static_cast<int>(how));
     fixture f({.nodes = 1});
-    auto silent = f.sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
-      return {[self](nonce_request&) { return self->make_response_promise<std::string>(); }};
-    });
+    auto silent = silent_coordinator(f);
     int drops = 0;
-    fixture::worker_options o{.name = "late", .stages = false,
-                              .first_coordinator = caf::actor_cast<coordinator_actor>(silent),
-                              .finds_coordinator = true};
+    auto o = late_worker(silent);
     if (how != link::cannot_drop)
       o.drop_link = [&drops, how] {
         ++drops;
@@ -220,13 +231,9 @@ TEST_CASE("monitor: a registration attempt that ends after a newer one was answe
   // coordinator the node trains under and sent it looking again (the coordinator-loss e2e test
   // with a standby lost a node so, and with it the job).
   fixture f({.nodes = 1});
-  auto silent = f.sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
-    return {[self](nonce_request&) { return self->make_response_promise<std::string>(); }};
-  });
+  auto silent = silent_coordinator(f);
   int drops = 0;
-  fixture::worker_options o{.name = "late", .stages = false,
-                            .first_coordinator = caf::actor_cast<coordinator_actor>(silent),
-                            .finds_coordinator = true};
+  auto o = late_worker(silent);
   o.drop_link = [&drops] { return static_cast<std::size_t>(++drops); };
   auto& w = f.add_worker(o);
   f.sched.run();
