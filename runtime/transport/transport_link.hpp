@@ -69,7 +69,6 @@ struct link_shared {
   bool read_parked = false;          ///< the I/O thread read until EAGAIN and waits for an edge
   bool caller_reading = false;       ///< a waiting thread has the read side (read_state)
   bool read_wanted = false;          ///< the I/O thread's wait fired meanwhile: it reads again after
-  bool read_drop_deferred = false;   ///< the link failed meanwhile: its read state is dropped after
 };
 
 /// The incoming stream's state machine: between frames, or inside a body that goes to

@@ -22,7 +22,7 @@ std::string describe(int peer, boost::system::error_code ec) {
 
 /// Marks `l` failed and takes what it will never send; true if a sending thread is writing to
 /// its descriptor or a waiting thread reading from it, which must then stay open until that
-/// thread is done (a reader also drops the read state then).
+/// thread is done (a reader's end, take_failed_read, also drops the read state then).
 bool break_link(link_shared& l, transport_failure failure, const std::string& reason,
                 std::deque<outgoing>& dropped) {
   if (!l.broken) {
@@ -33,7 +33,6 @@ bool break_link(link_shared& l, transport_failure failure, const std::string& re
   dropped.swap(l.outbox);
   l.user_fd = -1;
   l.read_parked = false;
-  if (l.caller_reading) l.read_drop_deferred = true;
   if (l.caller_writing || l.caller_reading) l.close_deferred = true;
   return l.caller_writing || l.caller_reading;
 }
@@ -80,7 +79,7 @@ void host_transport::state::drop_link_io(link& l) {
   l.io.out.queue.clear();
   {
     auto lk = lock();
-    if (l.shared(lk).caller_reading) return;  // read_drop_deferred: that thread has it dropped
+    if (l.shared(lk).caller_reading) return;  // dropped at the reader's end (take_failed_read)
   }
   drop_read_state(l);
 }

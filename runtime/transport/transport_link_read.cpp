@@ -171,21 +171,19 @@ bool host_transport::state::caller_read(int peer, const recv_request& req) {
       break;
     }
   }
-  bool post_read = false, post_drop = false, close_now = false;
+  bool post_read = false;
   {
     auto lk = lock();
     link_shared& ls = lnk.shared(lk);
-    if (how == ending::failed && !ls.broken) {
-      // The I/O thread fails the link; the read side stays taken until it does, so no read pass
-      // of its own meets the failure first (and names it otherwise).
+    if (how == ending::failed || ls.broken) {
+      // The I/O thread ends it: the link fails with this read's cause, or, failed meanwhile, has
+      // its read state dropped and its socket closed. The read side stays taken until then, so no
+      // read pass of the I/O thread's own meets the failure first (and names it otherwise).
       asio::post(io, [this, peer, error, violation] { take_failed_read(peer, error, violation); });
       return read_any;
     }
     ls.caller_reading = false;
-    if (std::exchange(ls.read_drop_deferred, false)) {
-      post_drop = true;  // the link failed while this thread read
-      close_now = !ls.caller_writing && std::exchange(ls.close_deferred, false);
-    } else if (how == ending::drained && !ls.read_wanted) {
+    if (how == ending::drained && !ls.read_wanted) {
       ls.read_parked = true;  // the I/O thread's wait is still armed
     } else {
       ls.read_wanted = false;
@@ -193,26 +191,21 @@ bool host_transport::state::caller_read(int peer, const recv_request& req) {
     }
   }
   if (post_read) asio::post(io, [this, peer] { read_pass(peer); });
-  if (post_drop)
-    asio::post(io, [this, peer, close_now] {
-      drop_read_state(at(peer));
-      if (close_now) close_deferred_socket(peer);
-    });
   return read_any;
 }
 
 void host_transport::state::take_failed_read(int peer, int error, const std::string& violation) {
-  bool dropped = false, close_now = false;
+  bool broken = false, close_now = false;
   {
     auto lk = lock();
     link_shared& ls = at(peer).shared(lk);
     ls.caller_reading = false;
     ls.read_wanted = false;
-    dropped = std::exchange(ls.read_drop_deferred, false);
-    close_now = dropped && !ls.caller_writing && std::exchange(ls.close_deferred, false);
+    broken = ls.broken;  // it broke while the read side was taken: break_link left both to here
+    close_now = broken && !ls.caller_writing && std::exchange(ls.close_deferred, false);
   }
-  if (dropped) {
-    // It failed otherwise meanwhile (an abort, the write side): that failure stands.
+  if (broken) {
+    // That failure (an abort, the write side, or this read's own met first) stands.
     drop_read_state(at(peer));
     if (close_now) close_deferred_socket(peer);
     return;

@@ -135,7 +135,9 @@ struct host_transport::state {
   /// side is parked (any thread; "A waiting thread reads" in transport_link_read.cpp). True if
   /// it read anything.
   bool caller_read(int peer, const recv_request& req);
-  /// The I/O thread's end of a waiting thread's read that failed: the link fails with it.
+  /// The I/O thread's end of a waiting thread's read that failed (the link fails with its cause)
+  /// or whose link failed meanwhile (the read state is dropped, the socket closed): the read side
+  /// is released here.
   void take_failed_read(int peer, int error, const std::string& violation);  // I/O thread
   /// A peer broke the wire protocol (a frame too large, or of no known kind): the epoch's data
   /// plane cannot be trusted any more, so the transport aborts with `why`. Returns false.
