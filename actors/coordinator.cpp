@@ -34,16 +34,7 @@ void dispatch(coordinator_pointer self, Message& m) {
   const gate_verdict v = gate(self, m);
   if (v.kind == gate_verdict::fence) return void(++st.dropped);
   if (v.kind == gate_verdict::refuse) return refuse_message(self, message_name(m), v.why);
-  const bool accepted = guarded(self, message_name(m), [&] {
-    return std::visit(
-        [&](auto& ph) -> bool {
-          if constexpr (requires { handle(self, ph, m); })
-            return handle(self, ph, m);  // may enter another phase: `ph` is not used after
-          else
-            return false;
-        },
-        st.phase);
-  });
+  const bool accepted = guarded(self, message_name(m), [&] { return handle_in_phase(self, m); });
   if (!accepted) ++st.dropped;
   forget_old_losses(st);
 }

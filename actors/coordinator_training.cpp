@@ -138,17 +138,8 @@ void enter_ahead_round(coordinator_pointer self, phase::committing& ph) {
   st.deps.on_step_sent(st.step);
   // Each failure is the step's: a strike and a retry, or, once an earlier one formed the epoch
   // again, a strike of the epoch gone.
-  for (auto& f : early_faults) {
-    const bool taken = std::visit(
-        [&](auto& ph) -> bool {
-          if constexpr (requires { handle(self, ph, f); })
-            return handle(self, ph, f);  // may enter another phase
-          else
-            return false;
-        },
-        st.phase);
-    if (!taken) ++st.dropped;
-  }
+  for (auto& f : early_faults)
+    if (!handle_in_phase(self, f)) ++st.dropped;
   for (auto& d : early) {
     auto* t = std::get_if<phase::training>(&st.phase);
     if (!t) break;  // a failure or a report failed the step, or the last report committed it

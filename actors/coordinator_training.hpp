@@ -12,8 +12,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "actors/coordinator.hpp"
+#include "actors/coordinator_checkpoint.hpp"
 
 namespace oobleck::actors {
 
@@ -164,5 +166,22 @@ void resume_or_wait_from_checkpoint(coordinator_pointer self, const std::string&
 /// A node lost while waiting (a survivor: its layers are gone from the job's memory).
 void waiting_lost(coordinator_pointer self, phase::waiting& ph, node_id node);
 bool handle(coordinator_pointer self, phase::waiting& ph, messages::coordinator_deadline& d);
+
+/// Hands `m` to the phase in force when it has a handler for that message (every `handle` above and
+/// in coordinator_checkpoint.hpp); false when it has none or its handler refused `m` (of another
+/// epoch or step). The coordinator's mailbox and the replay of a step's early messages
+/// (enter_ahead_round) both go through here, so they cannot disagree on who handles what. A handler
+/// may enter another phase: nothing reads the old one after it returns.
+template <class Message>
+bool handle_in_phase(coordinator_pointer self, Message& m) {
+  return std::visit(
+      [&](auto& ph) -> bool {
+        if constexpr (requires { handle(self, ph, m); })
+          return handle(self, ph, m);
+        else
+          return false;
+      },
+      self->state.phase);
+}
 
 }  // namespace oobleck::actors
