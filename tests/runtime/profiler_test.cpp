@@ -322,15 +322,14 @@ TEST_CASE("the loopback link measurement with an op: the latency a stage that wa
   CHECK(m.waited_ms.size() == m.op_ms.size());
   CHECK(m.idle_latency_ms > 0);
   // The 2 ms the op loses after a wait are the message's, as the stage sees it (a loaded machine
-  // adds to it; the held time itself does not count: it ends where the send starts). On a machine
-  // busy enough that the idle round trip itself takes milliseconds (two CPU hogs on two cores: 2-4
-  // ms), the idle figure and the transit inside the op's measurement are noise of that size,
-  // measured at different moments; the 2 ms are then checked on their own.
+  // adds to it; the held time itself does not count: it ends where the send starts). sleep_for
+  // sleeps at least the 2 ms and the message's transit comes on top, against an op timed alone
+  // that takes well under a microsecond: more than 2 ms whatever the load. The idle figure is no
+  // bound here: it is measured at other moments (idle + 1.9 failed once under the parallel unit
+  // suite with an idle figure below 0.5 ms; two CPU hogs make it 2-4 ms).
   INFO("idle latency " << m.idle_latency_ms << " ms, latency " << m.link.latency_ms << " ms");
-  if (m.idle_latency_ms < 0.5)
-    CHECK(m.link.latency_ms >= m.idle_latency_ms + 1.9);
-  else
-    CHECK(m.link.latency_ms >= 1.9);
+  CHECK(m.link.latency_ms > 2.0);
+  CHECK(m.link.latency_ms >= m.idle_latency_ms);
   CHECK(m.link.latency_ms < m.idle_latency_ms + 2 + 50);
   // An op that costs the same either way leaves the idle latency, or a little more.
   const auto same = runtime::measure_loopback_link(8, 64, 1 << 16, [] {}, std::chrono::microseconds(300));
