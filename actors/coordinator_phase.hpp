@@ -197,6 +197,10 @@ struct committing {
   /// every node, not of those that happened to reply first. Dropped when the commit ends otherwise
   /// (a loss, an eviction): the epoch is formed again anyway.
   std::vector<messages::node_fault> early_faults;
+  /// A failure let the commit stand (commit_stands_if_decided): it is recorded and the step counter
+  /// moved on. Whatever the failure's handling does next (form an epoch, or checkpoint and stop,
+  /// which asks again) must not record it a second time.
+  bool stood = false;
 };
 
 /// A checkpoint is being written (periodic, between steps; or the fallback before stopping).

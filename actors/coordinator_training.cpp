@@ -162,11 +162,13 @@ void run_step(coordinator_pointer self) {
 
 /// A failure while committing: the commit was decided before it, so it stands. Survivors apply it
 /// before anything of the next epoch (their stages handle messages in order); the record holds the
-/// digests that arrived (the lost node's never will).
+/// digests that arrived (the lost node's never will). Once: the failure's handling may lead here
+/// again (a loss whose policy says checkpoint and stop), and the step is already counted then.
 void commit_stands_if_decided(coordinator_pointer self, std::optional<node_id> lost_node) {
   auto& st = self->state;
   auto* c = std::get_if<phase::committing>(&st.phase);
-  if (!c) return;
+  if (!c || c->stood) return;
+  c->stood = true;
   st.deps.log("step " + std::to_string(st.step) + " was committed before " +
               (lost_node ? to_string(*lost_node) + " was lost" : "the failure"));
   publish(self, {event_kind::commit_stood, st.epoch, st.step, lost_node ? lost_node->value : -1, 0, {}});

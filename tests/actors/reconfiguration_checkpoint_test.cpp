@@ -293,3 +293,27 @@ TEST_CASE("reconfiguration protocol: a shutdown with a checkpoint during a perio
   CHECK(f.stop().outcome == stop_outcome::shutdown);
   CHECK(f.stop().detail.find("checkpoint of step 2 written to /ckpt/step-2") != std::string::npos);
 }
+
+TEST_CASE("reconfiguration protocol: a loss during a commit that leaves too few nodes: the commit stands once, the checkpoint is of the step after it") {
+  // Four nodes, two pipelines of two: node 0 dies while applying the commit of step 1, and the
+  // three left are fewer than (f + 1) * n0 = 4, so the policy says checkpoint and stop. The
+  // commit stood when the loss was handled; the stop that follows must not count it again (it
+  // once did: a second record "step 2" with step 1's loss, and a checkpoint named step 3 holding
+  // the state after step 1).
+  fixture f({.nodes = 4, .steps = 6, .checkpoints = true});
+  REQUIRE(f.plan.pipelines.size() == 2u);
+  f.kill_during_commit(0, {1, 1});
+  INFO(describe(f.events));
+  CHECK(count(f.events, {.kind = event_kind::commit_stood}) == 1);
+  CHECK(count(f.events, {.kind = event_kind::step_committed, .step = 1}) == 1);
+  CHECK(!f.happened({.kind = event_kind::step_committed, .step = 2}));
+  REQUIRE(f.records.size() == 2u);
+  CHECK(f.records[0].step == 0u);
+  CHECK(f.records[1].step == 1u);
+  REQUIRE(f.finished.size() == 1u);
+  CHECK(f.finished[0].first == 2u);  // steps 0 and 1 committed: the next is 2
+  check_every_layer_once(f.finished[0].second, static_cast<int>(f.profile.layers.size()));
+  REQUIRE(f.stops.size() == 1u);
+  CHECK(f.stops[0].step == 2u);
+  CHECK(f.stop().outcome == stop_outcome::checkpoint_and_stop);
+}
