@@ -82,10 +82,10 @@ void discard_later(coordinator_pointer self, const std::string& temp) {
       [](std::optional<std::string>, const std::string&) {});
 }
 
-/// The checkpoint in progress when it is request `request`, else null.
+/// The checkpoint in progress when it is request `request` (and not abandoned), else null.
 phase::checkpointing* current(coordinator_pointer self, std::uint64_t request) {
   auto* ph = std::get_if<phase::checkpointing>(&self->state.phase);
-  return ph && ph->progress.request == request ? ph : nullptr;
+  return ph && ph->progress.request == request && !ph->progress.abandoned ? ph : nullptr;
 }
 
 /// Ends the job after a checkpoint before stopping, with or without one.
@@ -327,7 +327,10 @@ void checkpoint_and_stop(coordinator_pointer self, const std::string& reason) {
 void stop_after_checkpoint(coordinator_pointer self, stop_outcome outcome, const std::string& reason) {
   auto& st = self->state;
   if (std::holds_alternative<phase::stopped>(st.phase)) return;
-  if (auto* ph = std::get_if<phase::checkpointing>(&st.phase)) {
+  // A periodic checkpoint abandoned for the loss that led here is no longer written: a fresh one
+  // is (below). Waiting for it instead waited for a writer that was gone, into a directory being
+  // discarded.
+  if (auto* ph = std::get_if<phase::checkpointing>(&st.phase); ph && !ph->progress.abandoned) {
     auto& ck = ph->progress;
     if (ck.stop_after) {
       st.deps.log("already writing a checkpoint before stopping (" + ck.reason + "); then it stops");
@@ -414,6 +417,7 @@ void abandon_periodic_checkpoint(coordinator_pointer self, phase::checkpointing&
     return;
   }
   discard_later(self, ph.progress.temp);  // empty while begin runs: begun() discards it
+  ph.progress.abandoned = true;
   st.deps.log("checkpoint of step " + std::to_string(ph.progress.step) + " abandoned: " + why);
 }
 

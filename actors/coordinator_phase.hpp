@@ -139,6 +139,10 @@ struct checkpoint_progress {
   std::map<node_id, std::uint64_t> attempts;  ///< per writer: its latest order (a deadline of an older one is stale)
   std::set<node_id> failed;                   ///< writers that failed or missed a deadline: not asked again
   bool finishing = false;  ///< every layer written; the manifest and rename run off the coordinator's thread
+  /// A periodic checkpoint given up for a loss (abandon_periodic_checkpoint): its directory is
+  /// being discarded; it is left as soon as the loss is handled, and a stop that the loss leads to
+  /// writes a checkpoint of its own rather than wait for this one.
+  bool abandoned = false;
 };
 
 namespace phase {

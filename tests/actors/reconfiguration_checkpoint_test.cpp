@@ -317,3 +317,28 @@ TEST_CASE("reconfiguration protocol: a loss during a commit that leaves too few 
   CHECK(f.stops[0].step == 2u);
   CHECK(f.stop().outcome == stop_outcome::checkpoint_and_stop);
 }
+
+TEST_CASE("reconfiguration protocol: a writer of a periodic checkpoint lost, too few left: a fresh checkpoint, then the stop") {
+  // Four nodes, a periodic checkpoint before step 2: node 0, one of its writers, dies while
+  // writing, and the three left are too few. The periodic checkpoint is abandoned (its directory
+  // discarded); the stop writes one of its own from the survivors, who hold every layer. It once
+  // took over the abandoned one and waited for the dead writer (a hang here, a deadline and a
+  // checkpoint into a discarded directory on a real cluster).
+  fixture f({.nodes = 4, .steps = 6, .checkpoint_every = 2});
+  f.start({{0, [](fake_stage_record& r) { r.hold_write = true; }}});
+  REQUIRE(f.records.size() == 2u);
+  REQUIRE(f.stages.at(0)->traced("write 2"));
+  f.kill(0);
+  f.sched.run();
+  INFO(describe(f.events));
+  REQUIRE(f.discarded.size() == 1u);
+  REQUIRE(f.finished.size() == 1u);
+  CHECK(f.finished[0].first == 2u);
+  check_every_layer_once(f.finished[0].second, static_cast<int>(f.profile.layers.size()));
+  CHECK(f.stages.at(0)->writes.size() == 1u);  // the dead writer was not asked again
+  REQUIRE(f.stops.size() == 1u);
+  CHECK(f.stops[0].step == 2u);
+  CHECK(f.stops[0].dir.has_value());
+  CHECK(f.stop().outcome == stop_outcome::checkpoint_and_stop);
+  CHECK(f.records.size() == 2u);
+}
