@@ -230,9 +230,11 @@ void fixture::start(const setup_map& setup) {
 }
 
 void fixture::add_worker(int i, const setup_map& setup) {
-  add_worker({.name = "w" + std::to_string(i), .setup = [setup](fake_stage_record& r) {
+  add_worker({.name = "w" + std::to_string(i),
+              .setup = [setup](fake_stage_record& r) {
                 if (auto it = setup.find(r.node); it != setup.end()) it->second(r);
-              }});
+              },
+              .slots = opts.slots});
 }
 
 fixture::worker& fixture::add_worker(worker_options o) {

@@ -194,7 +194,8 @@ struct fixture {
   /// Starts the job's `nodes` workers ("w0", "w1", ...); `setup[id]` adjusts node id's fakes before
   /// the job starts. Node ids are registration order, which on this scheduler is the spawn order.
   void start(const setup_map& setup = {});
-  /// Spawns worker "w<i>" (setup by node id, as for start()); it registers once the scheduler runs.
+  /// Spawns worker "w<i>" of the job's slots (setup by node id, as for start()); it registers once
+  /// the scheduler runs.
   /// Workers after the first `nodes` join a job that trains.
   void add_worker(int i, const setup_map& setup = {});
   /// Spawns a worker; it registers once the scheduler runs.
