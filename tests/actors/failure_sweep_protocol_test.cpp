@@ -3,8 +3,8 @@
 // written, on jobs where the survivors go on (six nodes) and where they are too few (four nodes:
 // checkpoint and stop); then the same with a second round of losses while the recovery needs
 // those nodes (forming the next epoch, writing the stop's checkpoint), without run-ahead, on nodes
-// of two slots, with evaluation rounds, with a node whose stage fails a step every time, and with
-// nodes joining as others die. Whatever happens, the accounting must hold: every step committed
+// of two slots, with evaluation rounds, with a node whose stage fails a step every time, with
+// nodes joining as others die, and with nodes that hang instead of dying (the deadlines end it). Whatever happens, the accounting must hold: every step committed
 // once, in order; a checkpoint holds the state after exactly the steps committed before it; the
 // job ends once and its stop counts what was committed. The single cases in
 // reconfiguration_*_test.cpp check what happens; this checks that nothing is counted twice,
@@ -209,6 +209,35 @@ void two_round_case(int nodes, std::uint64_t steps, const std::vector<std::int64
   for (auto v : second) CHECK(f.stages.at(v)->runs_of(point.step, 2) == 0u);
 }
 
+/// Victims that hang instead of dying: their stages hold their answer at `point` and never give
+/// it (a step, a commit, a checkpoint write), and the coordinator's deadlines must end it (the
+/// step runs again, a late commit's node is evicted, a writer is replaced). Simulated time passes
+/// a second at a time until the job ends.
+void hang_case(fixture::options o, const std::vector<std::int64_t>& victims, failure_point point) {
+  o.checkpoints = true;
+  const std::string name = case_name(victims, point, o.checkpoint_every) + ", hanging";
+  CAPTURE(name);
+  fixture f(o);
+  fixture::setup_map setup;
+  for (auto v : victims)
+    setup[v] = [point](fake_stage_record& r) {
+      if (point.kind == failure_point::commit_applied)
+        r.hold_commit = std::pair<std::uint64_t, std::uint64_t>{1, point.step};
+      else if (point.kind == failure_point::step_runs)
+        r.hold_step = std::pair<std::uint64_t, std::uint64_t>{1, point.step};
+      else
+        r.hold_write = true;
+    };
+  f.start(setup);
+  for (int seconds = 0; seconds < 900 && !f.happened({.kind = event_kind::stopped}); ++seconds) {
+    f.sched.advance_time(std::chrono::seconds(1));
+    f.sched.run();
+  }
+  INFO(describe(f.events));
+  REQUIRE(f.happened({.kind = event_kind::stopped}));
+  check_accounting(f, o.steps, 1, true);
+}
+
 }  // namespace
 
 TEST_CASE("failure sweep: nodes lost at every point of a step on six nodes: each step committed once") {
@@ -268,4 +297,10 @@ TEST_CASE("failure sweep: losses while nodes join") {
     for (const auto& victims : victim_sets(nodes, 2))
       for (const auto& p : points(5, 2))
         sweep_case({.nodes = nodes, .steps = 5, .checkpoint_every = 2}, victims, p, {}, static_cast<int>(victims.size()));
+}
+
+TEST_CASE("failure sweep: nodes that hang at every point of a step: the deadlines end it, each step committed once") {
+  for (int nodes : {6, 4})
+    for (const auto& victims : victim_sets(nodes, 2))
+      for (const auto& p : points(4, 2)) hang_case({.nodes = nodes, .steps = 4, .checkpoint_every = 2}, victims, p);
 }
