@@ -45,6 +45,16 @@ const char* state_of(failure_point::kind_t k) {
   return "?";
 }
 
+/// A stage that holds its answer at `point` (and never gives it).
+void hold_at(fake_stage_record& r, const failure_point& point) {
+  if (point.kind == failure_point::commit_applied)
+    r.hold_commit = std::pair<std::uint64_t, std::uint64_t>{1, point.step};
+  else if (point.kind == failure_point::step_runs)
+    r.hold_step = std::pair<std::uint64_t, std::uint64_t>{1, point.step};
+  else
+    r.hold_write = true;
+}
+
 std::string case_name(const std::vector<std::int64_t>& victims, const failure_point& p, std::uint64_t every) {
   std::string out = "victims";
   for (auto v : victims) out += " " + std::to_string(v);
@@ -143,12 +153,7 @@ void sweep_case(fixture::options o, const std::vector<std::int64_t>& victims, fa
   for (auto v : victims)
     setup[v] = [point, before = also.count(v) ? also.at(v) : nullptr](fake_stage_record& r) {
       if (before) before(r);
-      if (point.kind == failure_point::commit_applied)
-        r.hold_commit = std::pair<std::uint64_t, std::uint64_t>{1, point.step};
-      else if (point.kind == failure_point::step_runs)
-        r.hold_step = std::pair<std::uint64_t, std::uint64_t>{1, point.step};
-      else
-        r.hold_write = true;
+      hold_at(r, point);
     };
   f.start(setup);
   if (point.kind == failure_point::checkpoint_written) {
@@ -181,12 +186,7 @@ void two_round_case(int nodes, std::uint64_t steps, const std::vector<std::int64
   fixture f({.nodes = nodes, .steps = steps, .checkpoints = true});
   fixture::setup_map setup;
   for (auto v : first)
-    setup[v] = [point](fake_stage_record& r) {
-      if (point.kind == failure_point::commit_applied)
-        r.hold_commit = std::pair<std::uint64_t, std::uint64_t>{1, point.step};
-      else
-        r.hold_step = std::pair<std::uint64_t, std::uint64_t>{1, point.step};
-    };
+    setup[v] = [point](fake_stage_record& r) { hold_at(r, point); };
   for (auto v : second)
     setup[v] = [](fake_stage_record& r) {
       r.hold_form = {2};
@@ -220,14 +220,7 @@ void hang_case(fixture::options o, const std::vector<std::int64_t>& victims, fai
   fixture f(o);
   fixture::setup_map setup;
   for (auto v : victims)
-    setup[v] = [point](fake_stage_record& r) {
-      if (point.kind == failure_point::commit_applied)
-        r.hold_commit = std::pair<std::uint64_t, std::uint64_t>{1, point.step};
-      else if (point.kind == failure_point::step_runs)
-        r.hold_step = std::pair<std::uint64_t, std::uint64_t>{1, point.step};
-      else
-        r.hold_write = true;
-    };
+    setup[v] = [point](fake_stage_record& r) { hold_at(r, point); };
   f.start(setup);
   for (int seconds = 0; seconds < 900 && !f.happened({.kind = event_kind::stopped}); ++seconds) {
     f.sched.advance_time(std::chrono::seconds(1));
