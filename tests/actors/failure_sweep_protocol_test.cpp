@@ -1,15 +1,15 @@
-// Losses at every point of a step, swept (fixture: protocol_fixture.hpp): one, two or three
-// nodes die while a step runs, while its commit is applied or while a periodic checkpoint is
-// written, on jobs where the survivors go on (six nodes) and where they are too few (four nodes:
-// checkpoint and stop); then the same with a second round of losses while the recovery needs
-// those nodes (forming the next epoch, writing the stop's checkpoint), without run-ahead, on nodes
-// of two slots, with evaluation rounds, with a node whose stage fails a step every time, with
-// nodes joining as others die, and with nodes that hang instead of dying (the deadlines end it). Whatever happens, the accounting must hold: every step committed
-// once, in order; a checkpoint holds the state after exactly the steps committed before it; the
-// job ends once and its stop counts what was committed. The single cases in
-// reconfiguration_*_test.cpp check what happens; this checks that nothing is counted twice,
-// skipped or left hanging anywhere. It found two bugs: a commit that stood through a loss was
-// recorded twice when the policy then said checkpoint and stop, and that stop waited for a
+// Losses at every point of a step, swept (fixture: protocol_fixture.hpp): one, two or three nodes
+// die while a step runs, while its commit is applied or while a periodic checkpoint is written, on
+// jobs where the survivors go on (six nodes) and where they are too few (four nodes: checkpoint and
+// stop); then the same with a second round of losses while the recovery needs those nodes (forming
+// the next epoch, writing the stop's checkpoint), without run-ahead, on nodes of two slots, with
+// evaluation rounds, with a node whose stage fails a step every time, with nodes joining as others
+// die, and with nodes that hang instead of dying (the deadlines end it). Whatever happens, the
+// accounting must hold: every step committed once, in order; a checkpoint holds the state after
+// exactly the steps committed before it; the job ends once and its stop counts what was committed.
+// The single cases in reconfiguration_*_test.cpp check what happens; this checks that nothing is
+// counted twice, skipped or left hanging anywhere. It found two bugs: a commit that stood through a
+// loss was recorded twice when the policy then said checkpoint and stop, and that stop waited for a
 // periodic checkpoint abandoned for the same loss (a hang here).
 
 #include <doctest/doctest.h>
