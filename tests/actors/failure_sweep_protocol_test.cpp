@@ -4,7 +4,8 @@
 // stop); then the same with a second round of losses while the recovery needs those nodes (forming
 // the next epoch, writing the stop's checkpoint), without run-ahead, on nodes of two slots, with
 // evaluation rounds, with a node whose stage fails a step every time, with nodes joining as others
-// die, and with nodes that hang instead of dying (the deadlines end it). Whatever happens, the
+// die, with nodes that hang instead of dying (the deadlines end it), and in jobs that wait for
+// nodes below their minimum and resume from memory or from a checkpoint. Whatever happens, the
 // accounting must hold: every step committed once, in order; a checkpoint holds the state after
 // exactly the steps committed before it; the job ends once and its stop counts what was committed.
 // The single cases in reconfiguration_*_test.cpp check what happens; this checks that nothing is
@@ -231,6 +232,66 @@ void hang_case(fixture::options o, const std::vector<std::int64_t>& victims, fai
   check_accounting(f, o.steps, 1, true);
 }
 
+/// The accounting of a job that may resume from a checkpoint older than its last commit (the
+/// steps after it run again): each committed step is the one after the previous commit, or the
+/// step of the checkpoint the job just resumed from; each checkpoint holds the state the next step
+/// starts from; a finished job committed its last step.
+void check_resumed_accounting(const fixture& f, std::uint64_t steps) {
+  INFO(describe(f.events));
+  std::uint64_t next = 0;
+  std::size_t resumes = 0;
+  for (const auto& e : f.events) {
+    CAPTURE(describe(e));
+    if (e.kind == event_kind::step_committed) {
+      CHECK(e.step == next);
+      next = e.step + 1;
+    } else if (e.kind == event_kind::resumed) {
+      REQUIRE(resumes < f.resumes.size());
+      const auto& r = f.resumes[resumes++];
+      if (r.source == "checkpoint") {
+        CHECK(r.step <= next);
+        next = r.step;
+      } else {
+        CHECK(r.step == next);  // from memory: the committed state
+      }
+    } else if (e.kind == event_kind::checkpoint_written) {
+      CHECK(e.step == next);
+    }
+  }
+  CHECK(resumes == f.resumes.size());
+  const auto& stop = f.stop();
+  if (stop.outcome == stop_outcome::finished) CHECK(next == steps);
+  for (std::size_t k = 0; k < f.records.size(); ++k) CHECK(f.records[k].samples == f.job.global_batch);
+}
+
+/// A job that waits for nodes below its minimum: `victims` die at `point`; while it waits, as many
+/// nodes join as died (up to three rounds), and it resumes from memory or from a checkpoint.
+void wait_case(fixture::options o, const std::vector<std::int64_t>& victims, failure_point point) {
+  o.checkpoints = true;
+  o.wait_below_minimum = true;
+  const std::string name = case_name(victims, point, o.checkpoint_every) + ", waiting for nodes";
+  CAPTURE(name);
+  fixture f(o);
+  fixture::setup_map setup;
+  for (auto v : victims) setup[v] = [point](fake_stage_record& r) { hold_at(r, point); };
+  f.start(setup);
+  if (point.kind == failure_point::checkpoint_written) {
+    bool asked = false;
+    for (auto v : victims) asked = asked || f.stages.at(v)->traced("write " + std::to_string(point.step));
+    if (!asked) return;
+  }
+  REQUIRE(f.status().state == state_of(point.kind));
+  for (auto v : victims) f.kill(v);
+  f.sched.run();
+  int next_worker = o.nodes;
+  for (int round = 0; round < 3 && !f.happened({.kind = event_kind::stopped}) && f.status().state == "waiting"; ++round) {
+    for (std::size_t j = 0; j < victims.size(); ++j) f.add_worker(next_worker++);
+    f.sched.run();
+  }
+  REQUIRE(f.happened({.kind = event_kind::stopped}));
+  check_resumed_accounting(f, o.steps);
+}
+
 }  // namespace
 
 TEST_CASE("failure sweep: nodes lost at every point of a step on six nodes: each step committed once") {
@@ -296,4 +357,11 @@ TEST_CASE("failure sweep: nodes that hang at every point of a step: the deadline
   for (int nodes : {6, 4})
     for (const auto& victims : victim_sets(nodes, 2))
       for (const auto& p : points(4, 2)) hang_case({.nodes = nodes, .steps = 4, .checkpoint_every = 2}, victims, p);
+}
+
+TEST_CASE("failure sweep: losses below the minimum in a job that waits for nodes: it resumes, each step once or again after its checkpoint") {
+  for (int nodes : {6, 4})
+    for (const auto& victims : victim_sets(nodes, 3))
+      for (std::uint64_t every : {0u, 2u})
+        for (const auto& p : points(5, every)) wait_case({.nodes = nodes, .steps = 5, .checkpoint_every = every}, victims, p);
 }
