@@ -163,6 +163,11 @@ void finish_adoption(coordinator_pointer self, phase::adopting& ph) {
                     "cannot plan the adopted job on " + std::to_string(everyone.size()) + " node(s): " + e.what());
   }
 
+  // The commit this coordinator was confirming when it lost every node, applied (step k): its
+  // record is written now, as for a commit that stood through a loss.
+  if (ph.decided && ph.decided->record.step == static_cast<std::uint64_t>(k) && st.step == static_cast<std::uint64_t>(k))
+    record_stood_commit(self, *ph.decided, "this coordinator lost every node", std::nullopt);
+  ph.decided.reset();
   st.formed = std::move(formed);
   st.formed_once = true;
   st.lost_since_formed = lost;
@@ -257,11 +262,14 @@ void handle_losses(coordinator_pointer self) {
   if (st.formed_once && cut_off && !fallback) {
     // Every node at once: this coordinator was frozen or cut off, not they. They keep their state
     // and look for a coordinator; it waits for them rather than concluding "too few nodes".
-    // A commit being confirmed may have reached some nodes or none: their memories decide (the
-    // step's record is not written here; a step they did not all apply runs again).
+    // A commit being confirmed may have reached some nodes or none: their memories decide. If any
+    // applied it, it was decided and stands (the others apply it from their kept gradients), and
+    // its record, which only this coordinator has, is written then; else the step runs again.
     // Nodes whose loss it has not seen yet but that said they lost it too (they reached it again
     // before it woke: seen after a 7 s freeze in a chaos run) are lost as the others are, and come
     // back with their state as they do.
+    std::optional<step_progress> decided;
+    if (auto* c = std::get_if<phase::committing>(&st.phase); c && !c->stood) decided = std::move(c->step);
     for (const auto& [id, n] : st.nodes)
       if (n.state != node_state::lost) mark_lost(self, id, "it lost contact with this coordinator");
     st.lost_us.clear();
@@ -272,6 +280,7 @@ void handle_losses(coordinator_pointer self) {
     phase::adopting next;
     next.started = st.deps.now();
     next.waiting = true;
+    next.decided = std::move(decided);
     auto& ph = enter(self, std::move(next));
     arm_adopt_deadline(self, ph, st.deps.grace_ms);
     return;

@@ -231,6 +231,10 @@ struct adopting {
   std::chrono::steady_clock::time_point started;
   /// This coordinator lost every node at once and waits for them (its own job, not a replacement's).
   bool waiting = false;
+  /// It was confirming a commit it had decided when it lost them: the step's progress (its loss,
+  /// the digests of the nodes that had replied). Recorded once the nodes' memories show the
+  /// commit was applied (the job goes on after it); dropped when the step runs again.
+  std::optional<step_progress> decided;
 };
 
 /// Below the minimum (ARCHITECTURE.md §10 "Waiting for nodes"): the survivors keep their layers,

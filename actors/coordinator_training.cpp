@@ -169,11 +169,16 @@ void commit_stands_if_decided(coordinator_pointer self, std::optional<node_id> l
   auto* c = std::get_if<phase::committing>(&st.phase);
   if (!c || c->stood) return;
   c->stood = true;
-  st.deps.log("step " + std::to_string(st.step) + " was committed before " +
-              (lost_node ? to_string(*lost_node) + " was lost" : "the failure"));
-  publish(self, {event_kind::commit_stood, st.epoch, st.step, lost_node ? lost_node->value : -1, 0, {}});
-  record_committed_step(self, c->step, " (committed before the failure; digests of the nodes that replied)");
+  record_stood_commit(self, c->step, lost_node ? to_string(*lost_node) + " was lost" : "the failure", lost_node);
   st.last_commit = st.deps.now();
+}
+
+void record_stood_commit(coordinator_pointer self, step_progress& progress, const std::string& before,
+                         std::optional<node_id> lost_node) {
+  auto& st = self->state;
+  st.deps.log("step " + std::to_string(st.step) + " was committed before " + before);
+  publish(self, {event_kind::commit_stood, st.epoch, st.step, lost_node ? lost_node->value : -1, 0, {}});
+  record_committed_step(self, progress, " (committed before " + before + "; digests of the nodes that replied)");
 }
 
 void check_transition(coordinator_pointer self, std::string_view to) {

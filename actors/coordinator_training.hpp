@@ -79,6 +79,11 @@ void run_step(coordinator_pointer self);
 /// A failure while committing: the commit was decided before it, so it stands (recorded, and the
 /// survivors apply it before anything of the next epoch). Nothing when not committing.
 void commit_stands_if_decided(coordinator_pointer self, std::optional<node_id> lost_node);
+/// Records step st.step, whose commit was decided and then stood through `before` (a loss, a
+/// failure, this coordinator losing every node): the commit_stood event, then the step's record
+/// with the digests of the nodes that replied, and st.step moves on.
+void record_stood_commit(coordinator_pointer self, step_progress& progress, const std::string& before,
+                         std::optional<node_id> lost_node);
 
 /// The step boundary after a commit (and its checkpoint, if one was due): the job finishes, joined
 /// nodes enter (a join: a new epoch), or the next step runs.

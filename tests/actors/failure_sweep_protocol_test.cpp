@@ -15,7 +15,12 @@
 
 #include <doctest/doctest.h>
 
+#include <caf/actor_cast.hpp>
+#include <caf/send.hpp>
+#include <caf/system_messages.hpp>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -292,6 +297,40 @@ void wait_case(fixture::options o, const std::vector<std::int64_t>& victims, fai
   check_resumed_accounting(f, o.steps);
 }
 
+/// The coordinator frozen or cut off at `point` (node `held`'s stage holds its answer there, so
+/// the job is in that phase): every node loses it at once and it loses every node. It waits for
+/// them (adopting); they come back with their state; the job goes on from their memory. Simulated
+/// time passes a second at a time until the job ends.
+void freeze_case(fixture::options o, std::int64_t held, failure_point point) {
+  o.checkpoints = true;
+  const std::string name = case_name({held}, point, o.checkpoint_every) + ", the coordinator cut off";
+  CAPTURE(name);
+  fixture f(o);
+  const auto hold = [held, point](fake_stage_record& r) {
+    if (r.node == held) hold_at(r, point);
+  };
+  for (int i = 0; i < o.nodes; ++i)
+    f.add_worker({.name = "w" + std::to_string(i), .setup = hold, .slots = o.slots, .finds_coordinator = true});
+  f.sched.run();
+  if (point.kind == failure_point::checkpoint_written && !f.stages.at(held)->traced("write " + std::to_string(point.step)))
+    return;
+  REQUIRE(f.status().state == state_of(point.kind));
+  for (std::int64_t n = 0; n < o.nodes; ++n) {
+    const auto monitor = caf::actor_cast<caf::actor>(f.monitors.at(n));
+    caf::anon_send(monitor, caf::down_msg{f.coord.address(), caf::exit_reason::remote_link_unreachable});
+    caf::send_as(monitor, caf::actor_cast<caf::actor>(f.coord),
+                 caf::down_msg{f.monitors.at(n).address(), caf::exit_reason::remote_link_unreachable});
+  }
+  for (int seconds = 0; seconds < 900 && !f.happened({.kind = event_kind::stopped}); ++seconds) {
+    f.sched.advance_time(std::chrono::seconds(1));
+    f.sched.run();
+  }
+  INFO(describe(f.events));
+  REQUIRE(f.happened({.kind = event_kind::stopped}));
+  CHECK(f.told("every node was lost at once"));
+  check_resumed_accounting(f, o.steps);
+}
+
 }  // namespace
 
 TEST_CASE("failure sweep: nodes lost at every point of a step on six nodes: each step committed once") {
@@ -364,4 +403,10 @@ TEST_CASE("failure sweep: losses below the minimum in a job that waits for nodes
     for (const auto& victims : victim_sets(nodes, 3))
       for (std::uint64_t every : {0u, 2u})
         for (const auto& p : points(5, every)) wait_case({.nodes = nodes, .steps = 5, .checkpoint_every = every}, victims, p);
+}
+
+TEST_CASE("failure sweep: the coordinator cut off from every node at every point of a step: it adopts them back, each step once") {
+  for (int nodes : {6, 4})
+    for (std::int64_t held : {0, 1})
+      for (const auto& p : points(5, 2)) freeze_case({.nodes = nodes, .steps = 5, .checkpoint_every = 2}, held, p);
 }
