@@ -4,14 +4,16 @@
 // stop); then the same with a second round of losses while the recovery needs those nodes (forming
 // the next epoch, writing the stop's checkpoint), without run-ahead, on nodes of two slots, with
 // evaluation rounds, with a node whose stage fails a step every time, with nodes joining as others
-// die, with nodes that hang instead of dying (the deadlines end it), and in jobs that wait for
-// nodes below their minimum and resume from memory or from a checkpoint. Whatever happens, the
-// accounting must hold: every step committed once, in order; a checkpoint holds the state after
-// exactly the steps committed before it; the job ends once and its stop counts what was committed.
-// The single cases in reconfiguration_*_test.cpp check what happens; this checks that nothing is
-// counted twice, skipped or left hanging anywhere. It found two bugs: a commit that stood through a
-// loss was recorded twice when the policy then said checkpoint and stop, and that stop waited for a
-// periodic checkpoint abandoned for the same loss (a hang here).
+// die, with nodes that hang instead of dying (the deadlines end it), in jobs that wait for nodes
+// below their minimum and resume from memory or from a checkpoint, and with the coordinator cut off
+// from every node (it adopts them back). Whatever happens, the accounting must hold: every step
+// committed once, in order (after a resume from an older checkpoint, again from its step); a
+// checkpoint holds the state the next step starts from; the job ends once and its stop counts what
+// was committed. The single cases in reconfiguration_*_test.cpp check what happens; this checks
+// that nothing is counted twice, skipped or left hanging anywhere. It found three bugs: a commit
+// that stood through a loss was recorded twice when the policy then said checkpoint and stop; that
+// stop waited for a periodic checkpoint abandoned for the same loss (a hang here); and a commit the
+// coordinator was confirming when it lost every node had no record once it adopted them back.
 
 #include <doctest/doctest.h>
 
