@@ -204,9 +204,17 @@ void decide(coordinator_pointer self, phase::adopting& ph) {
   if (k < 0) {
     // Nothing was committed anywhere: the job starts again from its beginning (layers from their
     // seed, or from the checkpoint it resumed from).
-    st.deps.log("the adopted nodes committed no step yet: planning the job afresh");
     for (const auto& entry : ph.memories)
       self->send(st.nodes.at(entry.first).monitor, abort_epoch{st.epoch, "the job is planned afresh"});
+    const std::int32_t here = live_count_of(st);
+    if (here < st.deps.expected_nodes) {
+      // As at the job's start: it waits for its nodes (planning on fewer failed the job).
+      st.deps.log("the adopted nodes committed no step yet: the job starts afresh once " +
+                  std::to_string(st.deps.expected_nodes) + " node(s) are here (" + std::to_string(here) + " now)");
+      enter(self, phase::registering{});
+      return;
+    }
+    st.deps.log("the adopted nodes committed no step yet: planning the job afresh");
     return plan_first_epoch(self);
   }
   for (const auto& [id, m] : ph.memories) {

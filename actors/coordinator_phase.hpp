@@ -30,6 +30,7 @@
 //   checkpointing -> checkpointing   a node lost during a periodic checkpoint, and the policy says "checkpoint and stop"
 //   registering -> adopting       a node came back with the state of a job in progress (a replacement coordinator)
 //   adopting -> forming           the job's committed step decided and its layers reconciled: an epoch over the nodes present
+//   adopting -> registering       no node had committed a step and fewer than the job's nodes came back: wait for them, as at the start
 //   forming -> adopting           every node lost at once (this coordinator was frozen or cut off): wait for them to come back
 //   training -> adopting          every node lost at once: wait for them to come back
 //   committing -> adopting        every node lost at once (the decided commit stands): wait for them to come back
@@ -39,6 +40,7 @@
 //   training -> waiting           the same, a loss during a step
 //   committing -> waiting         the same, a loss during a commit (it stands)
 //   adopting -> waiting           an adopted job below its minimum (the policy says "checkpoint and stop")
+//   adopting -> checkpointing     the same in a job that does not wait for nodes: the fallback checkpoint, then the stop
 //   waiting -> forming            (f + 1) x n0 nodes again: from the survivors' memory or the checkpoint
 //   any -> stopped                training finished, an operator's shutdown, the fallback checkpoint
 //                                 written or impossible, failures that repeat, a job that cannot be planned
@@ -289,7 +291,8 @@ struct phase_transition {
 /// is a bug (logged and counted in coordinator_state::illegal_transitions).
 inline constexpr phase_transition transitions[] = {
     {"registering", "ready"},      {"ready", "registering"},        {"registering", "forming"},
-    {"registering", "adopting"},   {"adopting", "forming"},         {"forming", "adopting"},
+    {"registering", "adopting"},   {"adopting", "forming"},         {"adopting", "registering"},
+    {"forming", "adopting"},
     {"training", "adopting"},      {"committing", "adopting"},      {"checkpointing", "adopting"},
     {"forming", "forming"},        {"forming", "training"},         {"training", "committing"},
     {"training", "forming"},       {"committing", "training"},      {"committing", "forming"},
@@ -297,7 +300,8 @@ inline constexpr phase_transition transitions[] = {
     {"forming", "checkpointing"},  {"training", "checkpointing"},   {"committing", "checkpointing"},
     {"checkpointing", "checkpointing"}, {"training", "training"}, {"checkpointing", "waiting"},
     {"forming", "waiting"},        {"training", "waiting"},         {"committing", "waiting"},
-    {"adopting", "waiting"},       {"waiting", "forming"},          {"registering", "profiling"},
+    {"adopting", "waiting"},       {"adopting", "checkpointing"},   {"waiting", "forming"},
+    {"registering", "profiling"},
     {"profiling", "registering"},  {"profiling", "profiling"},      {"profiling", "forming"},
     {"any", "stopped"},
 };

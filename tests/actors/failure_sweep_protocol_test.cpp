@@ -5,15 +5,19 @@
 // the next epoch, writing the stop's checkpoint), without run-ahead, on nodes of two slots, with
 // evaluation rounds, with a node whose stage fails a step every time, with nodes joining as others
 // die, with nodes that hang instead of dying (the deadlines end it), in jobs that wait for nodes
-// below their minimum and resume from memory or from a checkpoint, and with the coordinator cut off
-// from every node (it adopts them back). Whatever happens, the accounting must hold: every step
-// committed once, in order (after a resume from an older checkpoint, again from its step); a
-// checkpoint holds the state the next step starts from; the job ends once and its stop counts what
-// was committed. The single cases in reconfiguration_*_test.cpp check what happens; this checks
-// that nothing is counted twice, skipped or left hanging anywhere. It found three bugs: a commit
-// that stood through a loss was recorded twice when the policy then said checkpoint and stop; that
-// stop waited for a periodic checkpoint abandoned for the same loss (a hang here); and a commit the
-// coordinator was confirming when it lost every node had no record once it adopted them back.
+// below their minimum and resume from memory or from a checkpoint, with the coordinator cut off
+// from every node (it adopts them back), and with the coordinator killed and replaced (with a node
+// dying too). Whatever happens, the accounting must hold: every step committed once, in order
+// (after a resume from an older checkpoint, again from its step; a replaced coordinator's last
+// decided step without a record); a checkpoint holds the state the next step starts from; the job
+// ends once and its stop counts what was committed. The single cases in reconfiguration_*_test.cpp
+// check what happens; this checks that nothing is counted twice, skipped or left hanging anywhere.
+// It found five bugs: a commit that stood through a loss was recorded twice when the policy then
+// said checkpoint and stop; that stop waited for a periodic checkpoint abandoned for the same loss
+// (a hang here); a commit the coordinator was confirming when it lost every node had no record once
+// it adopted them back; an adopted job too small to go on went to its fallback checkpoint along an
+// edge the phase machine did not have; and a replacement that adopted nodes which had committed
+// nothing, fewer than the job's, failed the job instead of waiting for its nodes.
 
 #include <doctest/doctest.h>
 
@@ -24,6 +28,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -333,6 +338,77 @@ void freeze_case(fixture::options o, std::int64_t held, failure_point point) {
   check_resumed_accounting(f, o.steps);
 }
 
+/// The coordinator's process killed at `point` (node `held`'s stage holds its answer there) and a
+/// replacement started: the workers come back to it with their state and it adopts the job. A
+/// step whose commit the first decided but did not live to record has no record (it died with
+/// that process), at most one, right before the step the replacement ran first; otherwise every
+/// step once, in order.
+void replacement_case(fixture::options o, std::int64_t held, failure_point point, std::optional<std::int64_t> gone = {}) {
+  o.checkpoints = true;
+  const std::string name = case_name({held}, point, o.checkpoint_every) + ", the coordinator replaced" +
+                           (gone ? ", node " + std::to_string(*gone) + " dies with it" : "");
+  CAPTURE(name);
+  fixture f(o);
+  const auto hold = [held, point](fake_stage_record& r) {
+    if (r.node == held) hold_at(r, point);
+  };
+  for (int i = 0; i < o.nodes; ++i)
+    f.add_worker({.name = "w" + std::to_string(i), .setup = hold, .slots = o.slots, .finds_coordinator = true});
+  f.sched.run();
+  if (point.kind == failure_point::checkpoint_written && !f.stages.at(held)->traced("write " + std::to_string(point.step)))
+    return;
+  REQUIRE(f.status().state == state_of(point.kind));
+  if (gone) f.kill(*gone);
+  // The held node is slow, not stuck: once its coordinator is gone it answers what it is asked.
+  auto& rec = *f.stages.at(held);
+  rec.hold_step.reset();
+  rec.hold_commit.reset();
+  rec.hold_write = false;
+  const std::size_t replaced_at = f.events.size();
+  f.replace_coordinator();
+  int next_worker = o.nodes;
+  for (int seconds = 0; seconds < 900 && !f.happened({.kind = event_kind::stopped}); ++seconds) {
+    f.sched.advance_time(std::chrono::seconds(1));
+    f.sched.run();
+    // Nothing committed and a node short: it waits for the job's nodes as at its start; one joins.
+    if (gone && next_worker == o.nodes && !f.happened({.kind = event_kind::stopped}) &&
+        f.status().state == "registering") {
+      f.add_worker(next_worker++);
+      f.sched.run();
+    }
+  }
+  INFO(describe(f.events));
+  REQUIRE(f.happened({.kind = event_kind::stopped}));
+  // Adopted from the nodes' memory (a restore record, once its first step committed), or planned
+  // afresh when none had committed.
+  REQUIRE(f.restores.size() <= 1u);
+  const std::uint64_t first_run = f.restores.empty() ? 0 : f.restores[0].step;
+  std::uint64_t next = 0;
+  bool first_after = true;  // the replacement's first step or checkpoint
+  for (std::size_t i = 0; i < f.events.size(); ++i) {
+    const auto& e = f.events[i];
+    CAPTURE(describe(e));
+    if (e.kind != event_kind::step_committed && e.kind != event_kind::checkpoint_written) continue;
+    if (i >= replaced_at && first_after) {
+      first_after = false;
+      // The step the first coordinator decided but did not live to record: it counts, without a record.
+      if (e.step == next + (e.kind == event_kind::step_committed ? 1 : 1) && (f.restores.empty() || first_run == e.step))
+        ++next;
+    }
+    CHECK(e.step == next);
+    if (e.kind == event_kind::step_committed) next = e.step + 1;
+  }
+  CHECK(count(f.events, {.kind = event_kind::commit_stood}) <= 1u);
+  const auto& stop = f.stop();
+  CHECK(stop.committed == next);  // the replacement counts the step whose record died with the first
+  if (!gone || stop.outcome == stop_outcome::finished) {
+    CHECK(stop.outcome == stop_outcome::finished);
+    CHECK(next == o.steps);
+  } else {
+    CHECK(stop.outcome == stop_outcome::checkpoint_and_stop);  // too few nodes came back
+  }
+}
+
 }  // namespace
 
 TEST_CASE("failure sweep: nodes lost at every point of a step on six nodes: each step committed once") {
@@ -411,4 +487,14 @@ TEST_CASE("failure sweep: the coordinator cut off from every node at every point
   for (int nodes : {6, 4})
     for (std::int64_t held : {0, 1})
       for (const auto& p : points(5, 2)) freeze_case({.nodes = nodes, .steps = 5, .checkpoint_every = 2}, held, p);
+}
+
+TEST_CASE("failure sweep: the coordinator killed at every point of a step and replaced: it adopts the job, each step once") {
+  for (int nodes : {6, 4})
+    for (std::int64_t held : {0, 1})
+      for (const auto& p : points(5, 2)) {
+        replacement_case({.nodes = nodes, .steps = 5, .checkpoint_every = 2}, held, p);
+        for (std::int64_t gone = 0; gone < nodes; ++gone)
+          if (gone != held) replacement_case({.nodes = nodes, .steps = 5, .checkpoint_every = 2}, held, p, gone);
+      }
 }

@@ -35,6 +35,15 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         const auto& st = node().assignments.at(s.epoch).stages.at(static_cast<std::size_t>(rec->slot));
         if (rec->hold_step == std::pair{s.epoch, s.step} || rec->hold_steps.count({s.epoch, s.step}))
           return self->make_response_promise<stage_done>();
+        if (s.commit_first) {
+          // The previous step's commit rode with these orders: a real stage applies it first, so a
+          // node stuck applying that commit (hold_commit) is stuck here too.
+          if (node().hold_commit == std::pair{s.commit.epoch, s.commit.step}) return self->make_response_promise<stage_done>();
+          if (static_cast<std::int64_t>(s.commit.step) > node().last_applied_step) {
+            ++node().applied;
+            node().last_applied_step = static_cast<std::int64_t>(s.commit.step);
+          }
+        }
         stage_done d{s.epoch, s.step, st.pipeline, st.stage, 0, {}};
         if (s.eval) {
           // Every validation window's loss is 3: a round's mean is 3 whatever the split.
@@ -52,12 +61,17 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         d.forward_ms.assign(static_cast<std::size_t>(s.microbatches), 1.0);
         d.backward_ms.assign(static_cast<std::size_t>(s.microbatches), 2.0);
         if (rec->fail_step == s.step) d.error = "injected stage failure";
+        else node().last_done_step = std::max(node().last_done_step, static_cast<std::int64_t>(s.step));
         return d;
       },
       [self, rec](commit_step& c) -> caf::result<step_committed> {
         rec->trace.push_back("commit " + std::to_string(c.epoch) + " " + std::to_string(c.step));
         rec->commits.push_back(c);
         if (rec->hold_commit == std::pair{c.epoch, c.step}) return self->make_response_promise<step_committed>();
+        if (static_cast<std::int64_t>(c.step) > rec->last_applied_step) {
+          ++rec->applied;
+          rec->last_applied_step = static_cast<std::int64_t>(c.step);
+        }
         step_committed out{c.epoch, c.step, node_id{-1}, {}};
         // Slot 0 commits every stage of its node.
         for (const auto& st : rec->assignments.at(c.epoch).stages)
@@ -82,13 +96,15 @@ stage_actor::behavior_type fake_stage(stage_actor::pointer self, fake_stage_reco
         }
         return out;
       },
-      // What a worker kept for a replacement coordinator: its stages' layers, one update per commit.
+      // What a worker kept for a replacement coordinator: its stages' layers, one update per applied
+      // commit, with the digest its commit answered (1000 + the step), and unapplied gradients.
       [rec](memory_atom) -> node_memory {
         node_memory m;
         m.views_epoch = rec->assignment().epoch;
         for (const auto& s : rec->assignment().stages)
           for (int l = s.first_layer.value; l < s.end_layer.value; ++l)
-            m.layers.push_back({layer_index{l}, 7u, static_cast<std::int64_t>(rec->commits.size())});
+            m.layers.push_back({layer_index{l}, static_cast<std::uint64_t>(1000 + rec->last_applied_step), rec->applied});
+        if (rec->last_done_step > rec->last_applied_step) m.gradients_step = rec->last_done_step;
         return m;
       },
   };
@@ -199,6 +215,7 @@ fixture::fixture(options o) : opts(o) {
   }
   d.on_waiting = [this](const waiting_record& r) { waits.push_back(r); };
   d.on_resumed = [this](const resumed_record& r) { resumes.push_back(r); };
+  d.on_restored = [this](const restore_record& r) { restores.push_back(r); };
   if (o.checkpoints || o.checkpoint_every > 0) {
     d.checkpoint.root = "/ckpt";
     d.checkpoint.every = o.checkpoint_every;
@@ -210,6 +227,16 @@ fixture::fixture(options o) : opts(o) {
     d.checkpoint.discard = [this](const std::string& temp) { discarded.push_back(temp); };
     d.checkpoint.on_stop = [this](const checkpoint_stop_record& r) { stops.push_back(r); };
   }
+  deps_ = d;
+  coord = spawn_coordinator(sys, std::move(d));
+  sched.run();
+}
+
+void fixture::replace_coordinator() {
+  self->send_exit(coord, caf::exit_reason::kill);
+  // Spawned before anything runs: the workers that lose the first look for this one.
+  auto d = deps_;
+  d.term = ++deps_.term;
   coord = spawn_coordinator(sys, std::move(d));
   sched.run();
 }

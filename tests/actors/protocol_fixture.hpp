@@ -51,6 +51,12 @@ struct fake_stage_record {
   std::vector<messages::stage_step> steps;
   std::vector<messages::commit_step> commits;
   std::vector<messages::write_checkpoint> writes;
+  /// What the node kept (slot 0's record), as a worker's memory reports it to a replacement
+  /// coordinator: commits applied (one update of every layer each), the step of the last applied
+  /// one, and the last step whose gradients it finished.
+  std::int64_t applied = 0;
+  std::int64_t last_applied_step = -1;
+  std::int64_t last_done_step = -1;
 
   std::set<std::uint64_t> hold_form;                                   ///< never answer these epochs' assignments
   std::optional<std::pair<std::uint64_t, std::uint64_t>> hold_step;    ///< (epoch, step): never answer
@@ -182,6 +188,7 @@ struct fixture {
   std::vector<actors::checkpoint_stop_record> stops;
   std::vector<actors::waiting_record> waits;     ///< coordinator_deps::on_waiting, in order
   std::vector<actors::resumed_record> resumes;   ///< coordinator_deps::on_resumed, in order
+  std::vector<actors::restore_record> restores;  ///< coordinator_deps::on_restored, in order
 
   static constexpr int nodes = 6;  ///< of the default job
   static const std::string token;
@@ -202,6 +209,11 @@ struct fixture {
   worker& add_worker(worker_options o);
   /// The node's process dies: its monitor and its stages.
   void kill(std::int64_t node);
+  /// The coordinator's process dies (kill) and a replacement starts with the same dependencies and
+  /// the next term (ARCHITECTURE.md §10 "Coordinator loss"): workers that look for a coordinator
+  /// (worker_options::finds_coordinator) find it and come back with their state. Its events and
+  /// records join the first one's.
+  void replace_coordinator();
   /// Starts the job (`setup` as for start()) with `node` never answering its commit of
   /// (epoch, step), and kills that node once the coordinator is committing that step.
   void kill_during_commit(std::int64_t node, std::pair<std::uint64_t, std::uint64_t> commit, setup_map setup = {});
@@ -255,6 +267,7 @@ struct fixture {
 
  private:
   std::string prefix_;  ///< OOBLECK_LOG_PREFIX
+  actors::coordinator_deps deps_;  ///< what the coordinator was spawned with (for a replacement)
 };
 
 inline std::string rules_of(const planning::reconfiguration& r) { return r.reason; }
