@@ -206,14 +206,7 @@ void decide(coordinator_pointer self, phase::adopting& ph) {
     // seed, or from the checkpoint it resumed from).
     for (const auto& entry : ph.memories)
       self->send(st.nodes.at(entry.first).monitor, abort_epoch{st.epoch, "the job is planned afresh"});
-    const std::int32_t here = live_count_of(st);
-    if (here < st.deps.expected_nodes) {
-      // As at the job's start: it waits for its nodes (planning on fewer failed the job).
-      st.deps.log("the adopted nodes committed no step yet: the job starts afresh once " +
-                  std::to_string(st.deps.expected_nodes) + " node(s) are here (" + std::to_string(here) + " now)");
-      enter(self, phase::registering{});
-      return;
-    }
+    // With fewer than the job's nodes and no plan for them, it waits for them as at its start.
     st.deps.log("the adopted nodes committed no step yet: planning the job afresh");
     return plan_first_epoch(self);
   }
@@ -294,7 +287,8 @@ void handle_losses(coordinator_pointer self) {
     return;
   }
   for (node_id node : losses) {
-    if (std::holds_alternative<phase::stopped>(st.phase)) return;
+    // Stopped, or waiting for the job's nodes as at its start (nothing trained yet): no epoch to recover.
+    if (std::holds_alternative<phase::stopped>(st.phase) || std::holds_alternative<phase::registering>(st.phase)) return;
     // An earlier loss of the batch may have left the job waiting for nodes (below its minimum).
     if (auto* waiting = std::get_if<phase::waiting>(&st.phase)) waiting_lost(self, *waiting, node);
     else if (st.current.contains(node)) on_loss(self, node);

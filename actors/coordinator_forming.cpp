@@ -323,8 +323,16 @@ void plan_first_epoch(coordinator_pointer self) {
   try {
     plan = planning::plan_job(st.deps.profile, job, live);
   } catch (const std::exception& e) {
-    return stop_job(self, stop_outcome::failed,
-                    "cannot plan the job on " + std::to_string(live.size()) + " node(s): " + e.what());
+    const std::string why = "cannot plan the job on " + std::to_string(live.size()) + " node(s): " + e.what();
+    if (static_cast<std::int32_t>(live.size()) < st.deps.expected_nodes) {
+      // Nodes lost before anything trained (while the first epoch formed, or this coordinator cut
+      // off from them): nothing is lost but time; it waits for the job's nodes as at its start.
+      st.deps.log(why + "; waiting for nodes, as at the job's start (" + std::to_string(live.size()) + " of " +
+                  std::to_string(st.deps.expected_nodes) + " admitted)");
+      if (!std::holds_alternative<phase::registering>(st.phase)) enter(self, phase::registering{});
+      return;
+    }
+    return stop_job(self, stop_outcome::failed, why);
   }
   st.templates = plan.templates;
   st.formed = {plan.pipelines, plan.idle_nodes};

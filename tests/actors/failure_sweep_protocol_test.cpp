@@ -1,23 +1,26 @@
 // Losses at every point of a step, swept (fixture: protocol_fixture.hpp): one, two or three nodes
-// die while a step runs, while its commit is applied or while a periodic checkpoint is written, on
-// jobs where the survivors go on (six nodes) and where they are too few (four nodes: checkpoint and
-// stop); then the same with a second round of losses while the recovery needs those nodes (forming
-// the next epoch, writing the stop's checkpoint), without run-ahead, on nodes of two slots, with
-// evaluation rounds, with a node whose stage fails a step every time, with nodes joining as others
-// die, with nodes that hang instead of dying (the deadlines end it), in jobs that wait for nodes
-// below their minimum and resume from memory or from a checkpoint, with the coordinator cut off
-// from every node (it adopts them back), and with the coordinator killed and replaced (with a node
-// dying too). Whatever happens, the accounting must hold: every step committed once, in order
-// (after a resume from an older checkpoint, again from its step; a replaced coordinator's last
-// decided step without a record); a checkpoint holds the state the next step starts from; the job
-// ends once and its stop counts what was committed. The single cases in reconfiguration_*_test.cpp
-// check what happens; this checks that nothing is counted twice, skipped or left hanging anywhere.
-// It found five bugs: a commit that stood through a loss was recorded twice when the policy then
-// said checkpoint and stop; that stop waited for a periodic checkpoint abandoned for the same loss
-// (a hang here); a commit the coordinator was confirming when it lost every node had no record once
-// it adopted them back; an adopted job too small to go on went to its fallback checkpoint along an
-// edge the phase machine did not have; and a replacement that adopted nodes which had committed
-// nothing, fewer than the job's, failed the job instead of waiting for its nodes.
+// die while the first epoch forms, while a step runs, while its commit is applied or while a
+// periodic checkpoint is written, on jobs where the survivors go on (six nodes) and where they are
+// too few (four nodes: checkpoint and stop); then the same with a second round of losses while the
+// recovery needs those nodes (forming the next epoch, writing the stop's checkpoint), without run-
+// ahead, on nodes of two slots, with evaluation rounds, with a node whose stage fails a step every
+// time, with nodes joining as others die, with nodes that hang instead of dying (the deadlines end
+// it), in jobs that wait for nodes below their minimum and resume from memory or from a checkpoint,
+// with the coordinator cut off from every node (it adopts them back), with the coordinator killed
+// and replaced (with a node dying too), and with a node's own stage failing (a strike, or an
+// eviction when applying a commit). Whatever happens, the accounting must hold: every step
+// committed once, in order (after a resume from an older checkpoint, again from its step; a
+// replaced coordinator's last decided step without a record); a checkpoint holds the state the next
+// step starts from; the job ends once and its stop counts what was committed. The single cases in
+// reconfiguration_*_test.cpp check what happens; this checks that nothing is counted twice, skipped
+// or left hanging anywhere. It found six bugs: a commit that stood through a loss was recorded
+// twice when the policy then said checkpoint and stop; that stop waited for a periodic checkpoint
+// abandoned for the same loss (a hang here); a commit the coordinator was confirming when it lost
+// every node had no record once it adopted them back; an adopted job too small to go on went to its
+// fallback checkpoint along an edge the phase machine did not have; and nodes lost before anything
+// trained (while the first epoch formed, the coordinator cut off then, or a replacement's nodes
+// that had committed nothing) failed the job when too few were left to plan it, instead of waiting
+// for its nodes as at its start.
 
 #include <doctest/doctest.h>
 
@@ -38,6 +41,8 @@
 using namespace oobleck::testing;
 using oobleck::messages::event_kind;
 using oobleck::messages::stop_outcome;
+namespace messages = oobleck::messages;
+namespace planning = oobleck::planning;
 
 namespace {
 
@@ -45,7 +50,7 @@ namespace {
 /// its commit is applied (they hold the commit), or while the periodic checkpoint before it is
 /// written (they hold their writes).
 struct failure_point {
-  enum kind_t { step_runs, commit_applied, checkpoint_written } kind = step_runs;
+  enum kind_t { step_runs, commit_applied, checkpoint_written, first_forming } kind = step_runs;
   std::uint64_t step = 1;
 };
 
@@ -54,6 +59,7 @@ const char* state_of(failure_point::kind_t k) {
     case failure_point::step_runs: return "training";
     case failure_point::commit_applied: return "committing";
     case failure_point::checkpoint_written: return "checkpointing";
+    case failure_point::first_forming: return "forming";
   }
   return "?";
 }
@@ -64,6 +70,8 @@ void hold_at(fake_stage_record& r, const failure_point& point) {
     r.hold_commit = std::pair<std::uint64_t, std::uint64_t>{1, point.step};
   else if (point.kind == failure_point::step_runs)
     r.hold_step = std::pair<std::uint64_t, std::uint64_t>{1, point.step};
+  else if (point.kind == failure_point::first_forming)
+    r.hold_form = {1};
   else
     r.hold_write = true;
 }
@@ -71,15 +79,17 @@ void hold_at(fake_stage_record& r, const failure_point& point) {
 std::string case_name(const std::vector<std::int64_t>& victims, const failure_point& p, std::uint64_t every) {
   std::string out = "victims";
   for (auto v : victims) out += " " + std::to_string(v);
+  if (p.kind == failure_point::first_forming) return out + ", forming the first epoch, checkpoint every " + std::to_string(every);
   const char* where = p.kind == failure_point::step_runs        ? ", during step "
                       : p.kind == failure_point::commit_applied ? ", during the commit of step "
                                                                 : ", writing the checkpoint before step ";
   return out + where + std::to_string(p.step) + ", checkpoint every " + std::to_string(every);
 }
 
-/// The failure points of steps 0 .. steps - 2 (and the checkpoints before them, when periodic).
+/// The failure points: the first epoch forming, then steps 0 .. steps - 2 (and the checkpoints
+/// before them, when periodic).
 std::vector<failure_point> points(std::uint64_t steps, std::uint64_t every) {
-  std::vector<failure_point> out;
+  std::vector<failure_point> out{{failure_point::first_forming, 0}};
   for (std::uint64_t k = 0; k + 1 < steps; ++k) {
     out.push_back({failure_point::step_runs, k});
     out.push_back({failure_point::commit_applied, k});
@@ -181,6 +191,13 @@ void sweep_case(fixture::options o, const std::vector<std::int64_t>& victims, fa
   for (auto v : victims) f.kill(v);
   for (int j = 0; j < joins; ++j) f.add_worker(o.nodes + j);
   f.sched.run();
+  if (!f.happened({.kind = event_kind::stopped}) && f.status().state == "registering") {
+    // Lost before anything trained and too few left to plan: the job waits for its nodes as at
+    // its start; as many join as died.
+    REQUIRE(point.kind == failure_point::first_forming);
+    for (std::size_t j = 0; j < victims.size(); ++j) f.add_worker(o.nodes + joins + static_cast<int>(j));
+    f.sched.run();
+  }
   INFO(describe(f.events));
   // A commit decided before the loss stands: the step is committed (once, below).
   if (point.kind == failure_point::commit_applied) CHECK(f.records.size() > point.step);
@@ -217,6 +234,12 @@ void two_round_case(int nodes, std::uint64_t steps, const std::vector<std::int64
   REQUIRE((state == "forming" || state == "checkpointing"));
   for (auto v : second) f.kill(v);
   f.sched.run();
+  if (!f.happened({.kind = event_kind::stopped}) && f.status().state == "registering") {
+    // Before anything trained, too few left to plan: it waits for the job's nodes; they join.
+    REQUIRE(point.kind == failure_point::first_forming);
+    for (std::size_t j = 0; j < first.size() + second.size(); ++j) f.add_worker(nodes + static_cast<int>(j));
+    f.sched.run();
+  }
   check_accounting(f, steps, 1);
   // The second round's nodes computed nothing after they died: no step of epoch 2 or later.
   for (auto v : second) CHECK(f.stages.at(v)->runs_of(point.step, 2) == 0u);
@@ -296,7 +319,12 @@ void wait_case(fixture::options o, const std::vector<std::int64_t>& victims, fai
   for (auto v : victims) f.kill(v);
   f.sched.run();
   int next_worker = o.nodes;
-  for (int round = 0; round < 3 && !f.happened({.kind = event_kind::stopped}) && f.status().state == "waiting"; ++round) {
+  const auto waits = [&] {
+    if (f.happened({.kind = event_kind::stopped})) return false;
+    const auto state = f.status().state;
+    return state == "waiting" || state == "registering";  // registering: lost before anything trained
+  };
+  for (int round = 0; round < 3 && waits(); ++round) {
     for (std::size_t j = 0; j < victims.size(); ++j) f.add_worker(next_worker++);
     f.sched.run();
   }
@@ -334,7 +362,9 @@ void freeze_case(fixture::options o, std::int64_t held, failure_point point) {
   }
   INFO(describe(f.events));
   REQUIRE(f.happened({.kind = event_kind::stopped}));
-  CHECK(f.told("every node was lost at once"));
+  // Before the first epoch formed there is nothing to adopt: it waits for its nodes as at its start.
+  if (point.kind != failure_point::first_forming) CHECK(f.told("every node was lost at once"));
+  CHECK(f.stop().outcome == stop_outcome::finished);
   check_resumed_accounting(f, o.steps);
 }
 
@@ -407,6 +437,30 @@ void replacement_case(fixture::options o, std::int64_t held, failure_point point
   } else {
     CHECK(stop.outcome == stop_outcome::checkpoint_and_stop);  // too few nodes came back
   }
+}
+
+/// A node's own stage fails (node_fault, as its monitor reports an exception: out of memory) while
+/// node `held`'s stage holds its answer at `point`: a strike and the step again, or, applying a
+/// commit (`in_commit`), an eviction. Simulated time passes until the job ends.
+void fault_case(fixture::options o, std::int64_t held, failure_point point, std::int64_t faulty, bool in_commit) {
+  o.checkpoints = true;
+  const std::string name = case_name({held}, point, o.checkpoint_every) + "; node " + std::to_string(faulty) +
+                           (in_commit ? " fails applying a commit" : " fails its step");
+  CAPTURE(name);
+  fixture f(o);
+  f.start({{held, [point](fake_stage_record& r) { hold_at(r, point); }}});
+  if (point.kind == failure_point::checkpoint_written && !f.stages.at(held)->traced("write " + std::to_string(point.step)))
+    return;
+  REQUIRE(f.status().state == state_of(point.kind));
+  caf::send_as(f.monitors.at(faulty), f.coord,
+               messages::node_fault{1, planning::node_id{faulty}, "injected: out of memory", true, in_commit});
+  for (int seconds = 0; seconds < 900 && !f.happened({.kind = event_kind::stopped}); ++seconds) {
+    f.sched.advance_time(std::chrono::seconds(1));
+    f.sched.run();
+  }
+  INFO(describe(f.events));
+  REQUIRE(f.happened({.kind = event_kind::stopped}));
+  check_accounting(f, o.steps, 1, true);
 }
 
 }  // namespace
@@ -497,4 +551,13 @@ TEST_CASE("failure sweep: the coordinator killed at every point of a step and re
         for (std::int64_t gone = 0; gone < nodes; ++gone)
           if (gone != held) replacement_case({.nodes = nodes, .steps = 5, .checkpoint_every = 2}, held, p, gone);
       }
+}
+
+TEST_CASE("failure sweep: a node's stage fails at every point of a step: a strike or an eviction, each step committed once") {
+  for (int nodes : {6, 4})
+    for (std::int64_t held : {0, 1})
+      for (const auto& p : points(4, 2))
+        for (std::int64_t faulty = 0; faulty < nodes; ++faulty)
+          for (const bool in_commit : {false, true})
+            fault_case({.nodes = nodes, .steps = 4, .checkpoint_every = 2}, held, p, faulty, in_commit);
 }
