@@ -260,7 +260,9 @@ void handle_losses(coordinator_pointer self) {
   auto* ck = std::get_if<phase::checkpointing>(&st.phase);
   const bool fallback = ck && ck->progress.stop_after;
   const bool cut_off = live_count_of(st) == 0 || every_live_node_lost_us(st);
-  if (st.formed_once && cut_off && !fallback) {
+  // Before the first epoch formed too: the nodes come back with nothing committed, and the job is
+  // planned afresh over them (decide()).
+  if (cut_off && !fallback) {
     // Every node at once: this coordinator was frozen or cut off, not they. They keep their state
     // and look for a coordinator; it waits for them rather than concluding "too few nodes".
     // A commit being confirmed may have reached some nodes or none: their memories decide. If any

@@ -325,8 +325,11 @@ void plan_first_epoch(coordinator_pointer self) {
   } catch (const std::exception& e) {
     const std::string why = "cannot plan the job on " + std::to_string(live.size()) + " node(s): " + e.what();
     if (static_cast<std::int32_t>(live.size()) < st.deps.expected_nodes) {
-      // Nodes lost before anything trained (while the first epoch formed, or this coordinator cut
-      // off from them): nothing is lost but time; it waits for the job's nodes as at its start.
+      // Nodes lost before anything trained (while the first epoch formed, or a replacement's
+      // nodes that had committed nothing): too few to plan is the policy's "checkpoint and stop"
+      // (nothing trained to write: exit 4), or, in a job that waits for nodes, a wait for the
+      // job's nodes as at its start. It is not the job's failure.
+      if (!st.deps.wait_below_minimum) return checkpoint_and_stop(self, why);
       st.deps.log(why + "; waiting for nodes, as at the job's start (" + std::to_string(live.size()) + " of " +
                   std::to_string(st.deps.expected_nodes) + " admitted)");
       if (!std::holds_alternative<phase::registering>(st.phase)) enter(self, phase::registering{});

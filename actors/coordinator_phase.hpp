@@ -30,8 +30,8 @@
 //   checkpointing -> checkpointing   a node lost during a periodic checkpoint, and the policy says "checkpoint and stop"
 //   registering -> adopting       a node came back with the state of a job in progress (a replacement coordinator)
 //   adopting -> forming           the job's committed step decided and its layers reconciled: an epoch over the nodes present
-//   adopting -> registering       no node had committed a step and too few came back to plan the job: wait for its nodes, as at the start
-//   forming -> registering        nodes lost while the first epoch formed, too few left to plan the job: wait for its nodes, as at the start
+//   adopting -> registering       no node had committed a step, too few came back to plan the job, and the job waits for nodes: as at its start
+//   forming -> registering        nodes lost while the first epoch formed, too few left to plan the job, and the job waits for nodes: the same
 //   forming -> adopting           every node lost at once (this coordinator was frozen or cut off): wait for them to come back
 //   training -> adopting          every node lost at once: wait for them to come back
 //   committing -> adopting        every node lost at once (the decided commit stands): wait for them to come back
