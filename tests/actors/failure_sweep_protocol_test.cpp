@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -245,6 +246,34 @@ void two_round_case(int nodes, std::uint64_t steps, const std::vector<std::int64
   for (auto v : second) CHECK(f.stages.at(v)->runs_of(point.step, 2) == 0u);
 }
 
+/// Starts the job's workers, each looking for a coordinator when it loses its own, with node
+/// `held`'s stage holding its answer at `point`, and runs it there; false when the point does not
+/// arise (a checkpoint that asks nothing of `held`).
+bool start_held(fixture& f, std::int64_t held, failure_point point) {
+  const auto hold = [held, point](fake_stage_record& r) {
+    if (r.node == held) hold_at(r, point);
+  };
+  for (int i = 0; i < f.opts.nodes; ++i)
+    f.add_worker({.name = "w" + std::to_string(i), .setup = hold, .slots = f.opts.slots, .finds_coordinator = true});
+  f.sched.run();
+  if (point.kind == failure_point::checkpoint_written && !f.stages.at(held)->traced("write " + std::to_string(point.step)))
+    return false;
+  REQUIRE(f.status().state == state_of(point.kind));
+  return true;
+}
+
+/// Simulated time passes a second at a time (deadlines fire, nodes look for a coordinator again)
+/// until the job stops, for at most 15 minutes of it; `each` runs after every second.
+void run_until_stopped(fixture& f, const std::function<void()>& each = {}) {
+  for (int seconds = 0; seconds < 900 && !f.happened({.kind = event_kind::stopped}); ++seconds) {
+    f.sched.advance_time(std::chrono::seconds(1));
+    f.sched.run();
+    if (each) each();
+  }
+  INFO(describe(f.events));
+  REQUIRE(f.happened({.kind = event_kind::stopped}));
+}
+
 /// Victims that hang instead of dying: their stages hold their answer at `point` and never give
 /// it (a step, a commit, a checkpoint write), and the coordinator's deadlines must end it (the
 /// step runs again, a late commit's node is evicted, a writer is replaced). Simulated time passes
@@ -258,12 +287,8 @@ void hang_case(fixture::options o, const std::vector<std::int64_t>& victims, fai
   for (auto v : victims)
     setup[v] = [point](fake_stage_record& r) { hold_at(r, point); };
   f.start(setup);
-  for (int seconds = 0; seconds < 900 && !f.happened({.kind = event_kind::stopped}); ++seconds) {
-    f.sched.advance_time(std::chrono::seconds(1));
-    f.sched.run();
-  }
+  run_until_stopped(f);
   INFO(describe(f.events));
-  REQUIRE(f.happened({.kind = event_kind::stopped}));
   check_accounting(f, o.steps, 1, true);
 }
 
@@ -341,27 +366,15 @@ void freeze_case(fixture::options o, std::int64_t held, failure_point point) {
   const std::string name = case_name({held}, point, o.checkpoint_every) + ", the coordinator cut off";
   CAPTURE(name);
   fixture f(o);
-  const auto hold = [held, point](fake_stage_record& r) {
-    if (r.node == held) hold_at(r, point);
-  };
-  for (int i = 0; i < o.nodes; ++i)
-    f.add_worker({.name = "w" + std::to_string(i), .setup = hold, .slots = o.slots, .finds_coordinator = true});
-  f.sched.run();
-  if (point.kind == failure_point::checkpoint_written && !f.stages.at(held)->traced("write " + std::to_string(point.step)))
-    return;
-  REQUIRE(f.status().state == state_of(point.kind));
+  if (!start_held(f, held, point)) return;
   for (std::int64_t n = 0; n < o.nodes; ++n) {
     const auto monitor = caf::actor_cast<caf::actor>(f.monitors.at(n));
     caf::anon_send(monitor, caf::down_msg{f.coord.address(), caf::exit_reason::remote_link_unreachable});
     caf::send_as(monitor, caf::actor_cast<caf::actor>(f.coord),
                  caf::down_msg{f.monitors.at(n).address(), caf::exit_reason::remote_link_unreachable});
   }
-  for (int seconds = 0; seconds < 900 && !f.happened({.kind = event_kind::stopped}); ++seconds) {
-    f.sched.advance_time(std::chrono::seconds(1));
-    f.sched.run();
-  }
+  run_until_stopped(f);
   INFO(describe(f.events));
-  REQUIRE(f.happened({.kind = event_kind::stopped}));
   CHECK(f.told("every node was lost at once"));
   CHECK(f.stop().outcome == stop_outcome::finished);
   check_resumed_accounting(f, o.steps);
@@ -375,18 +388,11 @@ void freeze_case(fixture::options o, std::int64_t held, failure_point point) {
 void replacement_case(fixture::options o, std::int64_t held, failure_point point, std::optional<std::int64_t> gone = {}) {
   o.checkpoints = true;
   const std::string name = case_name({held}, point, o.checkpoint_every) + ", the coordinator replaced" +
-                           (gone ? ", node " + std::to_string(*gone) + " dies with it" : "");
+                           (gone ? ", node " + std::to_string(*gone) + " dies with it" : "") +
+                           (o.wait_below_minimum ? ", the job waits for nodes" : "");
   CAPTURE(name);
   fixture f(o);
-  const auto hold = [held, point](fake_stage_record& r) {
-    if (r.node == held) hold_at(r, point);
-  };
-  for (int i = 0; i < o.nodes; ++i)
-    f.add_worker({.name = "w" + std::to_string(i), .setup = hold, .slots = o.slots, .finds_coordinator = true});
-  f.sched.run();
-  if (point.kind == failure_point::checkpoint_written && !f.stages.at(held)->traced("write " + std::to_string(point.step)))
-    return;
-  REQUIRE(f.status().state == state_of(point.kind));
+  if (!start_held(f, held, point)) return;
   if (gone) f.kill(*gone);
   // The held node is slow, not stuck: once its coordinator is gone it answers what it is asked.
   auto& rec = *f.stages.at(held);
@@ -396,18 +402,19 @@ void replacement_case(fixture::options o, std::int64_t held, failure_point point
   const std::size_t replaced_at = f.events.size();
   f.replace_coordinator();
   int next_worker = o.nodes;
-  for (int seconds = 0; seconds < 900 && !f.happened({.kind = event_kind::stopped}); ++seconds) {
-    f.sched.advance_time(std::chrono::seconds(1));
-    f.sched.run();
-    // Nothing committed and a node short: it waits for the job's nodes as at its start; one joins.
-    if (gone && next_worker == o.nodes && !f.happened({.kind = event_kind::stopped}) &&
-        f.status().state == "registering") {
-      f.add_worker(next_worker++);
-      f.sched.run();
+  run_until_stopped(f, [&] {
+    // A node short in a job that waits for nodes: it waits (for the job's nodes as at its start
+    // when nothing was committed, below its minimum otherwise); one joins.
+    if (gone && next_worker == o.nodes && !f.happened({.kind = event_kind::stopped})) {
+      const auto state = f.status().state;
+      if (state == "registering" || state == "waiting") {
+        REQUIRE(o.wait_below_minimum);
+        f.add_worker(next_worker++);
+        f.sched.run();
+      }
     }
-  }
+  });
   INFO(describe(f.events));
-  REQUIRE(f.happened({.kind = event_kind::stopped}));
   // Adopted from the nodes' memory (a restore record, once its first step committed), or planned
   // afresh when none had committed.
   REQUIRE(f.restores.size() <= 1u);
@@ -430,7 +437,7 @@ void replacement_case(fixture::options o, std::int64_t held, failure_point point
   CHECK(count(f.events, {.kind = event_kind::commit_stood}) <= 1u);
   const auto& stop = f.stop();
   CHECK(stop.committed == next);  // the replacement counts the step whose record died with the first
-  if (!gone || stop.outcome == stop_outcome::finished) {
+  if (!gone || o.wait_below_minimum || stop.outcome == stop_outcome::finished) {
     CHECK(stop.outcome == stop_outcome::finished);
     CHECK(next == o.steps);
   } else {
@@ -453,12 +460,8 @@ void fault_case(fixture::options o, std::int64_t held, failure_point point, std:
   REQUIRE(f.status().state == state_of(point.kind));
   caf::send_as(f.monitors.at(faulty), f.coord,
                messages::node_fault{1, planning::node_id{faulty}, "injected: out of memory", true, in_commit});
-  for (int seconds = 0; seconds < 900 && !f.happened({.kind = event_kind::stopped}); ++seconds) {
-    f.sched.advance_time(std::chrono::seconds(1));
-    f.sched.run();
-  }
+  run_until_stopped(f);
   INFO(describe(f.events));
-  REQUIRE(f.happened({.kind = event_kind::stopped}));
   check_accounting(f, o.steps, 1, true);
 }
 
@@ -548,7 +551,10 @@ TEST_CASE("failure sweep: the coordinator killed at every point of a step and re
       for (const auto& p : points(5, 2)) {
         replacement_case({.nodes = nodes, .steps = 5, .checkpoint_every = 2}, held, p);
         for (std::int64_t gone = 0; gone < nodes; ++gone)
-          if (gone != held) replacement_case({.nodes = nodes, .steps = 5, .checkpoint_every = 2}, held, p, gone);
+          if (gone != held)
+            for (const bool waits : {false, true})
+              replacement_case({.nodes = nodes, .steps = 5, .checkpoint_every = 2, .wait_below_minimum = waits}, held,
+                               p, gone);
       }
 }
 
