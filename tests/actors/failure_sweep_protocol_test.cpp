@@ -77,14 +77,17 @@ void hold_at(fake_stage_record& r, const failure_point& point) {
     r.hold_write = true;
 }
 
-std::string case_name(const std::vector<std::int64_t>& victims, const failure_point& p, std::uint64_t every) {
+std::string case_name(const std::vector<std::int64_t>& victims, const failure_point& p, const fixture::options& o) {
   std::string out = "victims";
   for (auto v : victims) out += " " + std::to_string(v);
-  if (p.kind == failure_point::first_forming) return out + ", forming the first epoch, checkpoint every " + std::to_string(every);
+  const std::string job = std::to_string(o.nodes) + " nodes, checkpoint every " + std::to_string(o.checkpoint_every) +
+                          (o.run_ahead ? "" : ", without run-ahead") +
+                          (o.slots > 1 ? ", " + std::to_string(o.slots) + " slots" : "");
+  if (p.kind == failure_point::first_forming) return out + ", forming the first epoch; " + job;
   const char* where = p.kind == failure_point::step_runs        ? ", during step "
                       : p.kind == failure_point::commit_applied ? ", during the commit of step "
                                                                 : ", writing the checkpoint before step ";
-  return out + where + std::to_string(p.step) + ", checkpoint every " + std::to_string(every);
+  return out + where + std::to_string(p.step) + "; " + job;
 }
 
 /// The failure points: the first epoch forming, then steps 0 .. steps - 2 (and the checkpoints
@@ -168,9 +171,7 @@ void sweep_case(fixture::options o, const std::vector<std::int64_t>& victims, fa
                 const fixture::setup_map& also = {}, int joins = 0) {
   o.checkpoints = true;
   const std::uint64_t steps = o.steps;
-  const std::string name = case_name(victims, point, o.checkpoint_every) + (o.run_ahead ? "" : ", without run-ahead") +
-                           (o.slots > 1 ? ", " + std::to_string(o.slots) + " slots" : "") +
-                           (joins > 0 ? ", " + std::to_string(joins) + " joining" : "");
+  const std::string name = case_name(victims, point, o) + (joins > 0 ? ", " + std::to_string(joins) + " joining" : "");
   CAPTURE(name);
   fixture f(o);
   fixture::setup_map setup = also;
@@ -211,7 +212,7 @@ void sweep_case(fixture::options o, const std::vector<std::int64_t>& victims, fa
 /// `second` is another case: skipped.
 void two_round_case(int nodes, std::uint64_t steps, const std::vector<std::int64_t>& first, failure_point point,
                     const std::vector<std::int64_t>& second) {
-  std::string name = case_name(first, point, 0) + "; then";
+  std::string name = case_name(first, point, fixture::options{.nodes = nodes, .steps = steps}) + "; then";
   for (auto v : second) name += " " + std::to_string(v);
   CAPTURE(name);
   fixture f({.nodes = nodes, .steps = steps, .checkpoints = true});
@@ -280,7 +281,7 @@ void run_until_stopped(fixture& f, const std::function<void()>& each = {}) {
 /// a second at a time until the job ends.
 void hang_case(fixture::options o, const std::vector<std::int64_t>& victims, failure_point point) {
   o.checkpoints = true;
-  const std::string name = case_name(victims, point, o.checkpoint_every) + ", hanging";
+  const std::string name = case_name(victims, point, o) + ", hanging";
   CAPTURE(name);
   fixture f(o);
   fixture::setup_map setup;
@@ -329,7 +330,7 @@ void check_resumed_accounting(const fixture& f, std::uint64_t steps) {
 void wait_case(fixture::options o, const std::vector<std::int64_t>& victims, failure_point point) {
   o.checkpoints = true;
   o.wait_below_minimum = true;
-  const std::string name = case_name(victims, point, o.checkpoint_every) + ", waiting for nodes";
+  const std::string name = case_name(victims, point, o) + ", waiting for nodes";
   CAPTURE(name);
   fixture f(o);
   fixture::setup_map setup;
@@ -363,7 +364,7 @@ void wait_case(fixture::options o, const std::vector<std::int64_t>& victims, fai
 /// time passes a second at a time until the job ends.
 void freeze_case(fixture::options o, std::int64_t held, failure_point point) {
   o.checkpoints = true;
-  const std::string name = case_name({held}, point, o.checkpoint_every) + ", the coordinator cut off";
+  const std::string name = case_name({held}, point, o) + ", the coordinator cut off";
   CAPTURE(name);
   fixture f(o);
   if (!start_held(f, held, point)) return;
@@ -387,7 +388,7 @@ void freeze_case(fixture::options o, std::int64_t held, failure_point point) {
 /// step once, in order.
 void replacement_case(fixture::options o, std::int64_t held, failure_point point, std::optional<std::int64_t> gone = {}) {
   o.checkpoints = true;
-  const std::string name = case_name({held}, point, o.checkpoint_every) + ", the coordinator replaced" +
+  const std::string name = case_name({held}, point, o) + ", the coordinator replaced" +
                            (gone ? ", node " + std::to_string(*gone) + " dies with it" : "") +
                            (o.wait_below_minimum ? ", the job waits for nodes" : "");
   CAPTURE(name);
@@ -450,7 +451,7 @@ void replacement_case(fixture::options o, std::int64_t held, failure_point point
 /// commit (`in_commit`), an eviction. Simulated time passes until the job ends.
 void fault_case(fixture::options o, std::int64_t held, failure_point point, std::int64_t faulty, bool in_commit) {
   o.checkpoints = true;
-  const std::string name = case_name({held}, point, o.checkpoint_every) + "; node " + std::to_string(faulty) +
+  const std::string name = case_name({held}, point, o) + "; node " + std::to_string(faulty) +
                            (in_commit ? " fails applying a commit" : " fails its step");
   CAPTURE(name);
   fixture f(o);
@@ -565,4 +566,19 @@ TEST_CASE("failure sweep: a node's stage fails at every point of a step: a strik
         for (std::int64_t faulty = 0; faulty < nodes; ++faulty)
           for (const bool in_commit : {false, true})
             fault_case({.nodes = nodes, .steps = 4, .checkpoint_every = 2}, held, p, faulty, in_commit);
+}
+
+TEST_CASE("failure sweep: hangs, a cut-off coordinator and a replaced one, without run-ahead and on nodes of two slots") {
+  for (int nodes : {6, 4})
+    for (const auto& p : points(4, 2))
+      for (const bool run_ahead : {false, true})
+        for (const int slots : {1, 2}) {
+          if (run_ahead && slots == 1) continue;  // the cases above
+          const fixture::options o{.nodes = nodes, .steps = 4, .slots = slots, .checkpoint_every = 2, .run_ahead = run_ahead};
+          for (std::int64_t held : {0, 1}) {
+            hang_case(o, {held}, p);
+            freeze_case(o, held, p);
+            replacement_case(o, held, p);
+          }
+        }
 }
