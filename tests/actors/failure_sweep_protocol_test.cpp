@@ -82,7 +82,8 @@ std::string case_name(const std::vector<std::int64_t>& victims, const failure_po
   for (auto v : victims) out += " " + std::to_string(v);
   const std::string job = std::to_string(o.nodes) + " nodes, checkpoint every " + std::to_string(o.checkpoint_every) +
                           (o.run_ahead ? "" : ", without run-ahead") +
-                          (o.slots > 1 ? ", " + std::to_string(o.slots) + " slots" : "");
+                          (o.slots > 1 ? ", " + std::to_string(o.slots) + " slots" : "") +
+                          (o.digest_every > 1 ? ", digests every " + std::to_string(o.digest_every) : "");
   if (p.kind == failure_point::first_forming) return out + ", forming the first epoch; " + job;
   const char* where = p.kind == failure_point::step_runs        ? ", during step "
                       : p.kind == failure_point::commit_applied ? ", during the commit of step "
@@ -473,14 +474,18 @@ TEST_CASE("failure sweep: nodes lost at every point of a step on six nodes: each
   // three (a whole pipeline and more) make the policy stop.
   for (std::uint64_t every : {0u, 2u})
     for (const auto& victims : victim_sets(6, 3))
-      for (const auto& p : points(5, every)) sweep_case({.nodes = 6, .steps = 5, .checkpoint_every = every}, victims, p);
+      for (const auto& p : points(5, every))
+        for (std::uint64_t digests : {1u, 3u})  // every step, as the tests run; every 3rd, as jobs do (100)
+          sweep_case({.nodes = 6, .steps = 5, .checkpoint_every = every, .digest_every = digests}, victims, p);
 }
 
 TEST_CASE("failure sweep: nodes lost at every point of a step on four nodes, too few left: checkpoint and stop, each step once") {
   // Two pipelines of two: any loss leaves fewer than (f + 1) * n0 = 4.
   for (std::uint64_t every : {0u, 2u})
     for (const auto& victims : victim_sets(4, 3))
-      for (const auto& p : points(5, every)) sweep_case({.nodes = 4, .steps = 5, .checkpoint_every = every}, victims, p);
+      for (const auto& p : points(5, every))
+        for (std::uint64_t digests : {1u, 3u})  // every step, as the tests run; every 3rd, as jobs do (100)
+          sweep_case({.nodes = 4, .steps = 5, .checkpoint_every = every, .digest_every = digests}, victims, p);
 }
 
 TEST_CASE("failure sweep: a second loss while the recovery from the first needs it: each step committed once") {
