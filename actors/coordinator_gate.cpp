@@ -83,7 +83,11 @@ gate_verdict gate(coordinator_pointer self, node_ready& m) {
 
 gate_verdict gate(coordinator_pointer self, node_fault& m) {
   cut(m.what);
-  return from_monitor(self, m.node);
+  if (auto v = from_monitor(self, m.node); v.kind != gate_verdict::accept) return v;
+  // Epochs start at 1: no stage ran in epoch 0, so no failure of one can be reported (a fault of
+  // epoch 0 counted as a strike before the first commit).
+  if (m.epoch == 0) return refused("a fault of epoch 0, in which no stage runs");
+  return {};
 }
 
 gate_verdict gate(coordinator_pointer self, epoch_aborted& m) { return from_monitor(self, m.node); }

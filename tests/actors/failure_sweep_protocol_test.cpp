@@ -467,6 +467,36 @@ void fault_case(fixture::options o, std::int64_t held, failure_point point, std:
   check_accounting(f, o.steps, 1, true);
 }
 
+/// Late copies of what nodes already said, delivered at `point` (node `held` holds its answer
+/// there) from every node's own monitor: an acknowledgement of the previous step's commit, a
+/// ready of the formed epoch, a stage failure of an older epoch. Each is dropped (counted), and
+/// the job then goes on as it would have: `held` dies, the accounting holds, and no failure or
+/// strike came of the echoes.
+void echo_case(fixture::options o, std::int64_t held, failure_point point) {
+  o.checkpoints = true;
+  const std::string name = case_name({held}, point, o) + ", late copies of old messages";
+  CAPTURE(name);
+  fixture f(o);
+  if (!start_held(f, held, point)) return;
+  const std::uint64_t step = point.kind == failure_point::first_forming ? 0 : point.step;
+  for (std::int64_t n = 0; n < o.nodes; ++n) {
+    const auto monitor = caf::actor_cast<caf::actor>(f.monitors.at(n));
+    const auto coord = caf::actor_cast<caf::actor>(f.coord);
+    if (step > 0) caf::send_as(monitor, coord, messages::step_committed{1, step - 1, planning::node_id{n}, {}});
+    if (point.kind != failure_point::first_forming)
+      caf::send_as(monitor, coord, messages::node_ready{1, planning::node_id{n}, {}, {}});
+    caf::send_as(monitor, coord, messages::node_fault{0, planning::node_id{n}, "a late echo", true, false});
+  }
+  f.sched.run();
+  CHECK(f.status().state == state_of(point.kind));  // nothing moved
+  f.kill(held);
+  run_until_stopped(f);
+  INFO(describe(f.events));
+  check_accounting(f, o.steps, 1);
+  for (const auto& e : f.events) CHECK(e.detail.find("a late echo") == std::string::npos);
+  CHECK(!f.told("a late echo"));
+}
+
 }  // namespace
 
 TEST_CASE("failure sweep: nodes lost at every point of a step on six nodes: each step committed once") {
@@ -586,4 +616,10 @@ TEST_CASE("failure sweep: hangs, a cut-off coordinator and a replaced one, witho
             replacement_case(o, held, p);
           }
         }
+}
+
+TEST_CASE("failure sweep: late copies of old messages at every point of a step change nothing") {
+  for (int nodes : {6, 4})
+    for (const auto& p : points(4, 2))
+      for (std::int64_t held : {0, 1}) echo_case({.nodes = nodes, .steps = 4, .checkpoint_every = 2}, held, p);
 }
