@@ -208,6 +208,8 @@ void record_reconfiguration(coordinator_pointer self, const planning::reconfigur
 
 bool node_failed(coordinator_pointer self, node_fault& f) {
   auto& st = self->state;
+  // No node is in an epoch this coordinator has not assigned yet: dropped, not a strike.
+  if (f.epoch > st.epoch) return false;
   if (own_failure(self, f)) return true;  // evicted: the recovery is under way
   if (f.epoch != st.epoch) return f.own && f.epoch >= st.commit_epoch;  // counted as a strike
   on_retry(self, to_string(f.node) + " failed in epoch " + std::to_string(f.epoch) + ": " + f.what, f.node, f.own);

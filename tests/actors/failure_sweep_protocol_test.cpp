@@ -469,7 +469,8 @@ void fault_case(fixture::options o, std::int64_t held, failure_point point, std:
 
 /// Late copies of what nodes already said, delivered at `point` (node `held` holds its answer
 /// there) from every node's own monitor: an acknowledgement of the previous step's commit, a
-/// ready of the formed epoch, a stage failure of an older epoch. Each is dropped (counted), and
+/// ready of the formed epoch, a stage failure of epoch 0 (none runs in it) and of an epoch not
+/// assigned yet. Each is dropped (counted), and
 /// the job then goes on as it would have: `held` dies, the accounting holds, and no failure or
 /// strike came of the echoes.
 void echo_case(fixture::options o, std::int64_t held, failure_point point) {
@@ -486,6 +487,7 @@ void echo_case(fixture::options o, std::int64_t held, failure_point point) {
     if (point.kind != failure_point::first_forming)
       caf::send_as(monitor, coord, messages::node_ready{1, planning::node_id{n}, {}, {}});
     caf::send_as(monitor, coord, messages::node_fault{0, planning::node_id{n}, "a late echo", true, false});
+    caf::send_as(monitor, coord, messages::node_fault{7, planning::node_id{n}, "a late echo", true, false});  // no such epoch yet
   }
   f.sched.run();
   CHECK(f.status().state == state_of(point.kind));  // nothing moved
