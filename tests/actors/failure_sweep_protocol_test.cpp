@@ -7,20 +7,20 @@
 // time, with nodes joining as others die, with nodes that hang instead of dying (the deadlines end
 // it), in jobs that wait for nodes below their minimum and resume from memory or from a checkpoint,
 // with the coordinator cut off from every node (it adopts them back), with the coordinator killed
-// and replaced (with a node dying too), and with a node's own stage failing (a strike, or an
-// eviction when applying a commit). Whatever happens, the accounting must hold: every step
-// committed once, in order (after a resume from an older checkpoint, again from its step; a
-// replaced coordinator's last decided step without a record); a checkpoint holds the state the next
-// step starts from; the job ends once and its stop counts what was committed. The single cases in
-// reconfiguration_*_test.cpp check what happens; this checks that nothing is counted twice, skipped
-// or left hanging anywhere. It found six bugs: a commit that stood through a loss was recorded
-// twice when the policy then said checkpoint and stop; that stop waited for a periodic checkpoint
-// abandoned for the same loss (a hang here); a commit the coordinator was confirming when it lost
-// every node had no record once it adopted them back; an adopted job too small to go on went to its
-// fallback checkpoint along an edge the phase machine did not have; and nodes lost before anything
-// trained (while the first epoch formed, the coordinator cut off then, or a replacement's nodes
-// that had committed nothing) failed the job when too few were left to plan it, instead of waiting
-// for its nodes as at its start.
+// and replaced (with a node dying too), with a node's own stage failing (a strike, or an eviction
+// when applying a commit), and with late copies of old messages. Whatever happens, the accounting
+// must hold: every step committed once, in order (after a resume from an older checkpoint, again
+// from its step; a replaced coordinator's last decided step without a record); a checkpoint holds
+// the state the next step starts from; the job ends once and its stop counts what was committed.
+// The single cases in reconfiguration_*_test.cpp check what happens; this checks that nothing is
+// counted twice, skipped or left hanging anywhere. It found seven bugs: a commit that stood through
+// a loss was recorded twice when the policy then said checkpoint and stop; that stop waited for a
+// periodic checkpoint abandoned for the same loss (a hang here); a commit the coordinator was
+// confirming when it lost every node had no record once it adopted them back; an adopted job too
+// small to go on went to its fallback checkpoint along an edge the phase machine did not have;
+// nodes lost before anything trained (while the first epoch formed, the coordinator cut off then,
+// or a replacement's nodes that had committed nothing) failed the job when too few were left to
+// plan it; and a stage failure of epoch 0, or of an epoch not assigned yet, counted as a strike.
 
 #include <doctest/doctest.h>
 
