@@ -470,7 +470,8 @@ void fault_case(fixture::options o, std::int64_t held, failure_point point, std:
 /// Late copies of what nodes already said, delivered at `point` (node `held` holds its answer
 /// there) from every node's own monitor: an acknowledgement of the previous step's commit, a
 /// ready of the formed epoch, a stage failure of epoch 0 (none runs in it) and of an epoch not
-/// assigned yet. Each is dropped (counted), and
+/// assigned yet, an abort of epoch 0, a stall report of a probe never sent, a checkpoint writer's
+/// error for a request never made. Each is dropped (counted), and
 /// the job then goes on as it would have: `held` dies, the accounting holds, and no failure or
 /// strike came of the echoes.
 void echo_case(fixture::options o, std::int64_t held, failure_point point) {
@@ -488,6 +489,11 @@ void echo_case(fixture::options o, std::int64_t held, failure_point point) {
       caf::send_as(monitor, coord, messages::node_ready{1, planning::node_id{n}, {}, {}});
     caf::send_as(monitor, coord, messages::node_fault{0, planning::node_id{n}, "a late echo", true, false});
     caf::send_as(monitor, coord, messages::node_fault{7, planning::node_id{n}, "a late echo", true, false});  // no such epoch yet
+    caf::send_as(monitor, coord, messages::epoch_aborted{0, planning::node_id{n}});
+    // A stall report of a probe never sent, naming its node as computing for ever.
+    caf::send_as(monitor, coord, messages::stall_report{99, planning::node_id{n}, 1, true, false, 1e9, 0});
+    // A checkpoint writer's answer to a request never made, with an error.
+    caf::send_as(monitor, coord, messages::checkpoint_written{99, planning::node_id{n}, {}, {}, "a late echo"});
   }
   f.sched.run();
   CHECK(f.status().state == state_of(point.kind));  // nothing moved
