@@ -521,25 +521,27 @@ void echo_case(fixture::options o, std::int64_t held, failure_point point) {
   CHECK(!f.told("a late echo"));
 }
 
+/// Every set of up to three victims at every point, with and without periodic checkpoints, with
+/// digests every step (as the tests run) and every 3rd (as jobs do, every 100th by default).
+void sweep_losses(int nodes) {
+  for (std::uint64_t every : {0u, 2u})
+    for (const auto& victims : victim_sets(nodes, 3))
+      for (const auto& p : points(5, every))
+        for (std::uint64_t digests : {1u, 3u})
+          sweep_case({.nodes = nodes, .steps = 5, .checkpoint_every = every, .digest_every = digests}, victims, p);
+}
+
 }  // namespace
 
 TEST_CASE("failure sweep: nodes lost at every point of a step on six nodes: each step committed once") {
   // Two pipelines of three: one loss or two leave enough nodes unless a layer loses every holder;
   // three (a whole pipeline and more) make the policy stop.
-  for (std::uint64_t every : {0u, 2u})
-    for (const auto& victims : victim_sets(6, 3))
-      for (const auto& p : points(5, every))
-        for (std::uint64_t digests : {1u, 3u})  // every step, as the tests run; every 3rd, as jobs do (100)
-          sweep_case({.nodes = 6, .steps = 5, .checkpoint_every = every, .digest_every = digests}, victims, p);
+  sweep_losses(6);
 }
 
 TEST_CASE("failure sweep: nodes lost at every point of a step on four nodes, too few left: checkpoint and stop, each step once") {
   // Two pipelines of two: any loss leaves fewer than (f + 1) * n0 = 4.
-  for (std::uint64_t every : {0u, 2u})
-    for (const auto& victims : victim_sets(4, 3))
-      for (const auto& p : points(5, every))
-        for (std::uint64_t digests : {1u, 3u})  // every step, as the tests run; every 3rd, as jobs do (100)
-          sweep_case({.nodes = 4, .steps = 5, .checkpoint_every = every, .digest_every = digests}, victims, p);
+  sweep_losses(4);
 }
 
 TEST_CASE("failure sweep: a second loss while the recovery from the first needs it: each step committed once") {
