@@ -206,7 +206,8 @@ void decide(coordinator_pointer self, phase::adopting& ph) {
     // seed, or from the checkpoint it resumed from).
     for (const auto& entry : ph.memories)
       self->send(st.nodes.at(entry.first).monitor, abort_epoch{st.epoch, "the job is planned afresh"});
-    // With fewer than the job's nodes and no plan for them, it waits for them as at its start.
+    // Too few to plan the job: plan_first_epoch stops it as the policy's "checkpoint and stop",
+    // or, in a job that waits for nodes, waits for them as at its start.
     st.deps.log("the adopted nodes committed no step yet: planning the job afresh");
     return plan_first_epoch(self);
   }
