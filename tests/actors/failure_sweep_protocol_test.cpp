@@ -336,10 +336,12 @@ void check_resumed_accounting(const fixture& f, std::uint64_t steps) {
 
 /// A job that waits for nodes below its minimum: `victims` die at `point`; while it waits, as many
 /// nodes join as died (up to three rounds), and it resumes from memory or from a checkpoint.
-void wait_case(fixture::options o, const std::vector<std::int64_t>& victims, failure_point point) {
+void wait_case(fixture::options o, const std::vector<std::int64_t>& victims, failure_point point,
+               bool survivor_dies = false) {
   o.checkpoints = true;
   o.wait_below_minimum = true;
-  const std::string name = case_name(victims, point, o) + ", waiting for nodes";
+  const std::string name =
+      case_name(victims, point, o) + ", waiting for nodes" + (survivor_dies ? ", a survivor dies while it waits" : "");
   CAPTURE(name);
   fixture f(o);
   fixture::setup_map setup;
@@ -354,13 +356,24 @@ void wait_case(fixture::options o, const std::vector<std::int64_t>& victims, fai
   for (auto v : victims) f.kill(v);
   f.sched.run();
   int next_worker = o.nodes;
+  std::size_t dead = victims.size();
+  if (survivor_dies && !f.happened({.kind = event_kind::stopped}) && f.status().state == "waiting") {
+    // The first survivor dies too while the job waits: its layers may be in no one's memory now.
+    for (std::int64_t n = 0; n < o.nodes; ++n)
+      if (std::find(victims.begin(), victims.end(), n) == victims.end()) {
+        f.kill(n);
+        ++dead;
+        break;
+      }
+    f.sched.run();
+  }
   const auto waits = [&] {
     if (f.happened({.kind = event_kind::stopped})) return false;
     const auto state = f.status().state;
     return state == "waiting" || state == "registering";  // registering: lost before anything trained
   };
   for (int round = 0; round < 3 && waits(); ++round) {
-    for (std::size_t j = 0; j < victims.size(); ++j) f.add_worker(next_worker++);
+    for (std::size_t j = 0; j < dead; ++j) f.add_worker(next_worker++);
     f.sched.run();
   }
   REQUIRE(f.happened({.kind = event_kind::stopped}));
@@ -598,7 +611,9 @@ TEST_CASE("failure sweep: losses below the minimum in a job that waits for nodes
   for (int nodes : {6, 4})
     for (const auto& victims : victim_sets(nodes, 3))
       for (std::uint64_t every : {0u, 2u})
-        for (const auto& p : points(5, every)) wait_case({.nodes = nodes, .steps = 5, .checkpoint_every = every}, victims, p);
+        for (const auto& p : points(5, every))
+          for (const bool survivor_dies : {false, true})
+            wait_case({.nodes = nodes, .steps = 5, .checkpoint_every = every}, victims, p, survivor_dies);
 }
 
 TEST_CASE("failure sweep: the coordinator cut off from every node at every point of a step: it adopts them back, each step once") {
