@@ -334,7 +334,7 @@ void plan_first_epoch(coordinator_pointer self) {
       if (!st.deps.wait_below_minimum) return checkpoint_and_stop(self, why);
       st.deps.log(why + "; waiting for nodes, as at the job's start (" + std::to_string(live.size()) + " of " +
                   std::to_string(st.deps.expected_nodes) + " admitted)");
-      if (!std::holds_alternative<phase::registering>(st.phase)) enter(self, phase::registering{});
+      enter(self, phase::registering{});
       return;
     }
     return stop_job(self, stop_outcome::failed, why);
