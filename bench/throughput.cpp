@@ -25,6 +25,7 @@
 // The profile times 200 microbatches (--profile-repeats), not a job's default 7: 7 span ~30 ms of
 // the default job's compute, and this VM runs identical work at speeds up to 1.5x apart for
 // seconds at a time, so such a profile predicted the same job 1.5x apart between runs.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +40,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "actors/stage.hpp"
@@ -71,6 +73,9 @@ struct options {
   int profile_repeats = 200;
   int runs = 5;                   ///< alternating rounds; each figure is the median over them
   bool profile_at_start = false;  ///< the coordinator profiles the model at each run's start
+  /// JOB WARMUP STEPS: this program as one of the single processes run side by side (the
+  /// benchmark starts them so).
+  std::vector<std::string> side_by_side_child;
 };
 
 /// The flags; none when main should end at once with `exit` (after --help, or a bad flag).
@@ -96,6 +101,8 @@ std::optional<options> parse(int argc, char** argv, int& exit) {
       "--profile-at-start", o.profile_at_start,
       "no profile file: the coordinator profiles the model at each run's start (the job's [profile] repeats)\n"
       "and predicts from that, as a user's job does; the prediction is each run's own");
+  app.add_internal_words("--side-by-side-child", o.side_by_side_child, 3,
+                         "run as one of the single processes run side by side (the benchmark starts them so)");
   if (const auto e = app.parse(argc, argv)) {
     exit = *e;
     return std::nullopt;
@@ -261,6 +268,75 @@ double single_process_step_ms(const actors::stage_job& job, int warmup, int step
   return (with - without) / steps;
 }
 
+/// One of the single processes run side by side: loads the model and trains `warmup` steps, says
+/// "ready" on stdout, waits for the benchmark to close descriptor 3 (every copy is ready by
+/// then), then measures as single_process_step_ms and prints "step_ms X".
+int side_by_side_child(const std::vector<std::string>& words) {
+  const auto job = apps::stage_job_for(apps::read_job_file(words.at(0)));
+  const int warmup = std::stoi(words.at(1)), steps = std::stoi(words.at(2));
+  actors::train_single_process(job, static_cast<std::uint64_t>(warmup));
+  std::printf("ready\n");
+  std::fflush(stdout);
+  char byte;
+  while (::read(3, &byte, 1) > 0) {
+  }
+  std::printf("step_ms %.9g\n", single_process_step_ms(job, warmup, steps));
+  return 0;
+}
+
+/// The single process's step time when `copies` of it train at once, each its own process, as
+/// the cluster's workers compute at once: each copy's mean step (started together: the copies
+/// wait for one another to be loaded and warm). On a machine whose cores slow one another
+/// (shared caches, memory bandwidth, a hypervisor's placement), this is above the single
+/// process's time alone, and no pipeline of `copies` nodes here can compute faster than it.
+std::vector<double> side_by_side_step_ms(const fs::path& dir, const fs::path& job, int copies, int warmup, int steps) {
+  int go[2];
+  if (::pipe2(go, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  struct fds {
+    int* go;
+    ~fds() {
+      if (go[0] >= 0) ::close(go[0]);
+      if (go[1] >= 0) ::close(go[1]);
+    }
+  } const closer{go};
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) throw std::runtime_error("cannot read /proc/self/exe");
+  std::vector<runtime::child_process> children;
+  std::vector<fs::path> logs;
+  for (int i = 0; i < copies; ++i) {
+    logs.push_back(dir / ("side-by-side-" + std::to_string(i) + ".log"));
+    children.emplace_back(std::string(self, static_cast<std::size_t>(n)),
+                          std::vector<std::string>{"--side-by-side-child", job.string(), std::to_string(warmup),
+                                                   std::to_string(steps)},
+                          runtime::child_streams{runtime::child_output::file(logs.back().string()), std::nullopt, go[0]});
+  }
+  ::close(go[0]);
+  go[0] = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  auto failed = [&](std::size_t i, const std::string& what) {
+    return std::runtime_error("a side-by-side single process " + what + ":\n" + read_file(logs[i]));
+  };
+  for (std::size_t i = 0; i < children.size(); ++i)
+    while (read_file(logs[i]).find("ready\n") == std::string::npos) {
+      if (children[i].poll()) throw failed(i, "ended before it was ready");
+      if (std::chrono::steady_clock::now() > deadline) throw failed(i, "was not ready within 5 minutes");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  ::close(go[1]);  // every copy starts its timed steps now
+  go[1] = -1;
+  std::vector<double> ms;
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    const auto status = children[i].wait_until(deadline);
+    if (!status || *status != 0) throw failed(i, status ? "failed (" + std::to_string(*status) + ")" : "ran past 5 minutes");
+    const auto text = read_file(logs[i]);
+    const auto at = text.find("step_ms ");
+    if (at == std::string::npos) throw failed(i, "printed no step time");
+    ms.push_back(std::stod(text.substr(at + 8)));
+  }
+  return ms;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -268,6 +344,14 @@ int main(int argc, char** argv) {
   const auto parsed = parse(argc, argv, exit);
   if (!parsed) return exit;
   const options& o = *parsed;
+  if (!o.side_by_side_child.empty()) {
+    try {
+      return side_by_side_child(o.side_by_side_child);
+    } catch (const std::exception& e) {
+      std::cerr << "throughput (side-by-side single process): " << e.what() << "\n";
+      return 1;
+    }
+  }
   try {
     const fs::path dir = fs::temp_directory_path() / ("oobleck-throughput-" + std::to_string(::getpid()));
     fs::create_directories(dir);
@@ -315,18 +399,30 @@ int main(int argc, char** argv) {
       predicted bench_plan;  ///< the planner on the bench's profile (the coordinator's, without --profile-at-start)
       std::vector<run_result> runs;
       std::vector<double> efficiency;  ///< against the same round's single process
+      /// Against the same round's single processes run side by side, as many as the nodes.
+      std::vector<double> side_by_side_efficiency;
     };
     std::vector<configuration> configurations;
     for (int n : o.nodes)
       for (bool overlap : {true, false}) {
         if (o.quick && !overlap) continue;
-        configurations.push_back({n, overlap, prediction(profile, job, n), {}, {}});
+        configurations.push_back({n, overlap, prediction(profile, job, n), {}, {}, {}});
       }
     std::vector<double> single_ms;
+    std::map<int, std::vector<double>> side_ms;  ///< copies -> each round's mean step of the copies
     const double load_before = bench::load_average_1min();
     for (int round = 0; round < o.runs; ++round) {
       single_ms.push_back(single_process_step_ms(apps::stage_job_for(job), o.warmup, o.steps - o.warmup));
       const double single_sps = 1000.0 * job.training.global_batch / single_ms.back();
+      std::map<int, double> side_sps;
+      for (int n : o.nodes) {
+        if (side_sps.contains(n)) continue;
+        const auto each = side_by_side_step_ms(dir, plain_job, n, o.warmup, o.steps - o.warmup);
+        double sum = 0;
+        for (double x : each) sum += x;
+        side_ms[n].push_back(sum / n);
+        side_sps[n] = 1000.0 * job.training.global_batch / side_ms[n].back();
+      }
       for (auto& c : configurations) {
         auto r = run_cluster(o, dir, c.overlap ? job_overlap : job_sequential, c.nodes, c.overlap, job.training.global_batch);
         r.predicted_compute_ms = o.profile_at_start ? NAN : c.bench_plan.busiest_compute_ms;
@@ -346,6 +442,7 @@ int main(int argc, char** argv) {
                                    std::to_string(c.bench_plan.step_ms) + " ms on the same profile");
         }
         c.efficiency.push_back(r.samples_per_s / (r.nodes_in_use * single_sps));
+        c.side_by_side_efficiency.push_back(r.samples_per_s / (r.nodes_in_use * side_sps.at(c.nodes)));
         c.runs.push_back(std::move(r));
       }
       if (o.runs > 1) std::fprintf(stderr, "round %d of %d done\n", round + 1, o.runs);
@@ -358,10 +455,22 @@ int main(int argc, char** argv) {
                 o.profile_at_start ? "; profiled by the coordinator at each run's start" : "");
     std::printf("profile (oobleck-profile, here): one microbatch through every layer %.3f ms; x %d microbatches = %.2f ms\n",
                 layer_sum_ms, microbatches, layer_sum_ms * microbatches);
-    std::printf("single process: %.2f ms per step (median of %d), %.1f samples/s\n\n", single_median, o.runs,
+    std::printf("single process: %.2f ms per step (median of %d), %.1f samples/s\n", single_median, o.runs,
                 1000.0 * job.training.global_batch / single_median);
-    std::printf("%5s %7s %9s %9s %9s %7s %9s %7s | %8s %8s %8s %8s %8s %8s | %9s %9s %8s\n", "nodes", "overlap",
-                "pipelines", "pred ms", "step ms", "/pred", "samples/s", "effic.", "compute", "p2p", "allred", "optim",
+    nlohmann::ordered_json side_json = nlohmann::ordered_json::object();
+    for (const auto& [n, per_round] : side_ms) {
+      std::vector<double> ratio;
+      for (std::size_t i = 0; i < per_round.size(); ++i) ratio.push_back(per_round[i] / single_ms.at(i));
+      std::printf("single process, %d copies side by side: %.2f ms per step each (%.3fx alone)\n", n,
+                  bench::median(per_round), bench::median(ratio));
+      side_json[std::to_string(n)] = {{"step_ms", bench::median(per_round)},
+                                      {"step_ms_per_round", per_round},
+                                      {"over_alone", bench::median(ratio)}};
+    }
+    std::printf("\n");
+    std::printf("%5s %7s %9s %9s %9s %7s %9s %7s %7s | %8s %8s %8s %8s %8s %8s | %9s %9s %8s\n", "nodes", "overlap",
+                "pipelines", "pred ms", "step ms", "/pred", "samples/s", "effic.", "eff.sbs", "compute", "p2p", "allred",
+                "optim",
                 "control", "other", "pred comp", "ideal ms", "overhd");
     nlohmann::ordered_json rows = nlohmann::json::array();
     for (const auto& c : configurations) {
@@ -385,9 +494,11 @@ int main(int argc, char** argv) {
         breakdown[key] = bench::median(each([&key = key](const run_result& r) { return r.breakdown.at(key); }));
       const auto& first = c.runs.front();
       const double efficiency = bench::median(c.efficiency);
-      std::printf("%5d %7s %9s %9.2f %9.2f %7.2f %9.1f %7.3f | %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | %9.2f %9.2f %7.1f%%\n",
-                  c.nodes, c.overlap ? "on" : "off", first.shape.c_str(), bench::median(pred), bench::median(step),
-                  bench::median(ratio), bench::median(sps), efficiency, breakdown.at("compute_ms"),
+      const double side_efficiency = bench::median(c.side_by_side_efficiency);
+      std::printf(
+          "%5d %7s %9s %9.2f %9.2f %7.2f %9.1f %7.3f %7.3f | %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | %9.2f %9.2f %7.1f%%\n",
+          c.nodes, c.overlap ? "on" : "off", first.shape.c_str(), bench::median(pred), bench::median(step),
+          bench::median(ratio), bench::median(sps), efficiency, side_efficiency, breakdown.at("compute_ms"),
                   breakdown.at("p2p_wait_ms"), breakdown.at("allreduce_ms"), breakdown.at("optimizer_ms"),
                   bench::median(control), breakdown.at("other_ms"), first.predicted_compute_ms, bench::median(ideal),
                   100 * bench::median(overhead));
@@ -405,13 +516,16 @@ int main(int argc, char** argv) {
                                                       : nlohmann::ordered_json(first.predicted_compute_ms);
       row["samples_per_s"] = bench::median(sps);
       row["scaling_efficiency"] = efficiency;
+      row["scaling_efficiency_side_by_side"] = side_efficiency;
       row["breakdown_median_ms"] = breakdown;
       const double overhead_median = bench::median(overhead);
       row["ideal_ms"] = std::isnan(bench::median(ideal)) ? nlohmann::ordered_json(nullptr)
                                                          : nlohmann::ordered_json(bench::median(ideal));
       row["overhead"] = std::isnan(overhead_median) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(overhead_median);
       row["per_run"] = {{"step_ms", step},           {"predicted_step_ms", pred}, {"step_over_predicted", ratio},
-                        {"scaling_efficiency", c.efficiency}, {"overhead", overhead}};
+                        {"scaling_efficiency", c.efficiency},
+                        {"scaling_efficiency_side_by_side", c.side_by_side_efficiency},
+                        {"overhead", overhead}};
       const double r = bench::median(ratio);
       row["targets"] = {{"prediction_within_15pct", std::abs(r - 1) <= 0.15 * r},
                         {"efficiency_ge_0.80", efficiency >= 0.80},
@@ -448,6 +562,7 @@ int main(int argc, char** argv) {
     out["single_process_step_ms"] = single_median;
     out["single_process_step_ms_per_round"] = single_ms;
     out["single_process_samples_per_s"] = 1000.0 * job.training.global_batch / single_median;
+    out["single_process_side_by_side"] = side_json;
     out["load_average_1min"] = {load_before, load_after};
     out["runs"] = rows;
     const fs::path json_path(o.json_path);
@@ -457,7 +572,8 @@ int main(int argc, char** argv) {
                 " (1F1B makespan with link costs, plus all-reduce and AdamW; from the bench's profile, or with\n"
                 " --profile-at-start from the one a worker measured at the run's start); /pred: step / pred,\n"
                 " the median of the runs' ratios; effic.: samples/s against nodes x the same round's single\n"
-                " process; compute .. other: breakdown means, slowest stage, control less ahead_ms (the time a\n"
+                " process; eff.sbs: the same against as many single processes run side by side (what this\n"
+                " machine's cores compute at once; on separate machines the two are one); compute .. other: breakdown means, slowest stage, control less ahead_ms (the time a\n"
                 " step's orders rode ahead of the previous commit's end); pred comp: the bench profile's compute\n"
                 " of the busiest stage; ideal ms: the step's own 1F1B makespan from its measured op times plus\n"
                 " all-reduce wait and AdamW; overhd: step / ideal - 1, the framework's overhead: control, waiting\n"
