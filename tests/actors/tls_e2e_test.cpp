@@ -173,7 +173,7 @@ TEST_CASE("oobleck-local with [tls] in its job file: every process speaks TLS, t
   CHECK(contains(r.events, finished(steps)));
   CHECK(count(r.events, {.kind = event_kind::node_joined}) == 5u);
   CHECK(count(r.events, {.kind = event_kind::node_lost}) == 1u);
-  CHECK(contains(r.events, {.kind = event_kind::node_lost, .step = 3, .node = 4}));
+  CHECK(loss_in_step(r.events, 4, 3) < r.events.size());
   CHECK(greeted.empty());  // a TLS port waits for the client's hello
   check_trajectory(job, r.steps, steps);
 }

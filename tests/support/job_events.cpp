@@ -69,6 +69,17 @@ std::size_t position(const std::vector<job_event>& events, const event_match& m,
 
 bool contains(const std::vector<job_event>& events, const event_match& m) { return position(events, m) < events.size(); }
 
+std::size_t loss_in_step(const std::vector<job_event>& events, std::int64_t node, std::uint64_t step) {
+  if (const auto at = position(events, {.kind = event_kind::node_lost, .step = step, .node = node}); at < events.size())
+    return at;
+  if (step == 0) return events.size();
+  const auto at = position(events, {.kind = event_kind::node_lost, .step = step - 1, .node = node});
+  if (at < events.size() &&
+      position(events, {.kind = event_kind::commit_stood, .step = step - 1, .node = node}, at) < events.size())
+    return at;
+  return events.size();
+}
+
 std::size_t count(const std::vector<job_event>& events, const event_match& m) {
   return static_cast<std::size_t>(std::count_if(events.begin(), events.end(), m));
 }

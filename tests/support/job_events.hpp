@@ -44,6 +44,13 @@ std::size_t count(const std::vector<messages::job_event>& events, const event_ma
 /// Every event matching `m`, in order.
 std::vector<messages::job_event> all_of(const std::vector<messages::job_event>& events, const event_match& m);
 
+/// Where the loss of `node` stands when its --fail-at fault fired in the middle of step `step`: its
+/// node_lost event of step `step`, or one of step `step - 1` that the step's commit outlived (a
+/// commit_stood of step - 1 naming the node after it). The second is run-ahead's: step `step`'s
+/// orders ride with step `step - 1`'s commit, so the node can start step `step`, and die in it, while
+/// the coordinator still collects that commit's acknowledgements. events.size() when neither.
+std::size_t loss_in_step(const std::vector<messages::job_event>& events, std::int64_t node, std::uint64_t step);
+
 /// The job's `stopped` event (there must be exactly one; throws std::runtime_error otherwise).
 const messages::job_event& stop_of(const std::vector<messages::job_event>& events);
 
