@@ -72,6 +72,7 @@ struct options {
   std::int64_t seq_len = 0;  ///< 0: the job's
   double max_load = 2.5;
   bool pipeline = true;
+  std::string pytorch_preload;  ///< a library PyTorch's processes run with (LD_PRELOAD); empty: none
 };
 
 std::optional<options> parse(int argc, char** argv, int& exit) {
@@ -100,6 +101,11 @@ std::optional<options> parse(int argc, char** argv, int& exit) {
                  "the 1-minute load average above which, before any run, the machine counts as busy and no\n"
                  "ratio is reported (default 2.5 on this 2-core machine: the runs themselves keep ~2 cores busy)");
   app.add_switch("--no-pipeline", no_pipeline, "leave out the pipeline configuration");
+  app.add_text("--pytorch-preload", o.pytorch_preload,
+               "run PyTorch's processes with LD_PRELOAD=LIB, e.g. /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4\n"
+               "(the allocator our programs link: PyTorch's own tuning guide suggests tcmalloc or jemalloc);\n"
+               "default: none, PyTorch as Debian's python3 runs it (glibc's malloc)")
+      .type_name("LIB");
   if (const auto e = app.parse(argc, argv)) {
     exit = *e;
     return std::nullopt;
@@ -112,6 +118,11 @@ std::optional<options> parse(int argc, char** argv, int& exit) {
   }
   if (o.warmup >= o.steps) {
     std::cerr << "error: --warmup must be smaller than --steps (see --help)\n";
+    exit = 2;
+    return std::nullopt;
+  }
+  if (!o.pytorch_preload.empty() && !fs::is_regular_file(o.pytorch_preload)) {
+    std::cerr << "error: --pytorch-preload: no file " << o.pytorch_preload << " (see --help)\n";
     exit = 2;
     return std::nullopt;
   }
@@ -178,7 +189,9 @@ run_result run_torch(const options& o, const apps::job_file& job, const std::str
   if (runtime::tied(m)) args.push_back("--tied");
   run_result r;
   r.load_before = bench::load_average_1min();
-  const auto p = bench::run_program(python, args, 900);
+  // Through env(1), so that PyTorch's processes (and only theirs) get the preloaded library.
+  if (!o.pytorch_preload.empty()) args.insert(args.begin(), {"LD_PRELOAD=" + o.pytorch_preload, python});
+  const auto p = bench::run_program(o.pytorch_preload.empty() ? python : std::string("/usr/bin/env"), args, 900);
   r.load_after = bench::load_average_1min();
   if (p.status != 0 || p.lines.empty())
     throw std::runtime_error("vs_pytorch.py --mode " + mode + " failed (" + std::to_string(p.status) + "):\n" +
@@ -356,14 +369,16 @@ int main(int argc, char** argv) {
     if (o.pipeline && !pipe_memory)
       throw std::runtime_error("no slot memory makes the planner form pipelines of 2 stages for this job on " +
                                std::to_string(o.nodes) + " nodes (--no-pipeline leaves that configuration out)");
-    const std::string pipe_path = o.pipeline ? write_job("job-pipeline.toml", *pipe_memory) : "";
+    const std::int64_t pipe_memory_bytes = pipe_memory.value_or(0);  // 0: no pipeline configuration
+    const std::string pipe_path = o.pipeline ? write_job("job-pipeline.toml", pipe_memory_bytes) : "";
 
     std::printf("vs_pytorch: gpt2, vocab %lld, d_model %lld, %lld heads, %lld blocks, seq_len %lld%s; B = %d, b = %d;\n"
-                "N = %d; %d steps per run, first %d left out; %d alternating runs; load average %s\n",
+                "N = %d; %d steps per run, first %d left out; %d alternating runs; load average %s%s\n",
                 static_cast<long long>(job.model.vocab), static_cast<long long>(job.model.d_model),
                 static_cast<long long>(job.model.heads), static_cast<long long>(job.model.blocks),
                 static_cast<long long>(job.model.seq_len), runtime::tied(job.model) ? ", tied" : "", B, b, o.nodes,
-                o.steps, o.warmup, o.runs, bench::load_average().c_str());
+                o.steps, o.warmup, o.runs, bench::load_average().c_str(),
+                o.pytorch_preload.empty() ? "" : ("; PyTorch with LD_PRELOAD=" + o.pytorch_preload).c_str());
     std::fflush(stdout);
 
     series ddp, ours_dp, ours_pipe, torch_single, ours_single;
@@ -478,11 +493,13 @@ int main(int argc, char** argv) {
     out["max_load_before_a_run"] = max_load_before;
     out["busy"] = busy;
     out["pytorch"] = *torch_version;
+    out["pytorch_preload"] =
+        o.pytorch_preload.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(o.pytorch_preload);
     out["pytorch_ddp"] = ddp.json();
     out["oobleck_data_parallel"] = ours_dp.json();
     if (o.pipeline) {
       out["oobleck_pipeline"] = ours_pipe.json();
-      out["pipeline_slot_memory_bytes"] = *pipe_memory;
+      out["pipeline_slot_memory_bytes"] = pipe_memory_bytes;
       out["pipeline_stages"] = stages;
       out["pipeline_microbatches"] = m;
       out["pipeline_bubble_bound"] = bubble;

@@ -20,6 +20,7 @@ packages=(
   libcli11-dev          # command-line flags
   libssl-dev            # HMAC-SHA256 and SHA-256 of the admission protocol; TLS files checked at start
   libopenblas0
+  libtcmalloc-minimal4  # the programs' malloc (CMakeLists.txt, OOBLECK_ALLOCATOR): ~10% off a CPU step
 )
 # Run by the tests and benchmarks, and by a few programs' options, not by a build or the main job.
 tools=(

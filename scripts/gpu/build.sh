@@ -298,8 +298,10 @@ source "$build/env.sh"
 prefix_path="$torch_prefix;$usr;$libdir/cmake;$usr/lib/cmake;$usr/share/cmake"
 # File by file, not in unity batches: the GPU machine has the cores for it, and the CUDA-only files
 # (nccl_communicator, cuda_support, the CUDA tests) have never been compiled batched with the others.
+# glibc's malloc (OOBLECK_ALLOCATOR=system): the .debs carried to the GPU machine do not include
+# tcmalloc, and a GPU step's host allocations are few.
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOOBLECK_WITH_CUDA=ON \
-  -DOOBLECK_UNITY_BUILD=OFF -DOOBLECK_UNITY_TESTS=OFF \
+  -DOOBLECK_UNITY_BUILD=OFF -DOOBLECK_UNITY_TESTS=OFF -DOOBLECK_ALLOCATOR=system \
   -DCMAKE_CXX_COMPILER="$(command -v "$cxx")" \
   -DCMAKE_PREFIX_PATH="$prefix_path" \
   -DCMAKE_INCLUDE_PATH="$usr/include" -DCMAKE_LIBRARY_PATH="$libdir" \
