@@ -455,8 +455,8 @@ int main(int argc, char** argv) {
                 o.profile_at_start ? "; profiled by the coordinator at each run's start" : "");
     std::printf("profile (oobleck-profile, here): one microbatch through every layer %.3f ms; x %d microbatches = %.2f ms\n",
                 layer_sum_ms, microbatches, layer_sum_ms * microbatches);
-    std::printf("single process: %.2f ms per step (median of %d), %.1f samples/s\n", single_median, o.runs,
-                1000.0 * job.training.global_batch / single_median);
+    std::printf("single process: %.2f ms per step (median of %d), %.1f samples/s; malloc from %s\n", single_median,
+                o.runs, 1000.0 * job.training.global_batch / single_median, bench::allocator_in_use().c_str());
     nlohmann::ordered_json side_json = nlohmann::ordered_json::object();
     for (const auto& [n, per_round] : side_ms) {
       std::vector<double> ratio;
@@ -564,6 +564,7 @@ int main(int argc, char** argv) {
     out["single_process_samples_per_s"] = 1000.0 * job.training.global_batch / single_median;
     out["single_process_side_by_side"] = side_json;
     out["load_average_1min"] = {load_before, load_after};
+    out["allocator"] = bench::allocator_in_use();
     out["runs"] = rows;
     const fs::path json_path(o.json_path);
     if (json_path.has_parent_path()) fs::create_directories(json_path.parent_path());

@@ -492,6 +492,7 @@ int main(int argc, char** argv) {
     out["max_load"] = o.max_load;
     out["max_load_before_a_run"] = max_load_before;
     out["busy"] = busy;
+    out["oobleck_allocator"] = bench::allocator_in_use();
     out["pytorch"] = *torch_version;
     out["pytorch_preload"] =
         o.pytorch_preload.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(o.pytorch_preload);
