@@ -63,6 +63,27 @@ TEST_CASE("job events: a pattern matches by the fields it sets") {
   CHECK_THROWS_AS(stop_of(events), std::runtime_error);
 }
 
+TEST_CASE("job events: a --fail-at node's loss is in the fault's step, or in the previous step's commit that stood") {
+  const job_event committed1{event_kind::step_committed, 1, 1, -1, 4.0, ""};
+  // In step 2 itself.
+  const std::vector<job_event> in_step{committed1, {event_kind::node_lost, 1, 2, 4, 0, "gone"}};
+  CHECK(loss_in_step(in_step, 4, 2) == 1);
+  CHECK(loss_in_step(in_step, 3, 2) == in_step.size());  // another node
+  CHECK(loss_in_step(in_step, 4, 3) == in_step.size());  // another step
+  // Run-ahead: node 4 started step 2 with its orders and died while step 1's commit was collected.
+  const std::vector<job_event> in_commit{{event_kind::node_lost, 1, 1, 4, 0, "gone"},
+                                         {event_kind::commit_stood, 1, 1, 4, 0, ""},
+                                         {event_kind::step_committed, 1, 1, -1, 4.0, ""}};
+  CHECK(loss_in_step(in_commit, 4, 2) == 0);
+  // Lost in step 1 with no commit standing after it: a loss in step 1, not step 2's fault.
+  const std::vector<job_event> earlier{{event_kind::node_lost, 1, 1, 4, 0, "gone"}};
+  CHECK(loss_in_step(earlier, 4, 2) == earlier.size());
+  // The commit that stood names another node.
+  const std::vector<job_event> other{{event_kind::node_lost, 1, 1, 4, 0, "gone"}, {event_kind::commit_stood, 1, 1, 3, 0, ""}};
+  CHECK(loss_in_step(other, 4, 2) == other.size());
+  CHECK(loss_in_step(in_commit, 4, 0) == in_commit.size());  // no step before step 0
+}
+
 TEST_CASE("job events: a wait ends at its deadline, or at once when the job stopped without the event") {
   const temp_dir tmp("oobleck-events-");
   const auto path = (tmp.path() / "events.jsonl").string();
