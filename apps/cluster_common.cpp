@@ -77,6 +77,11 @@ cluster_config::cluster_config() {
   load<caf::io::middleman>();
   set("scheduler.max-threads", 2);
   set("scheduler.policy", caf::atom("sharing"));
+  // Incoming messages are deserialized by the middleman's own thread, not handed to a BASP worker
+  // (CAF 0.17.6 starts min(3, cores / 4) + 1 of them, each run as a job of the scheduler): the
+  // hand-off is one more thread to wake per message, on the commit's and the replies' way between
+  // two steps, and a step's few control messages are small (bench/RESULTS.md, "BASP workers").
+  set("middleman.workers", std::size_t{0});
   set("logger.verbosity", caf::atom("quiet"));
   set("logger.console", caf::atom("none"));
 }

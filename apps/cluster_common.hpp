@@ -51,7 +51,8 @@ host_port parse_host_port(const std::string& flag, const std::string& text, bool
 /// logs, a small scheduler that sleeps when idle (the machine's cores belong to LibTorch): CAF's
 /// default work-stealing workers poll for ~25 ms after every message, and with a few control
 /// messages per step that polling took a worker's compute down to 0.7x on a machine whose cores
-/// are all in use (bench/RESULTS.md, "Failure-free throughput").
+/// are all in use (bench/RESULTS.md, "Failure-free throughput"); incoming messages deserialized
+/// by the middleman's thread itself (no BASP worker: one thread less to wake per message).
 struct cluster_config : caf::actor_system_config {
   cluster_config();
   /// CAF's middleman heartbeat: every connection carries a heartbeat each `interval_ms`, and a
