@@ -1,11 +1,8 @@
 #pragma once
 // Small text helpers the benchmarks share for their tables.
 
-#include <dlfcn.h>
-
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -32,16 +29,6 @@ inline double load_average_1min() {
   double l = NAN;
   in >> l;
   return l;
-}
-
-/// The file that this process's `malloc` comes from ("libtcmalloc_minimal.so.4", "libc.so.6"; "" if
-/// unknown): the allocator of this build's programs (CMakeLists.txt, OOBLECK_ALLOCATOR), or one
-/// preloaded. Benchmarks record it beside their figures.
-inline std::string allocator_in_use() {
-  Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(&std::malloc), &info) == 0 || info.dli_fname == nullptr) return "";
-  const std::string path = info.dli_fname;
-  return path.substr(path.find_last_of('/') + 1);
 }
 
 /// The keys of a metrics step record's "breakdown" (README, "--metrics-out"), in table order.

@@ -1,14 +1,29 @@
 #include "bench/cluster_programs.hpp"
 
+#include <dlfcn.h>
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 
 #include "runtime/child_process.hpp"
 
 namespace oobleck::bench {
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string allocator_in_use() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&std::malloc), &info) == 0 || info.dli_fname == nullptr) return "";
+  const std::string path = info.dli_fname;
+  return path.substr(path.find_last_of('/') + 1);
+}
 
 std::string program_run::transcript() const {
   std::string s;

@@ -25,7 +25,6 @@
 // The profile times 200 microbatches (--profile-repeats), not a job's default 7: 7 span ~30 ms of
 // the default job's compute, and this VM runs identical work at speeds up to 1.5x apart for
 // seconds at a time, so such a profile predicted the same job 1.5x apart between runs.
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,7 +39,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "actors/stage.hpp"
@@ -48,8 +46,10 @@
 #include "apps/stage_job.hpp"
 #include "bench/bench_flags.hpp"
 #include "bench/bench_text.hpp"
+#include "bench/cluster_programs.hpp"
 #include "bench/job_toml.hpp"
 #include "bench/recovery_stats.hpp"
+#include "bench/single_process.hpp"
 #include "messages/profile_file.hpp"
 #include "planning/planner.hpp"
 #include "runtime/child_process.hpp"
@@ -138,18 +138,13 @@ std::optional<options> parse(int argc, char** argv, int& exit) {
   return o;
 }
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 /// Runs one of the project's programs (no shell) with its stdout and stderr in `log`; its exit
 /// status and that output.
 std::pair<int, std::string> run(const std::string& program, const std::vector<std::string>& args, const fs::path& log) {
   runtime::child_process child(apps_dir + "/" + program, args,
                                runtime::child_streams{runtime::child_output::file(log.string())});
   const int status = child.wait();
-  return {status, read_file(log)};
+  return {status, bench::read_text(log)};
 }
 
 struct run_result {
@@ -256,87 +251,6 @@ double microbatch_ms(const planning::profile& profile) {
   return sum;
 }
 
-/// Mean step time of the single-process run: (time of warmup + steps) - (time of warmup), per step.
-double single_process_step_ms(const actors::stage_job& job, int warmup, int steps) {
-  auto timed = [&](int n) {
-    const auto t0 = std::chrono::steady_clock::now();
-    actors::train_single_process(job, static_cast<std::uint64_t>(n));
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  };
-  const double with = timed(warmup + steps);
-  const double without = timed(warmup);
-  return (with - without) / steps;
-}
-
-/// One of the single processes run side by side: loads the model and trains `warmup` steps, says
-/// "ready" on stdout, waits for the benchmark to close descriptor 3 (every copy is ready by
-/// then), then measures as single_process_step_ms and prints "step_ms X".
-int side_by_side_child(const std::vector<std::string>& words) {
-  const auto job = apps::stage_job_for(apps::read_job_file(words.at(0)));
-  const int warmup = std::stoi(words.at(1)), steps = std::stoi(words.at(2));
-  actors::train_single_process(job, static_cast<std::uint64_t>(warmup));
-  std::printf("ready\n");
-  std::fflush(stdout);
-  char byte;
-  while (::read(3, &byte, 1) > 0) {
-  }
-  std::printf("step_ms %.9g\n", single_process_step_ms(job, warmup, steps));
-  return 0;
-}
-
-/// The single process's step time when `copies` of it train at once, each its own process, as
-/// the cluster's workers compute at once: each copy's mean step (started together: the copies
-/// wait for one another to be loaded and warm). On a machine whose cores slow one another
-/// (shared caches, memory bandwidth, a hypervisor's placement), this is above the single
-/// process's time alone, and no pipeline of `copies` nodes here can compute faster than it.
-std::vector<double> side_by_side_step_ms(const fs::path& dir, const fs::path& job, int copies, int warmup, int steps) {
-  int go[2];
-  if (::pipe2(go, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
-  struct fds {
-    int* go;
-    ~fds() {
-      if (go[0] >= 0) ::close(go[0]);
-      if (go[1] >= 0) ::close(go[1]);
-    }
-  } const closer{go};
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) throw std::runtime_error("cannot read /proc/self/exe");
-  std::vector<runtime::child_process> children;
-  std::vector<fs::path> logs;
-  for (int i = 0; i < copies; ++i) {
-    logs.push_back(dir / ("side-by-side-" + std::to_string(i) + ".log"));
-    children.emplace_back(std::string(self, static_cast<std::size_t>(n)),
-                          std::vector<std::string>{"--side-by-side-child", job.string(), std::to_string(warmup),
-                                                   std::to_string(steps)},
-                          runtime::child_streams{runtime::child_output::file(logs.back().string()), std::nullopt, go[0]});
-  }
-  ::close(go[0]);
-  go[0] = -1;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-  auto failed = [&](std::size_t i, const std::string& what) {
-    return std::runtime_error("a side-by-side single process " + what + ":\n" + read_file(logs[i]));
-  };
-  for (std::size_t i = 0; i < children.size(); ++i)
-    while (read_file(logs[i]).find("ready\n") == std::string::npos) {
-      if (children[i].poll()) throw failed(i, "ended before it was ready");
-      if (std::chrono::steady_clock::now() > deadline) throw failed(i, "was not ready within 5 minutes");
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  ::close(go[1]);  // every copy starts its timed steps now
-  go[1] = -1;
-  std::vector<double> ms;
-  for (std::size_t i = 0; i < children.size(); ++i) {
-    const auto status = children[i].wait_until(deadline);
-    if (!status || *status != 0) throw failed(i, status ? "failed (" + std::to_string(*status) + ")" : "ran past 5 minutes");
-    const auto text = read_file(logs[i]);
-    const auto at = text.find("step_ms ");
-    if (at == std::string::npos) throw failed(i, "printed no step time");
-    ms.push_back(std::stod(text.substr(at + 8)));
-  }
-  return ms;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -346,7 +260,7 @@ int main(int argc, char** argv) {
   const options& o = *parsed;
   if (!o.side_by_side_child.empty()) {
     try {
-      return side_by_side_child(o.side_by_side_child);
+      return bench::side_by_side_child(o.side_by_side_child);
     } catch (const std::exception& e) {
       std::cerr << "throughput (side-by-side single process): " << e.what() << "\n";
       return 1;
@@ -370,7 +284,7 @@ int main(int argc, char** argv) {
       job_text = text;
     } else {
       if (!fs::is_regular_file(o.config)) throw std::runtime_error("cannot read " + o.config);
-      job_text = read_file(o.config);
+      job_text = bench::read_text(o.config);
       apps::read_job_file(o.config);  // a bad file is refused under its own name
     }
     const auto plain_job = dir / "job.toml";
@@ -412,12 +326,12 @@ int main(int argc, char** argv) {
     std::map<int, std::vector<double>> side_ms;  ///< copies -> each round's mean step of the copies
     const double load_before = bench::load_average_1min();
     for (int round = 0; round < o.runs; ++round) {
-      single_ms.push_back(single_process_step_ms(apps::stage_job_for(job), o.warmup, o.steps - o.warmup));
+      single_ms.push_back(bench::single_process_step_ms(apps::stage_job_for(job), o.warmup, o.steps - o.warmup));
       const double single_sps = 1000.0 * job.training.global_batch / single_ms.back();
       std::map<int, double> side_sps;
       for (int n : o.nodes) {
         if (side_sps.contains(n)) continue;
-        const auto each = side_by_side_step_ms(dir, plain_job, n, o.warmup, o.steps - o.warmup);
+        const auto each = bench::side_by_side_step_ms(dir, plain_job, n, o.warmup, o.steps - o.warmup);
         double sum = 0;
         for (double x : each) sum += x;
         side_ms[n].push_back(sum / n);

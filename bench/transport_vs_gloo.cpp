@@ -149,12 +149,6 @@ int run_child(const child_args& a) {
   return 0;
 }
 
-std::string self_path() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return std::string(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
-}
-
 std::string human(std::size_t bytes) {
   if (bytes >= (1u << 20)) return std::to_string(bytes >> 20) + " MiB";
   return std::to_string(bytes >> 10) + " KiB";
@@ -184,7 +178,13 @@ int main(int argc, char** argv) {
     }
   }
   json rows = json::array();
-  const std::string self = self_path();
+  std::string self;
+  try {
+    self = oobleck::runtime::this_program_path();
+  } catch (const std::runtime_error& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
   for (int world : {2, 3, 4}) {
     std::cerr << "running " << world << " processes..." << std::endl;
     const std::string base = "/tmp/oobleck-tvg-" + std::to_string(::getpid()) + "-" + std::to_string(world);

@@ -129,11 +129,6 @@ std::optional<options> parse(int argc, char** argv, int& exit) {
   return o;
 }
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 /// One timed run: samples/s, the mean step, the load average before and after, and for
 /// oobleck-local its plan and breakdown means.
 struct run_result {
@@ -343,7 +338,7 @@ int main(int argc, char** argv) {
     } else {
       if (!fs::is_regular_file(o.config)) throw std::runtime_error("cannot read " + o.config);
       apps::read_job_file(o.config);  // a bad file is refused under its own name
-      job_text = apps::job_text_for_workers(read_text(o.config), o.config);
+      job_text = apps::job_text_for_workers(bench::read_text(o.config), o.config);
     }
     std::vector<bench::toml_key> keys{{"model", "architecture", std::string("gpt2")},
                                       {"training", "steps", static_cast<std::int64_t>(o.steps)}};

@@ -114,6 +114,13 @@ child_process& child_process::operator=(child_process&& other) noexcept {
   return *this;
 }
 
+std::string this_program_path() {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw std::runtime_error("cannot read /proc/self/exe");
+  return std::string(buf, static_cast<std::size_t>(n));
+}
+
 std::optional<process_status> read_process_status(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string line;

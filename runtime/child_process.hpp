@@ -57,6 +57,10 @@ struct process_status {
 /// The status of `pid`; none when it is gone (or /proc cannot be read).
 std::optional<process_status> read_process_status(pid_t pid);
 
+/// This process's program (/proc/self/exe), to start copies of it as children. Throws
+/// std::runtime_error when it cannot be read.
+std::string this_program_path();
+
 /// One child process, owned: killed (if still running) and reaped on destruction.
 class child_process {
  public:
