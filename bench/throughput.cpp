@@ -251,6 +251,21 @@ double microbatch_ms(const planning::profile& profile) {
   return sum;
 }
 
+/// The scaling efficiency the 1F1B bubble alone allows: every pipeline's layers split evenly over
+/// its p nodes at the single process's speed, so its step lasts (m + p - 1) / p of one process's
+/// microbatch time for its m microbatches, and the slowest pipeline sets the step; no all-reduce,
+/// AdamW or messages. M / (nodes × max (m + p - 1) / p) for the job's M microbatches: 8/9 for one
+/// pipeline of 2 nodes with 8 (the "bubble cap").
+double bubble_cap(const std::vector<std::pair<std::size_t, int>>& pipelines, int nodes_in_use) {
+  int total = 0;
+  double slowest = 0;
+  for (const auto& [nodes, microbatches] : pipelines) {
+    total += microbatches;
+    slowest = std::max(slowest, (microbatches + static_cast<double>(nodes) - 1) / static_cast<double>(nodes));
+  }
+  return slowest > 0 ? total / (nodes_in_use * slowest) : NAN;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -387,6 +402,12 @@ int main(int argc, char** argv) {
                 "optim",
                 "control", "other", "pred comp", "ideal ms", "overhd");
     nlohmann::ordered_json rows = nlohmann::json::array();
+    struct budget {
+      int nodes;
+      bool overlap;
+      double cap, at_ideal, measured;
+    };
+    std::vector<budget> budgets;  ///< where each configuration's efficiency goes
     for (const auto& c : configurations) {
       auto each = [&](auto figure) {
         std::vector<double> v;
@@ -409,6 +430,13 @@ int main(int argc, char** argv) {
       const auto& first = c.runs.front();
       const double efficiency = bench::median(c.efficiency);
       const double side_efficiency = bench::median(c.side_by_side_efficiency);
+      // What the same round would reach at its own ideal step (no overhead): samples scale with
+      // step / ideal.
+      std::vector<double> at_ideal;
+      for (std::size_t i = 0; i < c.runs.size(); ++i)
+        at_ideal.push_back(c.efficiency[i] * c.runs[i].step_ms / c.runs[i].ideal_ms);
+      budgets.push_back({c.nodes, c.overlap, bubble_cap(first.pipelines, first.nodes_in_use), bench::median(at_ideal),
+                         efficiency});
       std::printf(
           "%5d %7s %9s %9.2f %9.2f %7.2f %9.1f %7.3f %7.3f | %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f | %9.2f %9.2f %7.1f%%\n",
           c.nodes, c.overlap ? "on" : "off", first.shape.c_str(), bench::median(pred), bench::median(step),
@@ -431,6 +459,9 @@ int main(int argc, char** argv) {
       row["samples_per_s"] = bench::median(sps);
       row["scaling_efficiency"] = efficiency;
       row["scaling_efficiency_side_by_side"] = side_efficiency;
+      auto number_or_null = [](double x) { return std::isnan(x) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(x); };
+      row["scaling_efficiency_bubble_cap"] = number_or_null(budgets.back().cap);
+      row["scaling_efficiency_at_ideal"] = number_or_null(budgets.back().at_ideal);
       row["breakdown_median_ms"] = breakdown;
       const double overhead_median = bench::median(overhead);
       row["ideal_ms"] = std::isnan(bench::median(ideal)) ? nlohmann::ordered_json(nullptr)
@@ -456,6 +487,12 @@ int main(int argc, char** argv) {
         std::printf("\n");
       }
     }
+    std::printf("\nwhere the efficiency goes (medians): the bubble's cap (layers split evenly at one process's speed)"
+                "\n -> at the runs' own op times (ideal ms, no overhead) -> measured; the losses between them:\n");
+    for (const auto& b : budgets)
+      std::printf("%5d %7s   %.3f -> %.3f -> %.3f   bubble %.3f, the stages' op times %.3f, overhead %.3f\n", b.nodes,
+                  b.overlap ? "on" : "off", b.cap, b.at_ideal, b.measured, 1 - b.cap, b.cap - b.at_ideal,
+                  b.at_ideal - b.measured);
     nlohmann::ordered_json out;
     out["benchmark"] = "throughput";
     out["quick"] = o.quick;
@@ -492,7 +529,9 @@ int main(int argc, char** argv) {
                 " step's orders rode ahead of the previous commit's end); pred comp: the bench profile's compute\n"
                 " of the busiest stage; ideal ms: the step's own 1F1B makespan from its measured op times plus\n"
                 " all-reduce wait and AdamW; overhd: step / ideal - 1, the framework's overhead: control, waiting\n"
-                " beyond the schedule, copies, digests)\n");
+                " beyond the schedule, copies, digests; where the efficiency goes: the bubble's cap, then what\n"
+                " the runs' ideal steps would reach (lost to the layers' uneven split and ops slower than in one\n"
+                " process), then the measured efficiency (lost to the overhead))\n");
     std::printf("\nload average (1 min) %.2f before the cluster runs, %.2f after; JSON: %s\n", load_before, load_after,
                 o.json_path.c_str());
     return 0;
