@@ -49,7 +49,7 @@ program_run run_program(const std::string& path, const std::vector<std::string>&
 
 std::string default_job_text(const std::string& bin) {
   const auto r = run_program(bin + "/oobleck-local", {"--print-default-job"}, 60);
-  if (r.status != 0) throw std::runtime_error("oobleck-local --print-default-job failed");
+  if (r.status != 0) throw std::runtime_error("oobleck-local --print-default-job failed:\n" + r.transcript());
   return r.transcript();
 }
 
