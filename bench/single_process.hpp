@@ -1,5 +1,5 @@
 #pragma once
-// bench/throughput's baseline: the single process (one LibTorch thread, every layer, the whole
+// The benchmarks' baseline (bench/throughput, bench/vs_pytorch): the single process (one LibTorch thread, every layer, the whole
 // batch: actors::train_single_process), alone and as several copies side by side.
 
 #include <filesystem>

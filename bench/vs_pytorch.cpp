@@ -26,7 +26,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -37,10 +36,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "actors/stage.hpp"
 #include "apps/job_file.hpp"
 #include "apps/stage_job.hpp"
 #include "bench/bench_flags.hpp"
@@ -48,8 +45,11 @@
 #include "bench/recovery_stats.hpp"
 #include "bench/cluster_programs.hpp"
 #include "bench/job_toml.hpp"
+#include "bench/single_process.hpp"
 #include "planning/planner.hpp"
 #include "planning/synthetic_profile.hpp"
+#include "runtime/gpt_config.hpp"
+#include "runtime/optimizer_options.hpp"
 
 namespace fs = std::filesystem;
 using namespace oobleck;
@@ -245,18 +245,10 @@ run_result run_ours(const options& o, const fs::path& dir, const std::string& jo
 
 /// train_single_process: (time of warmup + steps) - (time of warmup), per step.
 run_result run_ours_single(const options& o, const apps::job_file& job) {
-  const auto sj = apps::stage_job_for(job);
-  auto timed = [&](int n) {
-    const auto t0 = std::chrono::steady_clock::now();
-    actors::train_single_process(sj, static_cast<std::uint64_t>(n));
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  };
   run_result r;
   r.load_before = bench::load_average_1min();
-  const double with = timed(o.steps);
-  const double without = timed(o.warmup);
+  r.step_ms = bench::single_process_step_ms(apps::stage_job_for(job), o.warmup, o.steps - o.warmup);
   r.load_after = bench::load_average_1min();
-  r.step_ms = (with - without) / (o.steps - o.warmup);
   r.samples_per_s = 1000.0 * job.training.global_batch / r.step_ms;
   return r;
 }
